@@ -1,0 +1,109 @@
+"""Loading model weights: our training checkpoints and the official SiT/DiT files.
+
+Accepted layouts: a bare state dict (the released ``SiT-XL-2-256.pt`` is the EMA weights), a training
+checkpoint ``{model, ema, opt, args, ...}`` (DiT/SiT and ours), or a ``.safetensors`` file. Pickles are
+opened with ``weights_only=True``; when a ``<file>.sha256`` sidecar exists it is verified first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+from torch import Tensor, nn
+
+from ..io import verify_sha256, verify_sidecar
+
+_WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP and torch.compile wrappers
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be read or does not fit the model."""
+
+
+def read_checkpoint(path: str | os.PathLike, sha256: str | None = None) -> dict:
+    """Read a checkpoint file into a dict without executing code (weights_only / safetensors)."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise CheckpointError(f"checkpoint not found: {path}")
+    if sha256:
+        verify_sha256(path, sha256)
+    else:
+        verify_sidecar(path)
+    if path.endswith(".safetensors"):
+        from safetensors.torch import load_file
+
+        return load_file(path)
+    # Official DiT/SiT training checkpoints store argparse.Namespace as "args": a plain attribute bag.
+    with torch.serialization.safe_globals([argparse.Namespace]):
+        try:
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as err:
+            raise CheckpointError(f"{path}: cannot be read as a weights-only checkpoint ({err})") from err
+    if not isinstance(obj, dict):
+        raise CheckpointError(f"{path}: expected a dict of tensors, got {type(obj).__name__}")
+    return obj
+
+
+def load_state_dict(path: str | os.PathLike, which: str = "ema", sha256: str | None = None) -> dict[str, Tensor]:
+    """The model state dict stored in ``path``: ``which`` = "ema" (default) or "model" of a training checkpoint."""
+    obj = read_checkpoint(path, sha256)
+    if which not in ("ema", "model"):
+        raise ValueError(f"which must be 'ema' or 'model', got {which!r}")
+    if "model" in obj or "ema" in obj:
+        if which not in obj:
+            raise CheckpointError(f"{path}: has no {which!r} entry (keys: {sorted(obj)})")
+        obj = obj[which]
+    state = {}
+    for key, value in obj.items():
+        for prefix in _WRAPPER_PREFIXES:
+            key = key.removeprefix(prefix)
+        state[key] = value
+    return state
+
+
+def _hints(model: nn.Module, shapes: dict[str, tuple[tuple, tuple]]) -> list[str]:
+    hints = []
+    if any(k.startswith("final_layer.linear") for k in shapes):
+        want, got = shapes.get("final_layer.linear.bias", ((0,), (0,)))
+        if want and got and got[0] == 2 * want[0]:
+            hints.append("the checkpoint has twice the output channels: build the model with learn_sigma=True")
+        elif want and got and 2 * got[0] == want[0]:
+            hints.append("the checkpoint has half the output channels: build the model with learn_sigma=False")
+    if "pos_embed" in shapes:
+        n = shapes["pos_embed"][1][1]
+        side = round(n**0.5) * getattr(model, "patch_size", 1)
+        hints.append(f"pos_embed holds {n} positions: the checkpoint was trained with input_size={side}")
+    if "x_embedder.proj.weight" in shapes:
+        hints.append("x_embedder.proj differs: another patch size or number of input channels")
+    return hints
+
+
+def check_state_dict(model: nn.Module, state: dict[str, Tensor], source: str = "checkpoint") -> None:
+    """Raise CheckpointError listing missing / unexpected keys and shape mismatches, with likely causes."""
+    own = model.state_dict()
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    common = own.keys() & state.keys()
+    shapes = {k: (tuple(own[k].shape), tuple(state[k].shape)) for k in common if own[k].shape != state[k].shape}
+    if not (missing or unexpected or shapes):
+        return
+    lines = [f"{source} does not fit {type(model).__name__}:"]
+    for label, keys in (("missing", missing), ("unexpected", unexpected)):
+        if keys:
+            lines.append(f"  {label} keys ({len(keys)}): {keys[:12]}{' ...' if len(keys) > 12 else ''}")
+    for key, (want, got) in sorted(shapes.items()):
+        lines.append(f"  {key}: model {want} vs checkpoint {got}")
+    lines += [f"  hint: {h}" for h in _hints(model, shapes)]
+    raise CheckpointError("\n".join(lines))
+
+
+def load_checkpoint(
+    path: str | os.PathLike, model: nn.Module, which: str = "ema", sha256: str | None = None
+) -> nn.Module:
+    """Load weights from ``path`` into ``model`` (strict); returns the model."""
+    state = load_state_dict(path, which, sha256)
+    check_state_dict(model, state, source=os.fspath(path))
+    model.load_state_dict(state, strict=True)
+    return model

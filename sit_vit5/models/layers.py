@@ -1,0 +1,218 @@
+"""Building blocks shared by both backbones (timm-style small pieces).
+
+Shapes: B batch, N tokens, D hidden width, H heads, C channels. Parameter names follow DiT/SiT so official
+checkpoints load unchanged (``x_embedder.proj``, ``t_embedder.mlp.{0,2}``, ``attn.qkv``, ``mlp.fc1`` ...).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .rope import apply_rope
+
+
+def modulate(x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
+    """adaLN modulation ``x * (1 + scale) + shift``; x (B, N, D), shift/scale (B, D)."""
+    return x * (1 + scale.unsqueeze(1)) + shift.unsqueeze(1)
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm over the last dim, computed in fp32 (ViT-5: eps 1e-6, weight, no bias)."""
+
+    def __init__(self, dim: int, eps: float = 1e-6, affine: bool = True) -> None:
+        super().__init__()
+        self.dim, self.eps = dim, eps
+        self.weight = nn.Parameter(torch.ones(dim)) if affine else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = F.rms_norm(x.float(), (self.dim,), eps=self.eps).to(x.dtype)
+        return y * self.weight if self.weight is not None else y
+
+
+def make_norm(kind: str, dim: int, affine: bool = False) -> nn.Module:
+    """Block/final norm: ``layernorm`` (DiT: no affine, eps 1e-6) or ``rmsnorm``."""
+    if kind == "layernorm":
+        return nn.LayerNorm(dim, elementwise_affine=affine, eps=1e-6)
+    if kind == "rmsnorm":
+        return RMSNorm(dim, eps=1e-6, affine=affine)
+    raise ValueError(f"norm must be 'layernorm' or 'rmsnorm', got {kind!r}")
+
+
+class PatchEmbed(nn.Module):
+    """(B, C, H, W) -> (B, H/p * W/p, D) tokens in row-major order; any H, W divisible by p."""
+
+    def __init__(self, patch_size: int, in_channels: int, hidden_size: int) -> None:
+        super().__init__()
+        self.patch_size = patch_size
+        self.proj = nn.Conv2d(in_channels, hidden_size, kernel_size=patch_size, stride=patch_size)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.proj(x).flatten(2).transpose(1, 2)
+
+
+class TimestepEmbedder(nn.Module):
+    """Scalar t (B,) -> (B, D): 256-d sinusoid ``[cos, sin]``, max period 1e4, then Linear-SiLU-Linear."""
+
+    def __init__(self, hidden_size: int, frequency_embedding_size: int = 256) -> None:
+        super().__init__()
+        self.frequency_embedding_size = frequency_embedding_size
+        self.mlp = nn.Sequential(
+            nn.Linear(frequency_embedding_size, hidden_size), nn.SiLU(), nn.Linear(hidden_size, hidden_size)
+        )
+
+    @staticmethod
+    def timestep_embedding(t: Tensor, dim: int, max_period: float = 10000.0) -> Tensor:
+        """(B,) -> (B, dim). SiT feeds raw t in [0, 1] (no x1000 rescale as in DiT)."""
+        half = dim // 2
+        freqs = torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float32, device=t.device) / half)
+        args = t[:, None].float() * freqs[None]
+        emb = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
+        return F.pad(emb, (0, dim % 2))
+
+    def forward(self, t: Tensor) -> Tensor:
+        t_freq = self.timestep_embedding(t, self.frequency_embedding_size)
+        return self.mlp(t_freq.to(self.mlp[0].weight.dtype))
+
+
+class LabelEmbedder(nn.Module):
+    """Labels (B,) -> (B, D). Row ``num_classes`` is the null class; training drops labels with prob p."""
+
+    def __init__(self, num_classes: int, hidden_size: int, dropout_prob: float) -> None:
+        super().__init__()
+        self.num_classes, self.dropout_prob = num_classes, dropout_prob
+        self.embedding_table = nn.Embedding(num_classes + int(dropout_prob > 0), hidden_size)
+
+    def forward(self, labels: Tensor, train: bool, force_drop_ids: Tensor | None = None) -> Tensor:
+        if (train and self.dropout_prob > 0) or force_drop_ids is not None:
+            if force_drop_ids is None:
+                drop = torch.rand(labels.shape[0], device=labels.device) < self.dropout_prob
+            else:
+                drop = force_drop_ids == 1
+            labels = torch.where(drop, self.num_classes, labels)
+        return self.embedding_table(labels)
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention via SDPA; optional per-head RMS QK-norm (before RoPE) and 2-D RoPE."""
+
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, qk_norm: bool = False) -> None:
+        super().__init__()
+        self.num_heads, self.head_dim = num_heads, dim // num_heads
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        self.q_norm = RMSNorm(self.head_dim) if qk_norm else nn.Identity()
+        self.k_norm = RMSNorm(self.head_dim) if qk_norm else nn.Identity()
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        B, N, D = x.shape
+        q, k, v = self.qkv(x).view(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        x = F.scaled_dot_product_attention(q, k, v)
+        return self.proj(x.transpose(1, 2).reshape(B, N, D))
+
+
+class Mlp(nn.Module):
+    """fc1 -> GELU(tanh) -> fc2, hidden = mlp_ratio * D (DiT/SiT)."""
+
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.fc1, self.act, self.fc2 = nn.Linear(dim, hidden), nn.GELU(approximate="tanh"), nn.Linear(hidden, dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class SwiGLU(nn.Module):
+    """fc1 -> (SiLU(a) * b) -> fc2. Ablation only (ViT-5: SwiGLU + LayerScale over-gates)."""
+
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        # Our choice: hidden = 2/3 of the GELU width so the parameter count and FLOPs match the GELU MLP.
+        hidden = int(2 * hidden / 3)
+        self.fc1, self.fc2 = nn.Linear(dim, 2 * hidden), nn.Linear(hidden, dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        a, b = self.fc1(x).chunk(2, dim=-1)
+        return self.fc2(F.silu(a) * b)
+
+
+MLPS = {"gelu": Mlp, "swiglu": SwiGLU}
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block with adaLN-Zero conditioning.
+
+    Defaults are the DiT/SiT block. ViT-5 switches: ``norm='rmsnorm'``, ``qk_norm``, ``qkv_bias=False``,
+    ``layer_scale_init`` (LayerScale gamma multiplies the gated branch: our choice for adaLN models), ``mlp``.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        mlp_ratio: float = 4.0,
+        norm: str = "layernorm",
+        qk_norm: bool = False,
+        qkv_bias: bool = True,
+        layer_scale_init: float | None = None,
+        mlp: str = "gelu",
+    ) -> None:
+        super().__init__()
+        if mlp not in MLPS:
+            raise ValueError(f"mlp must be one of {sorted(MLPS)}, got {mlp!r}")
+        self.norm1 = make_norm(norm, hidden_size)
+        self.attn = Attention(hidden_size, num_heads, qkv_bias=qkv_bias, qk_norm=qk_norm)
+        self.norm2 = make_norm(norm, hidden_size)
+        self.mlp = MLPS[mlp](hidden_size, int(hidden_size * mlp_ratio))
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 6 * hidden_size))
+        if layer_scale_init is not None:
+            self.gamma_1 = nn.Parameter(torch.full((hidden_size,), float(layer_scale_init)))
+            self.gamma_2 = nn.Parameter(torch.full((hidden_size,), float(layer_scale_init)))
+        else:
+            self.gamma_1 = self.gamma_2 = None
+
+    def forward(self, x: Tensor, c: Tensor, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.adaLN_modulation(c).chunk(6, dim=1)
+        if self.gamma_1 is not None:
+            gate_msa, gate_mlp = gate_msa * self.gamma_1, gate_mlp * self.gamma_2
+        x = x + gate_msa.unsqueeze(1) * self.attn(modulate(self.norm1(x), shift_msa, scale_msa), rope)
+        return x + gate_mlp.unsqueeze(1) * self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp))
+
+
+class FinalLayer(nn.Module):
+    """Norm + adaLN(shift, scale) + Linear to p*p*C_out per token."""
+
+    def __init__(self, hidden_size: int, patch_size: int, out_channels: int, norm: str = "layernorm") -> None:
+        super().__init__()
+        self.norm_final = make_norm(norm, hidden_size)
+        self.linear = nn.Linear(hidden_size, patch_size * patch_size * out_channels)
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 2 * hidden_size))
+
+    def forward(self, x: Tensor, c: Tensor) -> Tensor:
+        shift, scale = self.adaLN_modulation(c).chunk(2, dim=1)
+        return self.linear(modulate(self.norm_final(x), shift, scale))
+
+
+def sincos_pos_embed_2d(embed_dim: int, grid_h: int, grid_w: int | None = None) -> Tensor:
+    """MAE-style fixed 2-D sin-cos table (grid_h*grid_w, embed_dim), float64 -> float32.
+
+    As in MAE/DiT the grid is ``meshgrid(w, h)``: the first half of the channels encodes the column index,
+    the second half the row index; each half is ``[sin, cos]`` with omega = 1 / 10000^(2i/d).
+    """
+    grid_w = grid_h if grid_w is None else grid_w
+    rows, cols = torch.meshgrid(
+        torch.arange(grid_h, dtype=torch.float64), torch.arange(grid_w, dtype=torch.float64), indexing="ij"
+    )
+
+    def one_axis(pos: Tensor) -> Tensor:
+        omega = 1.0 / 10000 ** (torch.arange(embed_dim // 4, dtype=torch.float64) / (embed_dim / 4))
+        out = pos.reshape(-1, 1) * omega[None]
+        return torch.cat([torch.sin(out), torch.cos(out)], dim=1)
+
+    return torch.cat([one_axis(cols), one_axis(rows)], dim=1).float()

@@ -1,0 +1,69 @@
+"""Model registry: ``create_model("SiT-XL/2" | "ViT5-B/4" | ..., **overrides)``, parameter and FLOP counts."""
+
+from __future__ import annotations
+
+import inspect
+import re
+
+from torch import nn
+
+from .sit import SIT_SWITCHES, SiT
+from .vit5 import ViT5
+
+#: size -> (depth, hidden_size, num_heads), as in DiT/SiT.
+SIZES: dict[str, tuple[int, int, int]] = {
+    "S": (12, 384, 6),
+    "B": (12, 768, 12),
+    "L": (24, 1024, 16),
+    "XL": (28, 1152, 16),
+}
+PATCH_SIZES = (2, 4, 8)
+BACKBONES: dict[str, type[SiT]] = {"SiT": SiT, "ViT5": ViT5}
+_NAME = re.compile(r"^(?P<backbone>\w+?)-(?P<size>S|B|L|XL)/(?P<patch>\d+)$")
+
+
+def list_models() -> list[str]:
+    """All registered names, e.g. ``SiT-XL/2``."""
+    return [f"{b}-{s}/{p}" for b in BACKBONES for s in SIZES for p in PATCH_SIZES]
+
+
+def valid_overrides() -> list[str]:
+    """Keyword arguments ``create_model`` accepts."""
+    params = [p for p in inspect.signature(SiT.__init__).parameters if p not in ("self", "switches")]
+    return sorted(params + list(SIT_SWITCHES))
+
+
+def create_model(name: str, **overrides) -> SiT:
+    """Build a registered model; ``overrides`` replace any constructor argument or architecture switch."""
+    match = _NAME.match(name)
+    if not match or match["backbone"] not in BACKBONES or int(match["patch"]) not in PATCH_SIZES:
+        raise ValueError(f"unknown model {name!r}; valid names: {', '.join(list_models())}")
+    unknown = set(overrides) - set(valid_overrides())
+    if unknown:
+        raise ValueError(f"unknown override(s) {sorted(unknown)} for {name}; valid: {valid_overrides()}")
+    depth, hidden_size, num_heads = SIZES[match["size"]]
+    kwargs = dict(depth=depth, hidden_size=hidden_size, num_heads=num_heads, patch_size=int(match["patch"]))
+    return BACKBONES[match["backbone"]](**{**kwargs, **overrides})
+
+
+def count_params(model: nn.Module, trainable_only: bool = False) -> int:
+    """Number of parameters (the frozen SiT pos-embed included unless ``trainable_only``)."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
+
+
+def flops(model: SiT, input_size: int | None = None) -> float:
+    """Analytic forward GFLOPs per sample (multiply-add = 1 flop; matmuls and attention only).
+
+    Counts patch embed, timestep MLP, adaLN, qkv/proj, attention (QK^T and AV), MLP and the output layer,
+    for a latent of side ``input_size`` (default: the training size). Norms, RoPE and softmax are ignored.
+    """
+    side = input_size or model.input_size
+    p, D = model.patch_size, model.x_embedder.proj.out_channels
+    n_patches = (side // p) ** 2
+    n = n_patches + model.num_registers
+    block = model.blocks[0]
+    mlp_macs = sum(m.in_features * m.out_features for m in block.mlp.modules() if isinstance(m, nn.Linear))
+    per_block = 6 * D * D + n * (4 * D * D + mlp_macs) + 2 * n * n * D
+    embed = n_patches * model.in_channels * p * p * D + model.t_embedder.frequency_embedding_size * D + D * D
+    final = 2 * D * D + n_patches * D * p * p * model.out_channels
+    return (embed + len(model.blocks) * per_block + final) / 1e9

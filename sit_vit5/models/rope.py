@@ -1,0 +1,86 @@
+"""2-D rotary position embedding, EVA/ViT-5 formulation.
+
+Per head, the first half of the channels rotates with the row index and the second half with the column
+index. Per axis (d = head_dim / 2 channels): ``freqs = theta^(-arange(0, d, 2) / d)``, each frequency repeated
+for an adjacent channel pair, rotation ``x * cos + rotate_half(x) * sin`` with ``rotate_half((a, b)) = (-b, a)``.
+Positions are ``arange(n) / n * n_train`` so any grid size is mapped onto the training range.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    """(..., 2k) -> (..., 2k): each adjacent pair (a, b) becomes (-b, a)."""
+    a, b = x.unflatten(-1, (-1, 2)).unbind(-1)
+    return torch.stack((-b, a), dim=-1).flatten(-2)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate x (B, H, N, head_dim) by per-token angles; cos/sin (N, head_dim) broadcast over B and H."""
+    return x * cos + rotate_half(x) * sin
+
+
+def axis_positions(n: int, n_train: int) -> Tensor:
+    """Positions of an n-long axis rescaled onto a model trained with n_train positions (float64)."""
+    return torch.arange(n, dtype=torch.float64) / n * n_train
+
+
+def rope_angles_2d(
+    head_dim: int, theta: float, grid: tuple[int, int], train_grid: tuple[int, int]
+) -> Tensor:
+    """Rotation angles (h*w, head_dim) in float64 for a row-major (h, w) token grid."""
+    if head_dim % 4:
+        raise ValueError(f"2-D RoPE needs head_dim divisible by 4, got {head_dim}")
+    d = head_dim // 2
+    freqs = (theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)).repeat_interleave(2)
+    (h, w), (h0, w0) = grid, train_grid
+    rows = axis_positions(h, h0)[:, None] * freqs  # (h, d)
+    cols = axis_positions(w, w0)[:, None] * freqs  # (w, d)
+    return torch.cat([rows[:, None].expand(h, w, d), cols[None].expand(h, w, d)], dim=-1).reshape(h * w, head_dim)
+
+
+class RopeTables:
+    """cos/sin tables for patches (+ registers on their own grid and theta), cached per grid, device, dtype.
+
+    Tokens are ordered [patches (row-major), registers]. Registers without their own RoPE get the identity
+    rotation (cos 1, sin 0); patches without RoPE likewise, so one table covers the whole sequence.
+    """
+
+    def __init__(
+        self,
+        head_dim: int,
+        train_grid: tuple[int, int],
+        theta: float | None = 10000.0,
+        num_registers: int = 0,
+        register_theta: float | None = 100.0,
+    ) -> None:
+        self.head_dim, self.train_grid, self.theta = head_dim, train_grid, theta
+        self.num_registers, self.register_theta = num_registers, register_theta
+        side = round(num_registers**0.5)
+        if register_theta is not None and num_registers and side * side != num_registers:
+            raise ValueError(f"num_registers must be a perfect square with register RoPE, got {num_registers}")
+        self.register_grid = (side, side)
+        self._cache: dict[tuple, tuple[Tensor, Tensor]] = {}
+
+    def angles(self, grid: tuple[int, int]) -> Tensor:
+        """Angles (h*w + num_registers, head_dim), float64."""
+        n = grid[0] * grid[1]
+        if self.theta is not None:
+            patches = rope_angles_2d(self.head_dim, self.theta, grid, self.train_grid)
+        else:
+            patches = torch.zeros(n, self.head_dim, dtype=torch.float64)
+        if self.register_theta is not None and self.num_registers:
+            regs = rope_angles_2d(self.head_dim, self.register_theta, self.register_grid, self.register_grid)
+        else:
+            regs = torch.zeros(self.num_registers, self.head_dim, dtype=torch.float64)
+        return torch.cat([patches, regs])
+
+    def __call__(self, grid: tuple[int, int], device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        key = (grid, device, dtype)
+        if key not in self._cache:
+            ang = self.angles(grid)
+            self._cache[key] = (ang.cos().to(device, dtype), ang.sin().to(device, dtype))
+        return self._cache[key]

@@ -1,0 +1,189 @@
+"""SiT/DiT backbone exactly as published (Peebles & Xie 2023; Ma et al. 2024).
+
+State-dict keys, initialisation and forward match the official code, so a released checkpoint loads with
+``strict=True``. The architecture switches used by ViT-5 live here too (defaults = SiT) so that the two
+backbones share every line where the architectures agree.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from ..guidance import forward_with_cfg
+from .layers import Block, FinalLayer, LabelEmbedder, PatchEmbed, TimestepEmbedder, sincos_pos_embed_2d
+from .rope import RopeTables
+
+#: Architecture switches and their SiT values; ViT5 overrides them (see vit5.py).
+SIT_SWITCHES: dict = dict(
+    norm="layernorm",  # block + final norm (no affine, eps 1e-6)
+    qk_norm=False,  # per-head RMSNorm on q and k
+    qkv_bias=True,
+    layer_scale_init=None,  # LayerScale gamma init; None = off
+    mlp="gelu",  # gelu | swiglu
+    pos_embed="fixed",  # fixed (frozen sin-cos) | learned (init sin-cos) | none
+    rope=False,  # 2-D RoPE on patch tokens
+    rope_theta=10000.0,
+    num_registers=0,
+    register_rope_theta=None,  # None = registers get no rotation
+)
+POS_EMBED_KINDS = ("fixed", "learned", "none")
+
+
+def _compute_dtype(x: Tensor) -> torch.dtype:
+    """The dtype matmuls run in: the autocast dtype when autocast is on for x's device, else x.dtype."""
+    kind = x.device.type
+    if torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind):
+        return torch.get_autocast_dtype(kind)
+    return x.dtype
+
+
+class SiT(nn.Module):
+    """Class-conditional velocity network: (x (B, C, H, W), t (B,) in [0, 1], y (B,)) -> (B, C, H, W)."""
+
+    def __init__(
+        self,
+        input_size: int = 32,
+        patch_size: int = 2,
+        in_channels: int = 4,
+        hidden_size: int = 1152,
+        depth: int = 28,
+        num_heads: int = 16,
+        mlp_ratio: float = 4.0,
+        class_dropout_prob: float = 0.1,
+        num_classes: int = 1000,
+        learn_sigma: bool = True,
+        grad_checkpointing: bool = False,
+        **switches,
+    ) -> None:
+        super().__init__()
+        unknown = set(switches) - set(SIT_SWITCHES)
+        if unknown:
+            raise TypeError(f"unknown model option(s) {sorted(unknown)}; valid switches: {sorted(SIT_SWITCHES)}")
+        sw = {**SIT_SWITCHES, **switches}
+        if sw["pos_embed"] not in POS_EMBED_KINDS:
+            raise ValueError(f"pos_embed must be one of {POS_EMBED_KINDS}, got {sw['pos_embed']!r}")
+        if hidden_size % num_heads:
+            raise ValueError(f"hidden_size {hidden_size} is not divisible by num_heads {num_heads}")
+        self.switches = sw
+        self.input_size, self.patch_size, self.in_channels = input_size, patch_size, in_channels
+        self.out_channels = in_channels * 2 if learn_sigma else in_channels
+        self.learn_sigma, self.num_classes, self.num_heads = learn_sigma, num_classes, num_heads
+        self.grad_checkpointing = grad_checkpointing
+        self.grid = (input_size // patch_size, input_size // patch_size)  # training grid (rows, cols)
+        self.num_registers = sw["num_registers"]
+
+        self.x_embedder = PatchEmbed(patch_size, in_channels, hidden_size)
+        self.t_embedder = TimestepEmbedder(hidden_size)
+        self.y_embedder = LabelEmbedder(num_classes, hidden_size, class_dropout_prob)
+        n_patches = self.grid[0] * self.grid[1]
+        if sw["pos_embed"] == "none":
+            self.pos_embed = None
+        else:  # DiT keeps the fixed table as a frozen Parameter (key "pos_embed")
+            self.pos_embed = nn.Parameter(torch.zeros(1, n_patches, hidden_size), sw["pos_embed"] == "learned")
+        if self.num_registers:
+            self.register_tokens = nn.Parameter(torch.zeros(1, self.num_registers, hidden_size))
+        use_rope = sw["rope"] or (self.num_registers and sw["register_rope_theta"] is not None)
+        self.rope = (
+            RopeTables(
+                hidden_size // num_heads,
+                self.grid,
+                sw["rope_theta"] if sw["rope"] else None,
+                self.num_registers,
+                sw["register_rope_theta"],
+            )
+            if use_rope
+            else None
+        )
+        block_sw = {k: sw[k] for k in ("norm", "qk_norm", "qkv_bias", "layer_scale_init", "mlp")}
+        self.blocks = nn.ModuleList(
+            [Block(hidden_size, num_heads, mlp_ratio, **block_sw) for _ in range(depth)]
+        )
+        self.final_layer = FinalLayer(hidden_size, patch_size, self.out_channels, sw["norm"])
+        self.initialize_weights()
+
+    def initialize_weights(self) -> None:
+        """DiT init: xavier Linears, N(0, 0.02) embedders, zero adaLN and output => output is exactly 0."""
+
+        def _basic_init(module: nn.Module) -> None:
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_uniform_(module.weight)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+
+        self.apply(_basic_init)
+        if self.pos_embed is not None:
+            self.pos_embed.data.copy_(sincos_pos_embed_2d(self.pos_embed.shape[-1], *self.grid).unsqueeze(0))
+        if self.num_registers:
+            nn.init.trunc_normal_(self.register_tokens, std=0.02)  # ViT-5: registers ~ TN(0, 0.02)
+        w = self.x_embedder.proj.weight.data  # patch conv initialised like a Linear
+        nn.init.xavier_uniform_(w.view(w.shape[0], -1))
+        nn.init.zeros_(self.x_embedder.proj.bias)
+        nn.init.normal_(self.y_embedder.embedding_table.weight, std=0.02)
+        nn.init.normal_(self.t_embedder.mlp[0].weight, std=0.02)
+        nn.init.normal_(self.t_embedder.mlp[2].weight, std=0.02)
+        for block in self.blocks:
+            nn.init.zeros_(block.adaLN_modulation[-1].weight)
+            nn.init.zeros_(block.adaLN_modulation[-1].bias)
+        for layer in (self.final_layer.adaLN_modulation[-1], self.final_layer.linear):
+            nn.init.zeros_(layer.weight)
+            nn.init.zeros_(layer.bias)
+
+    def set_grad_checkpointing(self, enabled: bool = True) -> None:
+        """Recompute each block in the backward pass (saves activation memory, ~30% more compute)."""
+        self.grad_checkpointing = enabled
+
+    def pos_embed_for(self, grid: tuple[int, int]) -> Tensor:
+        """Absolute position table (1, h*w, D); resampled bicubically when the grid differs from training."""
+        if grid == self.grid:
+            return self.pos_embed
+        table = self.pos_embed.reshape(1, *self.grid, -1).permute(0, 3, 1, 2)
+        table = F.interpolate(table.float(), size=grid, mode="bicubic", align_corners=False)
+        return table.permute(0, 2, 3, 1).reshape(1, grid[0] * grid[1], -1).to(self.pos_embed.dtype)
+
+    def unpatchify(self, x: Tensor, grid: tuple[int, int]) -> Tensor:
+        """(B, h*w, p*p*C) -> (B, C, h*p, w*p)."""
+        (h, w), p, c = grid, self.patch_size, self.out_channels
+        x = x.reshape(x.shape[0], h, w, p, p, c)
+        return torch.einsum("nhwpqc->nchpwq", x).reshape(x.shape[0], c, h * p, w * p)
+
+    def forward(self, x: Tensor, t: Tensor, y: Tensor) -> Tensor:
+        """Velocity (B, C, H, W); with learn_sigma the sigma half is dropped, as in SiT."""
+        p = self.patch_size
+        if x.shape[-2] % p or x.shape[-1] % p:
+            raise ValueError(f"input spatial size {tuple(x.shape[-2:])} is not divisible by patch size {p}")
+        grid = (x.shape[-2] // p, x.shape[-1] // p)
+        x = self.x_embedder(x)
+        if self.pos_embed is not None:
+            x = x + self.pos_embed_for(grid)
+        c = self.t_embedder(t) + self.y_embedder(y, self.training)
+        if self.num_registers:
+            x = torch.cat([x, self.register_tokens.expand(x.shape[0], -1, -1).to(x.dtype)], dim=1)
+        rope = None
+        if self.rope is not None:
+            rope = self.rope(grid, x.device, _compute_dtype(x))
+        for block in self.blocks:
+            if self.grad_checkpointing and self.training:
+                x = checkpoint(block, x, c, rope, use_reentrant=False)
+            else:
+                x = block(x, c, rope)
+        x = self.final_layer(x[:, : grid[0] * grid[1]], c)  # registers are dropped before the output layer
+        x = self.unpatchify(x, grid)
+        return x[:, : self.in_channels] if self.learn_sigma else x
+
+    def forward_with_cfg(
+        self,
+        x: Tensor,
+        t: Tensor,
+        y: Tensor,
+        cfg_scale: float,
+        cfg_channels: int | None = None,
+        interval: tuple[float, float] | None = None,
+    ) -> Tensor:
+        """Guided forward on a doubled batch (``x = cat([z, z])``, ``y = cat([labels, null])``), as in SiT.
+
+        ``cfg_channels=None`` guides all channels; ``3`` reproduces the official legacy mode.
+        """
+        return forward_with_cfg(self.forward, x, t, y, cfg_scale, cfg_channels, interval)

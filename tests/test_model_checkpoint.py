@@ -1,0 +1,91 @@
+"""Loading weights: bare state dicts and {model, ema, opt, args} files, safetensors, clear mismatch errors."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import torch
+
+from sit_vit5.io import sha256_file, sidecar
+from sit_vit5.models import CheckpointError, create_model, load_checkpoint
+from tests.test_models import TINY, inputs, randomize
+
+
+@pytest.fixture
+def trained():
+    return randomize(create_model("SiT-S/2", **TINY, learn_sigma=True))
+
+
+def _same_function(a, b) -> bool:
+    x, t, y = inputs()
+    return torch.equal(a.eval()(x, t, y), b.eval()(x, t, y))
+
+
+def test_bare_ema_state_dict_round_trip(tmp_path, trained):
+    path = tmp_path / "SiT-XL-2-256.pt"
+    torch.save(trained.state_dict(), path)
+    fresh = load_checkpoint(path, create_model("SiT-S/2", **TINY, learn_sigma=True))
+    assert _same_function(fresh, trained)
+
+
+def test_training_layout_with_namespace_args_loads_ema_by_default(tmp_path, trained):
+    other = randomize(create_model("SiT-S/2", **TINY, learn_sigma=True), seed=7)
+    ckpt = {
+        "model": {f"module.{k}": v for k, v in other.state_dict().items()},  # DDP-wrapped keys
+        "ema": trained.state_dict(),
+        "opt": torch.optim.AdamW(other.parameters()).state_dict(),
+        "args": argparse.Namespace(model="SiT-S/2", image_size=64),  # as the official train.py saves it
+    }
+    path = tmp_path / "0100000.pt"
+    torch.save(ckpt, path)
+    assert _same_function(load_checkpoint(path, create_model("SiT-S/2", **TINY, learn_sigma=True)), trained)
+    raw = load_checkpoint(path, create_model("SiT-S/2", **TINY, learn_sigma=True), which="model")
+    assert _same_function(raw, other)
+
+
+def test_safetensors_and_sidecar_checksum(tmp_path, trained):
+    from safetensors.torch import save_file
+
+    path = tmp_path / "w.safetensors"
+    save_file({k: v.contiguous() for k, v in trained.state_dict().items()}, str(path))
+    sidecar(path).write_text(sha256_file(path) + "  w.safetensors\n")
+    assert _same_function(load_checkpoint(path, create_model("SiT-S/2", **TINY, learn_sigma=True)), trained)
+    sidecar(path).write_text("0" * 64 + "\n")
+    with pytest.raises(ValueError, match="SHA-256 mismatch"):
+        load_checkpoint(path, create_model("SiT-S/2", **TINY, learn_sigma=True))
+
+
+def test_learn_sigma_mismatch_is_explained(tmp_path, trained):
+    path = tmp_path / "sigma.pt"
+    torch.save(trained.state_dict(), path)
+    with pytest.raises(CheckpointError, match="learn_sigma=True") as err:
+        load_checkpoint(path, create_model("SiT-S/2", **TINY, learn_sigma=False))
+    assert "final_layer.linear.weight" in str(err.value) and str(path) in str(err.value)
+
+
+def test_input_size_mismatch_is_explained(tmp_path, trained):
+    path = tmp_path / "size.pt"
+    torch.save(trained.state_dict(), path)
+    with pytest.raises(CheckpointError, match="input_size=8"):
+        load_checkpoint(path, create_model("SiT-S/2", **{**TINY, "input_size": 16}, learn_sigma=True))
+
+
+def test_missing_and_unexpected_keys_are_listed(tmp_path, trained):
+    path = tmp_path / "keys.pt"
+    torch.save(trained.state_dict(), path)
+    with pytest.raises(CheckpointError) as err:  # a SiT file into a ViT-5 model
+        load_checkpoint(path, create_model("ViT5-S/2", **TINY, learn_sigma=True))
+    msg = str(err.value)
+    assert "missing keys" in msg and "register_tokens" in msg
+    assert "unexpected keys" in msg and "blocks.0.attn.qkv.bias" in msg
+
+
+def test_unreadable_and_pickled_code_are_refused(tmp_path):
+    model = create_model("SiT-S/2", **TINY)
+    with pytest.raises(CheckpointError, match="not found"):
+        load_checkpoint(tmp_path / "nope.pt", model)
+    evil = tmp_path / "evil.pt"
+    torch.save({"model": {"x": torch.zeros(1)}, "hook": print}, evil)  # a global that weights_only refuses
+    with pytest.raises(CheckpointError, match="weights-only"):
+        load_checkpoint(evil, model)
