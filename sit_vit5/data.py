@@ -1,0 +1,399 @@
+"""Training data: ImageNet-style image folders, the embedded 8×8 digits demo set, and cached VAE latents.
+
+Every random choice an item makes (horizontal flip, latent noise) is drawn from a generator seeded by
+(seed, epoch, index), so an item's value depends neither on the DataLoader worker that loads it nor on
+what was drawn before: a resumed run sees exactly the data an uninterrupted run would. Call
+`dataset.set_epoch(epoch)` before iterating an epoch; DataLoader workers copy the dataset when the
+iterator starts, so use `persistent_workers=False` (the default) or the workers keep the old epoch.
+
+The latent cache is written by `python -m sit_vit5.cache_latents`; its layout (in `cache_dir`):
+    manifest.json            settings, classes, latent shape, scaling factor, VAE id, shard index ranges
+    labels.npy               int64 [num_images], class index of each image
+    files.txt                one image path per line (relative to the data dir), index order
+    shard_NNNNN.mean.npy     [n, 2, C, h, w] posterior mean × scaling factor; [:, 0] original, [:, 1] flipped
+    shard_NNNNN.std.npy      [n, 2, C, h, w] posterior std × scaling factor
+    shard_NNNNN.done         JSON marker written after both arrays are in place (resume skips these shards)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from torch.utils.data import Dataset
+
+# torchvision's ImageFolder extensions (matched case-insensitively)
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+CACHE_FORMAT = "sit_vit5.latent_cache/1"
+MANIFEST_NAME = "manifest.json"
+LABELS_NAME = "labels.npy"
+FILES_NAME = "files.txt"
+
+_MASK64 = (1 << 64) - 1
+
+
+class UnreadableImageError(RuntimeError):
+    """An image file that PIL cannot decode; the message and `.path` name the file at fault.
+    (One-argument constructor, so DataLoader workers can re-raise it in the main process.)"""
+
+    def __init__(self, message: str, path: str | os.PathLike | None = None):
+        super().__init__(message)
+        self.path = None if path is None else str(path)
+
+
+# ----------------------------------------------------------------------------- deterministic per-item RNG
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def item_seed(seed: int, epoch: int, index: int) -> int:
+    """A 64-bit seed that depends on (seed, epoch, index) only (a splitmix64 chain: nearby triples differ)."""
+    return _splitmix64(_splitmix64(_splitmix64(seed & _MASK64) ^ (epoch & _MASK64)) ^ (index & _MASK64))
+
+
+def item_generator(seed: int, epoch: int, index: int) -> torch.Generator:
+    """A CPU torch.Generator for item `index` at `epoch` (≈ 10 µs to make)."""
+    return torch.Generator().manual_seed(item_seed(seed, epoch, index))
+
+
+# ----------------------------------------------------------------------------- images
+
+
+def center_crop_arr(pil_image: Image.Image, image_size: int) -> Image.Image:
+    """ADM center crop (guided-diffusion image_datasets.py, used by DiT/SiT): halve with BOX while the
+    short side is ≥ 2·image_size, resize with BICUBIC so the short side is image_size, crop the center.
+    Returns an image_size × image_size PIL image in the input's mode."""
+    while min(*pil_image.size) >= 2 * image_size:
+        pil_image = pil_image.resize(tuple(x // 2 for x in pil_image.size), resample=Image.BOX)
+    scale = image_size / min(*pil_image.size)
+    pil_image = pil_image.resize(tuple(round(x * scale) for x in pil_image.size), resample=Image.BICUBIC)
+    arr = np.asarray(pil_image)
+    top = (arr.shape[0] - image_size) // 2
+    left = (arr.shape[1] - image_size) // 2
+    return Image.fromarray(arr[top : top + image_size, left : left + image_size])
+
+
+def pil_to_tensor(pil_image: Image.Image) -> torch.Tensor:
+    """RGB PIL image → float32 Tensor[3, H, W] in [-1, 1]: uint8 x ↦ x/127.5 − 1
+    (what ToTensor + Normalize(0.5, 0.5) compute in DiT/SiT)."""
+    arr = np.asarray(pil_image.convert("RGB"), dtype=np.float32)
+    return torch.from_numpy(arr).permute(2, 0, 1) / 127.5 - 1.0
+
+
+def list_image_folder(root: str | os.PathLike) -> tuple[list[str], list[int], list[str]]:
+    """ImageFolder listing: class = each sub-directory of `root` in sorted order; files found recursively
+    (sorted) with an IMG_EXTENSIONS suffix. Returns (paths relative to root, labels, classes)."""
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"image folder {root} does not exist or is not a directory")
+    classes = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
+    if not classes:
+        raise FileNotFoundError(f"image folder {root} has no class sub-directories "
+                                "(expected <root>/<class>/<image>)")
+    files: list[str] = []
+    labels: list[int] = []
+    for label, name in enumerate(classes):
+        for dirpath, _, filenames in sorted(os.walk(root / name, followlinks=True)):
+            for filename in sorted(filenames):
+                if filename.lower().endswith(IMG_EXTENSIONS):
+                    files.append(os.path.relpath(os.path.join(dirpath, filename), root))
+                    labels.append(label)
+    if not files:
+        raise FileNotFoundError(f"image folder {root} has no images "
+                                f"(extensions {', '.join(IMG_EXTENSIONS)})")
+    return files, labels, classes
+
+
+class ImageFolderDataset(Dataset):
+    """`root/<class>/**/<image>` → (Tensor[3, image_size, image_size] in [-1, 1], label).
+
+    Labels follow the sorted class-folder names. Each image is ADM-center-cropped, then flipped
+    horizontally with probability 1/2 if `random_flip` (decided by (seed, epoch, index)). An unreadable
+    file raises UnreadableImageError naming it; with `skip_bad` it is counted in `num_skipped`
+    (per process: DataLoader workers count their own), reported with a warning, and the next readable
+    index is returned instead.
+    """
+
+    def __init__(self, root: str | os.PathLike, image_size: int, random_flip: bool = True,
+                 skip_bad: bool = False, seed: int = 0):
+        self.root = Path(root)
+        self.image_size = int(image_size)
+        self.random_flip = random_flip
+        self.skip_bad = skip_bad
+        self.seed = seed
+        self.epoch = 0
+        self.num_skipped = 0
+        self.files, labels, self.classes = list_image_folder(self.root)
+        self.labels = np.asarray(labels, dtype=np.int64)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    @property
+    def sample_shape(self) -> tuple[int, int, int]:
+        return (3, self.image_size, self.image_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def read(self, index: int) -> torch.Tensor:
+        """Center-cropped, unflipped image `index` as Tensor[3, S, S] in [-1, 1].
+        Raises UnreadableImageError (naming the file) if PIL cannot decode it."""
+        path = self.root / self.files[index]
+        try:
+            with Image.open(path) as img:
+                img = img.convert("RGB")  # forces the full decode inside the try
+        except (OSError, ValueError, Image.DecompressionBombError) as err:
+            message = f"cannot read image {path}: {type(err).__name__}: {err}"
+            raise UnreadableImageError(message, path) from err
+        return pil_to_tensor(center_crop_arr(img, self.image_size))
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        flip = self.random_flip and bool(torch.randint(2, (1,), generator=self._generator(index)).item())
+        for attempt in range(len(self)):
+            source = (index + attempt) % len(self)
+            try:
+                image = self.read(source)
+                break
+            except UnreadableImageError as err:
+                if not self.skip_bad:
+                    raise
+                self.num_skipped += 1
+                warnings.warn(f"skipping {err}", stacklevel=2)
+        else:
+            raise RuntimeError(f"no readable image in {self.root} ({len(self)} files, all unreadable)")
+        if flip:
+            image = image.flip(-1)
+        return image, int(self.labels[source])
+
+    def _generator(self, index: int) -> torch.Generator:
+        return item_generator(self.seed, self.epoch, index)
+
+
+# ----------------------------------------------------------------------------- embedded digits
+
+
+class DigitsDataset(Dataset):
+    """scikit-learn's 8×8 handwritten digits (1797 images, 10 classes; the data ships inside scikit-learn,
+    no download) → (Tensor[1, S, S] in [-1, 1], label).
+
+    Pixel values 0..16 map to x/8 − 1. `image_size` ≠ 8 resizes with `resize_mode` ("bilinear" or
+    "bicubic", clamped back to [-1, 1]). `split`: "all", or a fixed stratified 80/20 "train"/"test"
+    split (20 % of each class, chosen by a permutation with seed 0). Flips are off by default: a
+    mirrored digit is a different glyph.
+    """
+
+    SPLITS = ("all", "train", "test")
+
+    def __init__(self, image_size: int = 8, split: str = "all", random_flip: bool = False,
+                 resize_mode: str = "bilinear", seed: int = 0):
+        from sklearn.datasets import load_digits
+
+        if split not in self.SPLITS:
+            raise ValueError(f"DigitsDataset split={split!r}; valid: {', '.join(self.SPLITS)}")
+        if resize_mode not in ("bilinear", "bicubic"):
+            raise ValueError(f"DigitsDataset resize_mode={resize_mode!r}; valid: bilinear, bicubic")
+        digits = load_digits()
+        images = torch.from_numpy(digits.images.astype(np.float32)) / 8.0 - 1.0  # [1797, 8, 8]
+        labels = digits.target.astype(np.int64)
+        if split != "all":
+            is_test = np.zeros(len(labels), dtype=bool)
+            rng = np.random.default_rng(0)
+            for c in range(10):
+                members = rng.permutation(np.flatnonzero(labels == c))
+                is_test[members[: round(0.2 * len(members))]] = True
+            keep = np.flatnonzero(is_test if split == "test" else ~is_test)
+            images, labels = images[torch.from_numpy(keep)], labels[keep]
+        images = images[:, None]
+        if image_size != 8:
+            images = F.interpolate(images, size=(image_size,) * 2, mode=resize_mode, align_corners=False)
+            images = images.clamp(-1.0, 1.0)  # bicubic overshoots
+        self.images = images.contiguous()
+        self.labels = labels
+        self.image_size = image_size
+        self.random_flip = random_flip
+        self.seed = seed
+        self.epoch = 0
+        self.classes = [str(c) for c in range(10)]
+
+    @property
+    def num_classes(self) -> int:
+        return 10
+
+    @property
+    def sample_shape(self) -> tuple[int, int, int]:
+        return (1, self.image_size, self.image_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        image = self.images[index]
+        if self.random_flip:
+            if torch.randint(2, (1,), generator=item_generator(self.seed, self.epoch, index)).item():
+                image = image.flip(-1)
+        return image.clone(), int(self.labels[index])
+
+
+# ----------------------------------------------------------------------------- latent cache
+
+
+def read_manifest(cache_dir: str | os.PathLike) -> dict[str, Any]:
+    """The cache's manifest.json as a dict; errors name the directory and how to create the cache."""
+    path = Path(cache_dir) / MANIFEST_NAME
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"no latent cache at {cache_dir} ({MANIFEST_NAME} missing); create one with "
+            f"`python -m sit_vit5.cache_latents --data-dir <imagenet/train> --out {cache_dir}`")
+    manifest = json.loads(path.read_text())
+    if manifest.get("format") != CACHE_FORMAT:
+        raise ValueError(f"{path}: format {manifest.get('format')!r}, expected {CACHE_FORMAT!r}")
+    return manifest
+
+
+class LatentCacheDataset(Dataset):
+    """Cached SD-VAE posteriors → (latent Tensor[C, h, w] float32, label).
+
+    The latent is mean + std·ε with ε ~ N(0, I), both moments already multiplied by the scaling factor,
+    from the original or (if `random_flip`, probability 1/2) the flipped image. Flip and ε come from a
+    generator seeded by (seed, epoch, index): first draw the flip bit, then ε. Shards are opened with
+    `np.load(mmap_mode="r")` lazily in each process (never pickled), so an item costs two small memmap
+    reads. Images the cache writer skipped as unreadable are left out (`len` counts the rest).
+    """
+
+    def __init__(self, cache_dir: str | os.PathLike, random_flip: bool = True, seed: int = 0):
+        self.cache_dir = Path(cache_dir)
+        manifest = read_manifest(self.cache_dir)
+        if not manifest.get("complete"):
+            shards = manifest["shards"]
+            done = sum((self.cache_dir / f"{s['name']}.done").is_file() for s in shards)
+            raise RuntimeError(
+                f"latent cache {self.cache_dir} is incomplete ({done}/{len(shards)} shards done); "
+                f"rerun the same `python -m sit_vit5.cache_latents ... --out {self.cache_dir}` to resume")
+        self.manifest = manifest
+        self.classes: list[str] = manifest["classes"]
+        self.latent_shape = tuple(manifest["latent_shape"])
+        self.scaling_factor = float(manifest["scaling_factor"])
+        self.vae = manifest["vae"]
+        self.image_size = int(manifest["image_size"])
+        self.random_flip = random_flip
+        self.seed = seed
+        self.epoch = 0
+        self.labels = np.load(self.cache_dir / manifest["labels"])
+        self._starts = np.asarray([s["start"] for s in manifest["shards"]], dtype=np.int64)
+        valid = np.ones(manifest["num_images"], dtype=bool)
+        valid[np.asarray(manifest.get("bad_indices", []), dtype=np.int64)] = False
+        self._indices = np.flatnonzero(valid)  # dataset index → cache index
+        self._arrays: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    @property
+    def sample_shape(self) -> tuple[int, int, int]:
+        return self.latent_shape
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self._indices)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_arrays"] = {}  # memmaps are reopened in the receiving process instead of copied
+        return state
+
+    def _shard(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        if k not in self._arrays:
+            info = self.manifest["shards"][k]
+            self._arrays[k] = (np.load(self.cache_dir / info["mean"], mmap_mode="r"),
+                               np.load(self.cache_dir / info["std"], mmap_mode="r"))
+        return self._arrays[k]
+
+    def moments(self, index: int, flip: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Scaled (mean, std) float32 of item `index` (dataset numbering); flip 0 = original, 1 = mirrored."""
+        i = int(self._indices[index])
+        k = int(np.searchsorted(self._starts, i, side="right")) - 1
+        mean, std = self._shard(k)
+        row = i - int(self._starts[k])
+        return (torch.from_numpy(np.array(mean[row, flip], dtype=np.float32)),
+                torch.from_numpy(np.array(std[row, flip], dtype=np.float32)))
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        gen = item_generator(self.seed, self.epoch, index)
+        flip = int(torch.randint(2, (1,), generator=gen).item()) if self.random_flip else 0
+        mean, std = self.moments(index, flip)
+        latent = mean + std * torch.randn(mean.shape, generator=gen)
+        return latent, int(self.labels[self._indices[index]])
+
+
+# ----------------------------------------------------------------------------- config → dataset
+
+
+def _build_digits(cfg: dict[str, Any]) -> Dataset:
+    return DigitsDataset(image_size=cfg.get("image_size", 8), split=cfg.get("split", "all"),
+                         random_flip=cfg.get("random_flip", False),
+                         resize_mode=cfg.get("resize_mode", "bilinear"), seed=cfg.get("seed", 0))
+
+
+def _build_imagefolder(cfg: dict[str, Any]) -> Dataset:
+    return ImageFolderDataset(_require(cfg, "root"), _require(cfg, "image_size"),
+                              random_flip=cfg.get("random_flip", True), skip_bad=cfg.get("skip_bad", False),
+                              seed=cfg.get("seed", 0))
+
+
+def _build_latents(cfg: dict[str, Any]) -> Dataset:
+    dataset = LatentCacheDataset(_require(cfg, "root"), random_flip=cfg.get("random_flip", True),
+                                 seed=cfg.get("seed", 0))
+    if cfg.get("image_size") is not None and int(cfg["image_size"]) != dataset.image_size:
+        raise ValueError(f"data.image_size={cfg['image_size']} but the latent cache {cfg['root']} was made "
+                         f"from {dataset.image_size}px images")
+    return dataset
+
+
+# kind → builder; each reads only its own keys of the data config
+DATASETS: dict[str, Callable[[dict[str, Any]], Dataset]] = {
+    "digits": _build_digits,  # image_size (default 8), split, random_flip (default False), resize_mode, seed
+    "imagefolder": _build_imagefolder,  # root, image_size, random_flip, skip_bad, seed
+    "latents": _build_latents,  # root (the cache dir), random_flip, seed; image_size is checked if given
+}
+
+
+def _require(cfg: dict[str, Any], key: str) -> Any:
+    if cfg.get(key) is None:
+        raise KeyError(f"data config for kind {cfg.get('kind', cfg.get('name'))!r} needs key {key!r}")
+    return cfg[key]
+
+
+def build_dataset(cfg: dict[str, Any]) -> Dataset:
+    """Dataset from a data config dict: `kind` (or `name`) ∈ DATASETS plus that kind's keys, e.g.
+    {"kind": "imagefolder", "root": "/data/imagenet/train", "image_size": 256, "random_flip": True}.
+    Keys the kind does not use (loader settings, other kinds' options) are ignored: sit_vit5.config
+    validates key names. An unknown kind raises, listing the valid ones."""
+    kind = cfg.get("kind", cfg.get("name"))
+    if kind not in DATASETS:
+        raise ValueError(f"data kind {kind!r} is not one of: {', '.join(DATASETS)}")
+    return DATASETS[kind](cfg)

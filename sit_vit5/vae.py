@@ -1,0 +1,116 @@
+"""SD-VAE (diffusers AutoencoderKL): loading, batched encode to scaled latents, decode back to pixels.
+
+Convention (DiT/SiT): latents = posterior sample × 0.18215; decode divides by 0.18215 first.
+Images are float tensors in [-1, 1], shape [N, 3, H, W]; SD-VAE latents are [N, 4, H/8, W/8].
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from diffusers import AutoencoderKL
+
+SD_VAE_SCALING_FACTOR = 0.18215  # the SD-VAE's config value, also hard-coded by DiT/SiT
+SD_VAE_IDS = ("stabilityai/sd-vae-ft-ema", "stabilityai/sd-vae-ft-mse")
+
+
+def _is_hub_id(name: str) -> bool:
+    return name.count("/") == 1 and not name.startswith((".", "/", "~")) and not os.path.exists(name)
+
+
+def _fetch_hint(hub_id: str) -> str:
+    return (f"fetch it on a machine with internet access with `huggingface-cli download {hub_id}` (then copy "
+            f"the Hugging Face cache here or point HF_HOME at it), or `huggingface-cli download {hub_id} "
+            f"--local-dir <dir>` and pass <dir> instead of the hub id")
+
+
+def load_vae(name_or_path: str | os.PathLike, device: str | torch.device = "cpu",
+             dtype: torch.dtype = torch.float32, *, subfolder: str | None = None,
+             local_files_only: bool | None = None,
+             cache_dir: str | os.PathLike | None = None) -> AutoencoderKL:
+    """An AutoencoderKL in eval mode without gradients, from a local diffusers directory (config.json +
+    weights, e.g. written by `save_pretrained`) or a hub id such as "stabilityai/sd-vae-ft-ema".
+
+    A hub id is looked up in the Hugging Face cache (`cache_dir`, default HF_HUB_CACHE) first, then
+    downloaded unless `local_files_only` (default: the HF_HUB_OFFLINE setting). On failure the error
+    names what was looked for, where, and the command that fetches it.
+    """
+    name = os.fspath(name_or_path)
+    if not _is_hub_id(name):
+        path = Path(name).expanduser()
+        if not path.is_dir():
+            raise FileNotFoundError(f"VAE directory {path} does not exist. Pass a diffusers AutoencoderKL "
+                                    f"directory or a hub id ({', '.join(SD_VAE_IDS)}); "
+                                    + _fetch_hint(SD_VAE_IDS[0]))
+        folder = path / subfolder if subfolder else path
+        if not (folder / "config.json").is_file():
+            raise FileNotFoundError(f"VAE directory {folder} has no config.json: expected a diffusers "
+                                    "AutoencoderKL folder (config.json + diffusion_pytorch_model.*)")
+        try:
+            vae = AutoencoderKL.from_pretrained(path, subfolder=subfolder, torch_dtype=dtype)
+        except (OSError, ValueError) as err:
+            raise OSError(f"could not load the VAE weights in {folder}: {err}") from err
+    else:
+        from huggingface_hub import constants
+
+        cache = Path(cache_dir) if cache_dir is not None else Path(constants.HF_HUB_CACHE)
+        offline = constants.HF_HUB_OFFLINE if local_files_only is None else local_files_only
+        try:
+            vae = AutoencoderKL.from_pretrained(name, subfolder=subfolder, cache_dir=cache_dir,
+                                                local_files_only=True, torch_dtype=dtype)
+        except (OSError, ValueError) as local_err:
+            if offline:
+                raise OSError(f"VAE {name!r} is not in the local Hugging Face cache {cache} and downloads "
+                              "are disabled (offline); " + _fetch_hint(name)) from local_err
+            try:
+                vae = AutoencoderKL.from_pretrained(name, subfolder=subfolder, cache_dir=cache_dir,
+                                                    torch_dtype=dtype)
+            except (OSError, ValueError) as err:
+                raise OSError(f"VAE {name!r} is not in the local Hugging Face cache {cache} and downloading "
+                              f"it failed ({type(err).__name__}: {err}); " + _fetch_hint(name)) from err
+    return vae.to(device=device).eval().requires_grad_(False)
+
+
+def _batches(x: torch.Tensor, batch_size: int | None):
+    return x.split(batch_size) if batch_size else (x,)
+
+
+def _vae_input(vae: AutoencoderKL, x: torch.Tensor) -> torch.Tensor:
+    return x.to(device=vae.device, dtype=vae.dtype)
+
+
+@torch.no_grad()
+def encode_moments(vae: AutoencoderKL, images: torch.Tensor, scaling_factor: float = SD_VAE_SCALING_FACTOR,
+                   batch_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Posterior (mean, std) of images [N, 3, H, W] in [-1, 1], both multiplied by `scaling_factor`, so that
+    mean + std·ε is a training latent. float32 on the VAE's device, each [N, C, H/f, W/f]."""
+    means, stds = [], []
+    for chunk in _batches(images, batch_size):
+        posterior = vae.encode(_vae_input(vae, chunk)).latent_dist
+        means.append(posterior.mean.float() * scaling_factor)
+        stds.append(posterior.std.float() * scaling_factor)
+    return torch.cat(means), torch.cat(stds)
+
+
+@torch.no_grad()
+def encode(vae: AutoencoderKL, images: torch.Tensor, sample: bool = True,
+           generator: torch.Generator | None = None, scaling_factor: float = SD_VAE_SCALING_FACTOR,
+           batch_size: int | None = None) -> torch.Tensor:
+    """Training latents [N, C, H/f, W/f] (float32) of images [N, 3, H, W] in [-1, 1]:
+    (mean + std·ε)·scaling_factor if `sample` (ε from `generator`, which must live on the VAE's device),
+    else mean·scaling_factor."""
+    mean, std = encode_moments(vae, images, scaling_factor, batch_size)
+    if not sample:
+        return mean
+    return mean + std * torch.randn(mean.shape, generator=generator, device=mean.device)
+
+
+@torch.no_grad()
+def decode(vae: AutoencoderKL, latents: torch.Tensor, scaling_factor: float = SD_VAE_SCALING_FACTOR,
+           batch_size: int | None = None) -> torch.Tensor:
+    """Images [N, 3, H, W] (float32, nominally [-1, 1], not clamped) from scaled latents [N, C, h, w]."""
+    out = [vae.decode(_vae_input(vae, chunk) / scaling_factor).sample.float()
+           for chunk in _batches(latents, batch_size)]
+    return torch.cat(out)

@@ -1,0 +1,304 @@
+"""Sampling library: per-index determinism, bulk sharding / batching / resume, npz format, checkpoint loading."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from sit_vit5 import sampling
+from sit_vit5.config import load_config
+from sit_vit5.guidance import ClassifierFreeGuidance
+from sit_vit5.models import create_model
+from sit_vit5.sampling import (
+    ResumeError,
+    SampleSpec,
+    SamplingPipeline,
+    load_model_for_sampling,
+    merge_parts,
+    random_labels,
+    sample_bulk,
+    sample_seed,
+    to_uint8,
+)
+from sit_vit5.transport import create_transport
+
+TINY = dict(input_size=8, in_channels=1, depth=1, hidden_size=32, num_heads=2, num_classes=10, learn_sigma=False)
+ODE = SampleSpec(mode="ode", sampling_method="euler", num_steps=4)
+SDE = SampleSpec(mode="sde", sampling_method="Euler", num_steps=4)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny matmuls are far faster on one thread, and a loaded 2-core machine makes OpenMP spin."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny_model(seed: int = 0, **overrides) -> torch.nn.Module:
+    """A tiny SiT with random (not zero-initialised) outputs, so that sampling depends on the weights."""
+    torch.manual_seed(seed)
+    model = create_model("SiT-S/2", **{**TINY, **overrides})
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    return model.eval()
+
+
+def pipeline(spec: SampleSpec = SDE, **kwargs) -> SamplingPipeline:
+    return SamplingPipeline(tiny_model(), create_transport(), spec, (1, 8, 8), 10, **kwargs)
+
+
+# ----------------------------------------------------------------------------- conversions and seeds
+
+
+def test_to_uint8_is_dit_expression_and_rounds_half_up():
+    x = torch.tensor([-2.0, -1.0, 0.0, 1.0, 3.0, 1 / 255, -1 + 1 / 255, -1 + 0.5 / 127.5]).view(1, 1, 2, 4)
+    out = to_uint8(x)
+    assert out.dtype == np.uint8 and out.shape == (1, 2, 4, 1)
+    # -1 -> 0, 0 -> 128, 1 -> 255, clipped outside; the tie 127.5 * (x + 1) = 0.5 rounds up to 1
+    assert out.ravel()[[0, 1, 2, 3, 4, 7]].tolist() == [0, 0, 128, 255, 255, 1]
+    x = torch.rand(3, 3, 5, 4) * 2.4 - 1.2
+    expected = np.floor(np.clip(127.5 * x.double().numpy() + 128, 0, 255)).astype(np.uint8).transpose(0, 2, 3, 1)
+    assert np.array_equal(to_uint8(x), expected)
+    half_up = np.floor(np.clip(127.5 * (x.double().numpy() + 1), 0, 255) + 0.5).clip(0, 255).transpose(0, 2, 3, 1)
+    assert np.array_equal(to_uint8(x), half_up.astype(np.uint8))
+
+
+def test_sample_seeds_are_distinct_stable_and_checked():
+    seeds = [sample_seed(0, i) for i in range(2000)]
+    assert len(set(seeds)) == 2000 and all(0 <= s < 2**63 for s in seeds)
+    assert seeds[:5] == [sample_seed(0, i) for i in range(5)]
+    assert sample_seed(1, 0) != sample_seed(0, 0) != sample_seed(0, 0, stream=sampling.LABEL_STREAM)
+    with pytest.raises(ValueError, match="index=-1"):
+        sample_seed(0, -1)
+
+
+def test_random_labels_are_per_index_and_uniform():
+    labels = random_labels(range(5000), 3, 10)
+    assert labels.dtype == np.int64 and labels.min() >= 0 and labels.max() <= 9
+    assert np.array_equal(random_labels([4321, 7, 0], 3, 10), labels[[4321, 7, 0]])
+    counts = np.bincount(labels, minlength=10)
+    chi2 = ((counts - 500) ** 2 / 500).sum()
+    assert chi2 < 40, counts  # 9 degrees of freedom: P(chi2 > 40) ~ 1e-5
+    assert not np.array_equal(random_labels(range(50), 4, 10), labels[:50])
+
+
+def test_spec_defaults_and_checks():
+    assert SampleSpec().sampling_method == "dopri5" and SampleSpec(mode="sde").sampling_method == "Euler"
+    assert SampleSpec().batch_coupled and not ODE.batch_coupled and not SDE.batch_coupled
+    assert SampleSpec(last_step="none").last_step is None
+    with pytest.raises(ValueError, match="mode='euler'; valid: ode, sde"):
+        SampleSpec(mode="euler")
+    with pytest.raises(ValueError, match="cfg_interval"):
+        SampleSpec(cfg_interval=(0.8, 0.2))
+
+
+# ----------------------------------------------------------------------------- per-index determinism
+
+
+@pytest.mark.parametrize("spec", [ODE, SDE], ids=["ode-euler", "sde-euler"])
+def test_images_depend_on_index_and_seed_only(spec):
+    pipe = pipeline(spec)
+    full = pipe.generate(range(7), global_seed=5)
+    assert full.images.shape == (7, 8, 8, 1) and full.nfe == (3 if spec.mode == "ode" else 4)
+    picked = pipe.generate([5, 1, 3], global_seed=5)
+    assert np.array_equal(picked.labels, full.labels[[5, 1, 3]])
+    # different batch shapes may change float matmul results by ~1e-7 (measured: 3.6e-7 for batch 1/2/3 vs 7)
+    torch.testing.assert_close(picked.pixels, full.pixels[[5, 1, 3]], rtol=0, atol=1e-5)
+    diff = np.abs(picked.images.astype(int) - full.images[[5, 1, 3]].astype(int))
+    assert diff.max() <= 1
+    again = pipe.generate([5, 1, 3], global_seed=5)
+    assert torch.equal(again.pixels, picked.pixels)  # same batch -> bit-identical
+    other = pipe.generate([5, 1, 3], global_seed=6)
+    assert np.abs(other.pixels - picked.pixels).mean() > 0.1  # the seed matters
+
+
+def test_sde_noise_is_used_and_labels_matter():
+    ode, sde = pipeline(ODE), pipeline(SDE)
+    labels = [0, 0, 0]
+    assert np.abs(ode.generate([0, 1, 2], 0, labels).pixels - sde.generate([0, 1, 2], 0, labels).pixels).mean() > 0.1
+    a, b = sde.generate([0, 1], 0, [0, 0]), sde.generate([0, 1], 0, [7, 7])
+    assert (a.pixels - b.pixels).abs().mean() > 1e-3
+    with pytest.raises(ValueError, match=r"labels must lie in \[0, 10\)"):
+        sde.generate([0], 0, [10])
+
+
+def test_guidance_is_wired_through_the_shared_helper():
+    plain = pipeline(SDE)
+    guided = pipeline(SampleSpec(mode="sde", num_steps=4, cfg_scale=3.0, cfg_interval=(0.0, 0.9)))
+    assert isinstance(guided.model_fn, ClassifierFreeGuidance)
+    assert guided.model_fn.null_class == 10 and guided.model_fn.interval == (0.0, 0.9)
+    assert (plain.generate([0, 1], 0).pixels - guided.generate([0, 1], 0).pixels).abs().mean() > 1e-3
+    with pytest.raises(ValueError, match="class_dropout_prob=0"):
+        SamplingPipeline(tiny_model(class_dropout_prob=0.0), create_transport(),
+                         SampleSpec(cfg_scale=2.0), (1, 8, 8), 10)
+    with pytest.raises(ValueError, match="cfg_channels=3 but the model has 1 channels"):
+        pipeline(SampleSpec(cfg_scale=2.0, cfg_channels=3))
+
+
+def test_bf16_autocast_runs_and_stays_close():
+    fp32, bf16 = pipeline(ODE), pipeline(ODE, precision="bf16")
+    a, b = fp32.generate([0, 1], 0), bf16.generate([0, 1], 0)
+    assert b.pixels.dtype == torch.float32 and 0 < (a.pixels - b.pixels).abs().max() < 0.5
+
+
+# ----------------------------------------------------------------------------- bulk
+
+
+def _read(path):
+    with np.load(path, allow_pickle=False) as f:
+        return f["arr_0"], f["arr_1"], sorted(f.files)
+
+
+def test_bulk_is_independent_of_world_size_and_batch_size(tmp_path):
+    n = 13
+    one = sample_bulk(pipeline(SDE), n, tmp_path / "one", global_seed=2, batch_size=4, progress=False)
+    assert one.npz == tmp_path / "one" / f"samples_{n}x8x8x3.npz" and one.generated == n
+    pipe = pipeline(SDE)
+    first = sample_bulk(pipe, n, tmp_path / "two", global_seed=2, batch_size=3, rank=0, world_size=2,
+                        progress=False)
+    assert first.npz is None and first.generated == 7  # indices 0, 2, ..., 12; rank 1 still missing
+    second = sample_bulk(pipe, n, tmp_path / "two", global_seed=2, batch_size=5, rank=1, world_size=2,
+                         progress=False)
+    assert second.generated == 6 and second.npz is not None  # no barrier: the process that completes merges
+    images1, labels1, keys = _read(one.npz)
+    images2, labels2, _ = _read(second.npz)
+    assert keys == ["arr_0", "arr_1"]
+    assert images1.dtype == np.uint8 and images1.shape == (n, 8, 8, 3)
+    assert np.array_equal(images1[..., 0], images1[..., 2])  # gray replicated to RGB
+    assert labels1.dtype == np.int64 and np.array_equal(labels1, random_labels(range(n), 2, 10))
+    assert np.array_equal(labels1, labels2)
+    assert np.abs(images1.astype(int) - images2.astype(int)).max() <= 1  # measured: identical on this CPU
+    direct = pipeline(SDE).generate([11, 12], 2)
+    assert np.abs(images1[11:, ..., :1].astype(int) - direct.images.astype(int)).max() <= 1
+    assert images1.std() > 10  # not a constant image
+
+
+def test_merged_npz_reads_like_np_savez(tmp_path):
+    from fid.data import open_images
+
+    result = sample_bulk(pipeline(ODE), 5, tmp_path, batch_size=2, progress=False, png=True)
+    images, labels, _ = _read(result.npz)
+    source = open_images(result.npz)  # the evaluator's reader (offset-based, not np.load)
+    assert len(source) == 5 and np.array_equal(np.concatenate(list(source.batches(2))), images)
+    reference = tmp_path / "reference.npz"
+    np.savez(reference, arr_0=images, arr_1=labels)
+    assert np.array_equal(_read(reference)[0], images)
+    pngs = sorted(p.name for p in (tmp_path / "images").iterdir())
+    assert pngs == [f"{i:06d}.png" for i in range(5)]
+    from PIL import Image
+
+    with Image.open(tmp_path / "images" / "000003.png") as im:
+        assert im.mode == "L" and np.array_equal(np.asarray(im), images[3, ..., 0])
+
+
+def test_bulk_resume_skips_finished_parts(tmp_path, monkeypatch):
+    n, spec = 10, ODE
+    reference = sample_bulk(pipeline(spec), n, tmp_path / "ref", batch_size=4, progress=False).npz
+
+    real_save, saved = sampling._save_part, []
+
+    def crash_after_first(parts_dir, batch):
+        if saved:
+            raise KeyboardInterrupt("killed")
+        saved.append(real_save(parts_dir, batch))
+        return saved[-1]
+
+    monkeypatch.setattr(sampling, "_save_part", crash_after_first)
+    with pytest.raises(KeyboardInterrupt):
+        sample_bulk(pipeline(spec), n, tmp_path / "run", batch_size=4, progress=False)
+    monkeypatch.setattr(sampling, "_save_part", real_save)
+    parts = sorted((tmp_path / "run" / "parts").iterdir())
+    assert [p.name for p in parts] == ["0000000-0000003.npz"]  # no temporary file left behind
+    before = os.stat(parts[0])
+
+    pipe, made = pipeline(spec), []
+    generate = pipe.generate
+    monkeypatch.setattr(pipe, "generate", lambda idx, seed, labels=None: made.extend(idx) or generate(idx, seed))
+    result = sample_bulk(pipe, n, tmp_path / "run", batch_size=4, progress=False)
+    assert made == list(range(4, n)) and result.skipped == 4 and result.generated == 6
+    after = os.stat(parts[0])
+    assert (after.st_mtime_ns, after.st_ino) == (before.st_mtime_ns, before.st_ino)
+    for a, b in zip(_read(result.npz), _read(reference)):
+        assert np.array_equal(a, b)  # same batches as the uninterrupted run -> bit-identical
+
+    made.clear()  # growing N only makes the new indices
+    grown = sample_bulk(pipe, n + 3, tmp_path / "run", batch_size=4, progress=False)
+    assert made == [10, 11, 12] and grown.npz.name == "samples_13x8x8x3.npz"
+    assert np.array_equal(_read(grown.npz)[0][:n], _read(reference)[0])
+
+
+def test_bulk_refuses_to_mix_settings(tmp_path):
+    sample_bulk(pipeline(ODE), 2, tmp_path, global_seed=1, batch_size=2, progress=False, settings={"ckpt": "a"})
+    with pytest.raises(ResumeError, match="global_seed: 1"):
+        sample_bulk(pipeline(ODE), 2, tmp_path, global_seed=2, batch_size=2, progress=False, settings={"ckpt": "a"})
+    with pytest.raises(ResumeError, match="spec"):
+        sample_bulk(pipeline(SDE), 2, tmp_path, global_seed=1, batch_size=2, progress=False, settings={"ckpt": "a"})
+    with pytest.raises(ValueError, match="rank"):
+        sample_bulk(pipeline(ODE), 2, tmp_path, rank=2, world_size=2)
+    with pytest.raises(ValueError, match="2 of 4 samples are missing"):
+        merge_parts(tmp_path, 4)
+
+
+def test_adaptive_solver_warns_in_bulk(tmp_path):
+    with pytest.warns(UserWarning, match="is adaptive: num_steps=2 only sets the output grid"):
+        pipe = pipeline(SampleSpec(mode="ode", sampling_method="dopri5", num_steps=2, atol=1e-2, rtol=1e-2))
+    with pytest.warns(UserWarning, match="depend on batch composition"):
+        sample_bulk(pipe, 1, tmp_path, progress=False)
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+def our_config(**model):
+    overrides = [f"model.{k}={v}" for k, v in {"name": "SiT-S/2", **TINY, **model}.items()]
+    return load_config("configs/demo.yaml", overrides + ["transport.path_type=GVP"])
+
+
+def test_load_our_checkpoint(tmp_path):
+    model, ema = tiny_model(1), tiny_model(2)
+    path = tmp_path / "ckpt.pt"
+    torch.save({"model": model.state_dict(), "ema": ema.state_dict(), "opt": {}, "args": our_config(),
+                "step": 123}, path)
+    loaded, info = load_model_for_sampling(path)
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in ema.state_dict().items())
+    assert (info.source, info.name, info.step, info.which) == ("ours", "SiT-S/2", 123, "ema")
+    assert (info.input_size, info.in_channels, info.num_classes) == (8, 1, 10)
+    assert info.transport["path_type"] == "GVP" and info.vae["name"] == "none"
+    assert info.sample_defaults["sampling_method"] == "euler"
+    raw, _ = load_model_for_sampling(path, which="model")
+    assert all(torch.equal(raw.state_dict()[k], v) for k, v in model.state_dict().items())
+    with pytest.raises(ValueError, match="trained as 'SiT-S/2', not 'SiT-B/2'"):
+        load_model_for_sampling(path, "SiT-B/2")
+
+
+def test_load_official_bare_state_dict(tmp_path):
+    """The official layout (4 latent channels, learn_sigma, null class) as a bare state dict, shrunk."""
+    arch = dict(depth=1, hidden_size=32, num_heads=2)
+    model = tiny_model(in_channels=4, learn_sigma=True)
+    path = tmp_path / "SiT-S-2-bare.pt"
+    torch.save(model.state_dict(), path)
+    loaded, info = load_model_for_sampling(path, "SiT-S/2", overrides=arch)
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in model.state_dict().items())
+    assert loaded.learn_sigma and (info.source, info.input_size, info.in_channels, info.num_classes) == (
+        "official", 8, 4, 10)
+    assert info.transport == {} and info.vae["name"] == "stabilityai/sd-vae-ft-ema"
+    with pytest.raises(ValueError, match="bare state dict without a config.*SiT-XL/2"):
+        load_model_for_sampling(path)
+    with pytest.raises(RuntimeError, match="does not fit"):  # CheckpointError naming the mismatched shapes
+        load_model_for_sampling(path, "SiT-S/2", overrides={**arch, "hidden_size": 64})
+    # an official DiT/SiT training checkpoint: argparse args name the model, VAE and transport
+    args = argparse.Namespace(model="SiT-S/2", vae="mse", path_type="VP", prediction="velocity", loss_weight=None)
+    train_ckpt = tmp_path / "0400000.pt"
+    torch.save({"ema": model.state_dict(), "args": args}, train_ckpt)
+    _, info = load_model_for_sampling(train_ckpt, overrides=arch)
+    assert info.name == "SiT-S/2" and info.vae["name"] == "stabilityai/sd-vae-ft-mse"
+    assert info.transport == {"path_type": "VP", "prediction": "velocity"}
+    with pytest.raises(RuntimeError, match="has no 'model' weights"):
+        load_model_for_sampling(train_ckpt, which="model", overrides=arch)

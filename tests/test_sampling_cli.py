@@ -1,0 +1,185 @@
+"""sample.py end to end: grid and bulk from our training checkpoints (pixel and VAE-latent) and official ones."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from diffusers import AutoencoderKL
+from PIL import Image
+
+import sample
+from sit_vit5.config import load_config
+from sit_vit5.models import create_model
+from sit_vit5.sampling import SampleSpec
+from sit_vit5.training import save_checkpoint
+
+TINY = dict(depth=1, hidden_size=32, num_heads=2, input_size=8, num_classes=10, learn_sigma=False)
+TINY_VAE = dict(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,
+                up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(8, 16), latent_channels=4,
+                norm_num_groups=8, sample_size=16)  # downsampling factor 2: 8x8x4 latents -> 16x16 RGB
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def perturbed(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    return model
+
+
+@pytest.fixture(scope="module")
+def vae_dir(tmp_path_factory):
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("tiny_vae")
+    AutoencoderKL(**TINY_VAE).save_pretrained(path)
+    return path
+
+
+def our_checkpoint(root, in_channels: int, vae: str = "none") -> str:
+    """A training checkpoint as the training loop writes it (sidecar + latest.json), config in ``args``."""
+    overrides = [f"model.{k}={v}" for k, v in {"name": "SiT-S/2", "in_channels": in_channels, **TINY}.items()]
+    cfg = load_config("configs/demo.yaml", overrides + [f"vae.name={vae}"])
+    model = perturbed(create_model("SiT-S/2", in_channels=in_channels, **TINY))
+    state = {"model": model.state_dict(), "ema": model.state_dict(), "opt": {}, "args": cfg, "step": 7}
+    return str(save_checkpoint(state, root / "checkpoints", step=7))
+
+
+@pytest.fixture(scope="module")
+def pixel_ckpt(tmp_path_factory):
+    return our_checkpoint(tmp_path_factory.mktemp("pixel_run"), in_channels=1)
+
+
+@pytest.fixture(scope="module")
+def latent_ckpt(tmp_path_factory, vae_dir):
+    return our_checkpoint(tmp_path_factory.mktemp("latent_run"), in_channels=4, vae=str(vae_dir))
+
+
+def grid_side(n: int, side: int, nrow: int | None = None) -> tuple[int, int]:
+    """torchvision make_grid size after save_grid's nearest upscaling of tiny images to >= 64 px."""
+    factor = max(1, math.ceil(64 / side))
+    side, pad = side * factor, max(2, factor // 2)
+    cols = min(nrow or math.ceil(math.sqrt(n)), n)
+    rows = math.ceil(n / cols)
+    return cols * (side + pad) + pad, rows * (side + pad) + pad
+
+
+def test_grid_writes_grid_and_single_images(pixel_ckpt, tmp_path, capsys):
+    out = tmp_path / "grid"
+    argv = ["grid", "--ckpt", pixel_ckpt, "--classes", "1", "2", "3", "--num-steps", "3", "--out", str(out),
+            "--no-progress"]
+    assert sample.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "labels: [1, 2, 3]" in printed and "NFE per image: 2" in printed and "images/s" in printed
+    assert "[ours (ema), step 7]" in printed and "sampling_method=euler" in printed  # checkpoint's sample section
+    with Image.open(out / "grid.png") as im:
+        assert im.size == grid_side(3, 8)
+    for i in range(3):
+        with Image.open(out / f"{i:06d}.png") as im:
+            assert im.size == (8, 8) and im.mode == "L"
+
+
+def test_grid_image_i_is_bulk_sample_i(pixel_ckpt, tmp_path, capsys):
+    flags = ["--ckpt", pixel_ckpt, "--seed", "3", "--method", "sde", "--num-steps", "3", "--no-progress"]
+    assert sample.main(["grid", *flags, "--num-images", "4", "--out", str(tmp_path / "g")]) == 0
+    printed = capsys.readouterr().out
+    assert "sampling_method=Euler" in printed  # the checkpoint's ODE method is not carried over to the SDE
+    assert sample.main(["bulk", *flags, "--num-samples", "4", "--out", str(tmp_path / "b")]) == 0
+    with np.load(tmp_path / "b" / "samples_4x8x8x3.npz") as f:
+        images, labels = f["arr_0"], f["arr_1"]
+    assert f"labels: {labels.tolist()}" in printed
+    for i in range(4):
+        with Image.open(tmp_path / "g" / f"{i:06d}.png") as im:
+            assert np.array_equal(np.asarray(im), images[i, ..., 0])
+
+
+def test_bulk_latent_model_decodes_and_resumes(latent_ckpt, tmp_path, capsys):
+    argv = ["bulk", "--ckpt", latent_ckpt, "--num-samples", "3", "--batch-size", "2", "--num-steps", "2",
+            "--png", "--out", str(tmp_path), "--no-progress", "--cfg-scale", "2", "--cfg-channels", "3"]
+    assert sample.main(argv) == 0
+    assert "generated 3, skipped 0" in capsys.readouterr().out
+    with np.load(tmp_path / "samples_3x16x16x3.npz") as f:
+        images = f["arr_0"]
+    assert images.shape == (3, 16, 16, 3) and images.dtype == np.uint8
+    with Image.open(tmp_path / "images" / "000002.png") as im:
+        assert im.mode == "RGB" and np.array_equal(np.asarray(im), images[2])
+    assert sample.main(argv) == 0
+    assert "generated 0, skipped 3" in capsys.readouterr().out
+    assert sample.main([*argv, "--seed", "1"]) == 2
+    assert "global_seed: 0" in capsys.readouterr().err
+
+
+def test_official_bare_state_dict_needs_model_flag(tmp_path, vae_dir, capsys):
+    torch.manual_seed(0)
+    model = create_model("SiT-S/2", input_size=8, in_channels=4, learn_sigma=True, num_classes=10)
+    path = tmp_path / "SiT-S-2-8.pt"
+    torch.save(perturbed(model).state_dict(), path)
+    out = tmp_path / "grid"
+    argv = ["grid", "--ckpt", str(path), "--vae", str(vae_dir), "--num-images", "2", "--method", "ode",
+            "--sampling-method", "heun2", "--num-steps", "2", "--out", str(out), "--no-progress"]
+    assert sample.main(argv) == 2
+    assert "--model" in capsys.readouterr().err
+    assert sample.main([*argv, "--model", "SiT-S/2"]) == 0
+    printed = capsys.readouterr().out
+    assert "[official]" in printed and "16x16" in printed and "NFE per image: 2" in printed
+    with Image.open(out / "000001.png") as im:
+        assert im.size == (16, 16) and im.mode == "RGB"
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--model", "SiT-B/2"], "trained as 'SiT-S/2', not 'SiT-B/2'"),
+        (["--path-type", "GVP"], "--path-type GVP"),
+        (["--vae", "stabilityai/sd-vae-ft-ema"], "pixel space"),
+        (["--classes", "3", "10"], r"--classes [10]"),
+        (["--sampling-method", "rk45"], "rk45"),
+        (["--image-size", "7"], "--image-size 7: must be a multiple of 2"),
+        (["--cfg-scale", "2", "--cfg-channels", "3"], "cfg_channels=3 but the model has 1 channels"),
+    ],
+)
+def test_bad_flags_exit_2_naming_them(pixel_ckpt, tmp_path, capsys, extra, message):
+    argv = ["grid", "--ckpt", pixel_ckpt, "--num-steps", "2", "--out", str(tmp_path), "--no-progress", *extra]
+    assert sample.main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bad_files_exit_2(pixel_ckpt, latent_ckpt, tmp_path, capsys):
+    assert sample.main(["grid", "--ckpt", str(tmp_path / "missing.pt"), "--out", str(tmp_path)]) == 2
+    assert "missing.pt" in capsys.readouterr().err
+    assert sample.main(["grid", "--ckpt", latent_ckpt, "--vae", "none", "--out", str(tmp_path)]) == 2
+    assert "needs a decoder" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:  # argparse rejects the value itself
+        sample.main(["grid", "--ckpt", pixel_ckpt, "--cfg-channels", "0"])
+    assert exit_info.value.code == 2
+    tampered = tmp_path / "tampered.pt"
+    data = bytearray(open(pixel_ckpt, "rb").read())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte inside the tensor data
+    tampered.write_bytes(bytes(data))
+    (tmp_path / "tampered.pt.sha256").write_text(open(pixel_ckpt + ".sha256").read())
+    assert sample.main(["grid", "--ckpt", str(tampered), "--out", str(tmp_path)]) == 2
+    assert "SHA-256 mismatch" in capsys.readouterr().err
+
+
+def test_published_protocol_flags(capsys):
+    parser = sample.build_parser()
+    args = parser.parse_args(["bulk", "--ckpt", "SiT-XL-2-256.pt", "--model", "SiT-XL/2", "--image-size", "256",
+                              "--method", "sde", "--sampling-method", "Euler", "--diffusion-form", "sigma",
+                              "--num-steps", "250", "--cfg-scale", "1.5", "--cfg-channels", "3", "--out", "x"])
+    info = sample.ModelInfo("SiT-XL/2", "official", 32, 4, 1000, {}, {"name": "stabilityai/sd-vae-ft-ema"})
+    spec = sample.resolve_spec(args, info)
+    assert spec == SampleSpec(mode="sde", sampling_method="Euler", diffusion_form="sigma", num_steps=250,
+                              cfg_scale=1.5, cfg_channels=3, last_step="Mean", last_step_size=0.04)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["bulk", "--help"])
+    assert "FID 2.06" in capsys.readouterr().out

@@ -1,0 +1,78 @@
+"""VAE wrapper on a tiny AutoencoderKL built from a config dict (no download)."""
+
+import pytest
+import torch
+from diffusers import AutoencoderKL
+
+from sit_vit5.vae import SD_VAE_SCALING_FACTOR, decode, encode, encode_moments, load_vae
+
+TINY_VAE = dict(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,
+                up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(8, 16), latent_channels=4,
+                norm_num_groups=8, sample_size=16)
+
+
+@pytest.fixture(scope="module")
+def vae_dir(tmp_path_factory):
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("tiny_vae")
+    AutoencoderKL(**TINY_VAE).save_pretrained(path)
+    return path
+
+
+def test_load_local_dir_roundtrips_weights(vae_dir):
+    vae = load_vae(vae_dir)
+    reference = AutoencoderKL.from_pretrained(vae_dir)
+    assert not vae.training and not any(p.requires_grad for p in vae.parameters())
+    for (name, p), q in zip(vae.state_dict().items(), reference.state_dict().values()):
+        assert torch.equal(p, q), name
+    assert load_vae(vae_dir, dtype=torch.bfloat16).dtype == torch.bfloat16
+
+
+def test_encode_moments_are_scaled_posterior(vae_dir):
+    vae = load_vae(vae_dir)
+    x = torch.rand(5, 3, 16, 16) * 2 - 1
+    mean, std = encode_moments(vae, x, batch_size=2)  # batches of 2, 2, 1
+    posterior = vae.encode(x).latent_dist
+    assert mean.shape == (5, 4, 8, 8)
+    torch.testing.assert_close(mean, posterior.mean * SD_VAE_SCALING_FACTOR, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(std, torch.exp(0.5 * posterior.logvar) * SD_VAE_SCALING_FACTOR,
+                               rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(encode(vae, x, sample=False, scaling_factor=0.5), posterior.mean * 0.5,
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_encode_sample_is_mean_plus_std_noise(vae_dir):
+    vae = load_vae(vae_dir)
+    x = torch.rand(3, 3, 16, 16) * 2 - 1
+    z = encode(vae, x, generator=torch.Generator().manual_seed(7))
+    mean, std = encode_moments(vae, x)
+    eps = torch.randn(mean.shape, generator=torch.Generator().manual_seed(7))
+    torch.testing.assert_close(z, mean + std * eps)
+    assert not torch.equal(z, encode(vae, x, generator=torch.Generator().manual_seed(8)))
+
+
+def test_decode_divides_by_scaling_factor(vae_dir):
+    vae = load_vae(vae_dir)
+    z = torch.randn(3, 4, 8, 8)
+    images = decode(vae, z, batch_size=2)
+    assert images.shape == (3, 3, 16, 16) and images.dtype == torch.float32
+    with torch.no_grad():
+        torch.testing.assert_close(images, vae.decode(z / SD_VAE_SCALING_FACTOR).sample, rtol=1e-5, atol=1e-6)
+
+
+def test_missing_local_dir_error_names_path(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nowhere") as info:
+        load_vae(tmp_path / "nowhere")
+    assert "huggingface-cli download" in str(info.value)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="empty.*config.json"):
+        load_vae(tmp_path / "empty")
+
+
+def test_uncached_hub_id_error_says_where_and_how(tmp_path):
+    with pytest.raises(OSError) as info:
+        load_vae("stabilityai/sd-vae-ft-ema", cache_dir=tmp_path / "hf", local_files_only=True)
+    message = str(info.value)
+    assert "'stabilityai/sd-vae-ft-ema'" in message
+    assert str(tmp_path / "hf") in message
+    assert "huggingface-cli download stabilityai/sd-vae-ft-ema" in message
