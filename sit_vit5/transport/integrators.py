@@ -1,0 +1,110 @@
+"""Numerical integrators: torchdiffeq for ODEs, Euler-Maruyama / Heun for SDEs, and an NFE counter.
+
+ODE method names are torchdiffeq 0.2.x's (``euler``, ``midpoint``, ``heun2``, ``heun3``, ``rk4``: fixed grid,
+one step per interval of the output grid; ``dopri5``, ``dopri8``, ``bosh3``, ``fehlberg2``,
+``adaptive_heun``: adaptive, where the grid only says where the solution is reported). ``heun`` is accepted
+as an alias of ``heun2`` (explicit trapezoid, 2 evaluations per step).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+from torchdiffeq import odeint
+from torchdiffeq._impl.odeint import SOLVERS
+from torchdiffeq._impl.rk_common import RKAdaptiveStepsizeODESolver
+from torchdiffeq._impl.solvers import FixedGridODESolver
+
+from .utils import choose
+
+ODE_ALIASES = {"heun": "heun2"}
+#: model evaluations per step of each fixed-grid torchdiffeq method
+FIXED_STEP_NFE = {"euler": 1, "midpoint": 2, "heun2": 2, "heun3": 3, "rk4": 4}
+
+
+def ode_method(name: str) -> str:
+    """Canonical torchdiffeq method name for ``name`` (case-insensitive; ``heun`` -> ``heun2``)."""
+    key = ODE_ALIASES.get(name.lower(), name.lower())
+    choose({**{k: k for k in SOLVERS if k != "scipy_solver"}, **ODE_ALIASES}, key, "ODE sampling_method")
+    return key
+
+
+def is_adaptive(method: str) -> bool:
+    """True when the torchdiffeq method picks its own steps (the output grid does not set the NFE)."""
+    return not issubclass(SOLVERS[ode_method(method)], FixedGridODESolver)
+
+
+class CountingModel:
+    """Wrap ``model_fn`` and count its forward calls (one call on a batch = one NFE)."""
+
+    def __init__(self, model_fn: Callable[..., Tensor]) -> None:
+        self.model_fn, self.nfe = model_fn, 0
+
+    def __call__(self, *args, **kwargs) -> Tensor:
+        self.nfe += 1
+        return self.model_fn(*args, **kwargs)
+
+
+def time_grid(t0: float, t1: float, num_steps: int, like: Tensor) -> Tensor:
+    """``linspace(t0, t1, num_steps)`` in float64 for float64 data, else float32, on ``like``'s device."""
+    if num_steps < 2:
+        raise ValueError(f"num_steps must be >= 2 (grid points including both ends), got {num_steps}")
+    dtype = torch.float64 if like.dtype == torch.float64 else torch.float32
+    return torch.linspace(t0, t1, num_steps, dtype=dtype, device=like.device)
+
+
+def batch_time(t: Tensor | float, x: Tensor) -> Tensor:
+    """A scalar time as the ``(B,)`` tensor the models expect (dtype of ``x``)."""
+    return torch.as_tensor(t, device=x.device).to(x.dtype).reshape(1).repeat(x.shape[0])
+
+
+def solve_ode(
+    drift: Callable[[Tensor, Tensor], Tensor | tuple[Tensor, ...]],
+    y0: Tensor | tuple[Tensor, ...],
+    grid: Tensor,
+    method: str,
+    atol: float,
+    rtol: float,
+) -> Tensor | tuple[Tensor, ...]:
+    """Integrate ``dy/dt = drift(y, t_batch)`` over ``grid``; returns the states on the grid (time first)."""
+    first = y0[0] if isinstance(y0, tuple) else y0
+
+    def func(t: Tensor, y):
+        return drift(y, batch_time(t, first))
+
+    method = ode_method(method)
+    n = len(y0) if isinstance(y0, tuple) else 1
+    tol = dict(atol=[atol] * n, rtol=[rtol] * n) if isinstance(y0, tuple) else dict(atol=atol, rtol=rtol)
+    # adaptive RK steps may overshoot the last grid point (VP is NaN for t > 1): make them land on it
+    options = {"step_t": grid[-1:]} if issubclass(SOLVERS[method], RKAdaptiveStepsizeODESolver) else None
+    return odeint(func, y0, grid, method=method, options=options, **tol)
+
+
+# ---------------------------------------------------------------- SDE steps
+# Each step maps (x, t, dt, noise) -> x_next for dX = drift dt + sqrt(2 D) dW; ``noise`` ~ N(0, I) like x.
+SDEDrift = Callable[[Tensor, Tensor], Tensor]
+SDEDiffusion = Callable[[Tensor, Tensor], Tensor]
+
+
+def euler_maruyama_step(
+    x: Tensor, t: float, dt: float, noise: Tensor, drift: SDEDrift, diffusion: SDEDiffusion
+) -> Tensor:
+    """One Euler-Maruyama step (1 drift evaluation)."""
+    t_b = batch_time(t, x)
+    return x + drift(x, t_b) * dt + torch.sqrt(2 * diffusion(x, t_b)) * noise * math.sqrt(dt)
+
+
+def heun_step(x: Tensor, t: float, dt: float, noise: Tensor, drift: SDEDrift, diffusion: SDEDiffusion) -> Tensor:
+    """SiT's stochastic Heun step: add the noise first, then a Heun (trapezoid) drift step (2 evaluations)."""
+    t_b = batch_time(t, x)
+    x_hat = x + torch.sqrt(2 * diffusion(x, t_b)) * noise * math.sqrt(dt)
+    k1 = drift(x_hat, t_b)
+    k2 = drift(x_hat + dt * k1, batch_time(t + dt, x))
+    return x_hat + 0.5 * dt * (k1 + k2)
+
+
+SDE_STEPS: dict[str, Callable[..., Tensor]] = {"Euler": euler_maruyama_step, "Heun": heun_step}
+SDE_STEP_NFE = {"Euler": 1, "Heun": 2}

@@ -1,0 +1,73 @@
+"""Reproducible random draws for samplers and losses.
+
+A ``generator`` argument may be ``None`` (global RNG), a ``torch.Generator`` or an ``int`` seed (one stream
+for the whole batch), or a sequence of generators / seeds with one entry per batch row. With a sequence,
+row ``i`` draws only from its own stream, so a sample depends on its own seed, not on the rest of the batch.
+Draws happen on the generator's device and are then moved to the data's device: a CPU generator gives the
+same numbers whatever device the model runs on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+GeneratorLike = torch.Generator | int | Sequence[torch.Generator | int] | None
+Resolved = torch.Generator | list[torch.Generator] | None
+
+
+def _as_generator(g: torch.Generator | int) -> torch.Generator:
+    if isinstance(g, torch.Generator):
+        return g
+    if isinstance(g, int):
+        return torch.Generator().manual_seed(g)
+    raise TypeError(f"generator entries must be torch.Generator or int seeds, got {type(g).__name__}")
+
+
+def resolve_generator(generator: GeneratorLike, batch: int) -> Resolved:
+    """Turn seeds into generators once (so a seeded stream advances across calls); check per-row length."""
+    if generator is None:
+        return None
+    if isinstance(generator, torch.Generator | int):
+        return _as_generator(generator)
+    gens = [_as_generator(g) for g in generator]
+    if len(gens) != batch:
+        raise ValueError(f"generator: got {len(gens)} per-row generators for a batch of {batch}")
+    return gens
+
+
+def _draw_dtype(x: Tensor) -> torch.dtype:
+    return x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32
+
+
+def randn_like(x: Tensor, generator: Resolved) -> Tensor:
+    """Standard normal noise shaped like ``x`` (dtype/device of ``x``)."""
+    if generator is None:
+        return torch.randn_like(x)
+    dtype = _draw_dtype(x)
+    if isinstance(generator, torch.Generator):
+        return torch.randn(x.shape, generator=generator, device=generator.device, dtype=dtype).to(x)
+    return torch.stack([torch.randn(x.shape[1:], generator=g, device=g.device, dtype=dtype).to(x) for g in generator])
+
+
+def rademacher_like(x: Tensor, generator: Resolved) -> Tensor:
+    """Random signs +-1 shaped like ``x``."""
+    if generator is None:
+        return torch.randint_like(x, 0, 2) * 2 - 1
+    if isinstance(generator, torch.Generator):
+        bits = torch.randint(0, 2, x.shape, generator=generator, device=generator.device)
+        return bits.to(x) * 2 - 1
+    rows = [torch.randint(0, 2, x.shape[1:], generator=g, device=g.device).to(x) for g in generator]
+    return torch.stack(rows) * 2 - 1
+
+
+def uniform(batch: int, generator: Resolved, like: Tensor) -> Tensor:
+    """``U[0, 1)`` of shape ``(batch,)`` on ``like``'s device/dtype. With no generator it draws from the *CPU*
+    global RNG, as SiT does (``th.rand((B,))``), so a seeded training run draws the same times."""
+    if generator is None:
+        return torch.rand(batch).to(like)
+    if isinstance(generator, torch.Generator):
+        return torch.rand(batch, generator=generator, device=generator.device).to(like)
+    return torch.cat([torch.rand(1, generator=g, device=g.device).to(like) for g in generator])

@@ -1,0 +1,212 @@
+"""Samplers (SiT API): probability-flow ODE, SDE, and ODE likelihood, each counting model evaluations.
+
+Each ``sample_*`` method returns a function ``fn(z, model_fn, *, generator=None, **model_kwargs)``.
+``model_fn(x, t, **model_kwargs)`` gets ``t`` of shape ``(B,)``; wrap a class-conditional model in
+:class:`~sit_vit5.guidance.ClassifierFreeGuidance` for guidance. ``generator`` (see :mod:`.rng`) makes the
+SDE noise and the Hutchinson probes reproducible: a list with one generator / seed per row makes each
+sample depend on its own seed only. After every call ``sampler.last_nfe`` holds the number of ``model_fn``
+calls made (a guided call on a doubled batch counts once).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from .integrators import SDE_STEPS, CountingModel, batch_time, is_adaptive, ode_method, solve_ode, time_grid
+from .likelihood import PROBES, exact_divergence, hutchinson_divergence
+from .paths import DIFFUSION_FORMS
+from .rng import GeneratorLike, randn_like, resolve_generator
+from .transport import Transport
+from .utils import choose, expand_t_like_x
+
+# Last SDE step from t1 to 1 (size h), given x, v, s, D at t1 and the path's alpha, sigma at t1.
+LastStep = Callable[[Tensor, Tensor, Tensor, Tensor, float, Tensor, Tensor], Tensor]
+LAST_STEPS: dict[str | None, LastStep | None] = {
+    "Mean": lambda x, v, s, D, h, alpha, sigma: x + (v + D * s) * h,  # noise-free SDE step
+    "Tweedie": lambda x, v, s, D, h, alpha, sigma: (x + sigma**2 * s) / alpha,  # E[x1 | x_t1]
+    "Euler": lambda x, v, s, D, h, alpha, sigma: x + v * h,  # probability-flow ODE step
+    None: None,  # stop at t1 (no model evaluation)
+    "none": None,
+}
+
+
+def _warn_adaptive(method: str, num_steps: int) -> None:
+    warnings.warn(
+        f"sampling_method={method!r} is adaptive: num_steps={num_steps} only sets the output grid, not the "
+        "number of model evaluations (read sampler.last_nfe; tune atol/rtol instead)",
+        UserWarning,
+        stacklevel=3,
+    )
+
+
+class Sampler:
+    """Builds sampling functions for a :class:`Transport` (t = 0 noise -> t = 1 data)."""
+
+    def __init__(self, transport: Transport) -> None:
+        self.transport = transport
+        self.last_nfe: int | None = None  # model evaluations of the most recent sampling call
+
+    def _velocity_fn(self, model: Callable[..., Tensor], model_kwargs: dict) -> Callable[[Tensor, Tensor], Tensor]:
+        tr = self.transport
+        return lambda x, t: tr.velocity(tr.model_output(model, x, t, **model_kwargs), x, t)
+
+    # ---------------------------------------------------------------- ODE
+    def sample_ode(
+        self,
+        *,
+        sampling_method: str = "dopri5",
+        num_steps: int = 50,
+        atol: float = 1e-6,
+        rtol: float = 1e-3,
+        reverse: bool = False,
+    ) -> Callable[..., Tensor]:
+        """Probability-flow ODE from noise ``z`` at t0 to data at t1 (``reverse``: data -> noise).
+
+        Fixed-grid methods take ``num_steps - 1`` steps (NFE = steps x evaluations per step, e.g. heun2: 2);
+        adaptive ones (dopri5, ...) report their solution on ``num_steps`` grid points and warn about it.
+        The function returns the trajectory ``(num_steps, *z.shape)``, final sample last.
+        """
+        method = ode_method(sampling_method)
+        if is_adaptive(method):
+            _warn_adaptive(method, num_steps)
+        tr = self.transport
+        t0, t1 = tr.check_interval(tr.train_eps, tr.sample_eps, sde=False, eval=True, reverse=reverse)
+
+        def _sample(z: Tensor, model_fn: Callable[..., Tensor], *, generator: GeneratorLike = None, **model_kwargs):
+            # the ODE is deterministic: generator is accepted only for a uniform API
+            model, grid = CountingModel(model_fn), time_grid(t0, t1, num_steps, z)
+            xs = solve_ode(self._velocity_fn(model, model_kwargs), z, grid, method, atol, rtol)
+            self.last_nfe = model.nfe
+            return xs
+
+        return _sample
+
+    # ---------------------------------------------------------------- SDE
+    def sample_sde(
+        self,
+        *,
+        sampling_method: str = "Euler",
+        diffusion_form: str = "SBDM",
+        diffusion_norm: float = 1.0,
+        last_step: str | None = "Mean",
+        last_step_size: float = 0.04,
+        num_steps: int = 250,
+        progress: bool = False,
+    ) -> Callable[..., list[Tensor]]:
+        """SDE ``dX = [v + D s] dt + sqrt(2 D) dW`` on ``linspace(t0, t1, num_steps)`` then a last step.
+
+        ``sampling_method``: Euler (Euler-Maruyama, 1 NFE/step) | Heun (2 NFE/step); ``diffusion_form``: see
+        ``DIFFUSION_FORMS``; ``last_step``: Mean | Tweedie | Euler | None (1 NFE, or 0 for None) of size
+        ``last_step_size`` (t1 = 1 - last_step_size). Velocity and score come from one model call per drift.
+        The function returns a list of ``num_steps`` states, final sample last (as SiT).
+        """
+        step = choose(SDE_STEPS, sampling_method, "SDE sampling_method")
+        choose(DIFFUSION_FORMS, diffusion_form, "diffusion_form")
+        last = choose(LAST_STEPS, last_step, "last_step")
+        if last is None:
+            last_step_size = 0.0
+        tr, path = self.transport, self.transport.path_sampler
+        t0, t1 = tr.check_interval(
+            tr.train_eps,
+            tr.sample_eps,
+            diffusion_form=diffusion_form,
+            sde=True,
+            eval=True,
+            last_step_size=last_step_size,
+        )
+        if num_steps < 2:
+            raise ValueError(f"num_steps must be >= 2 (grid points including both ends), got {num_steps}")
+        times = torch.linspace(t0, t1, num_steps, dtype=torch.float64).tolist()
+        dt = times[1] - times[0]
+
+        def _sample(z: Tensor, model_fn: Callable[..., Tensor], *, generator: GeneratorLike = None, **model_kwargs):
+            model, gen = CountingModel(model_fn), resolve_generator(generator, len(z))
+
+            def diffusion(x: Tensor, t: Tensor) -> Tensor:
+                return path.compute_diffusion(x, t, form=diffusion_form, norm=diffusion_norm)
+
+            def fields(x: Tensor, t: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+                """Velocity, score and D_t from a single model call."""
+                out = tr.model_output(model, x, t, **model_kwargs)
+                return tr.velocity(out, x, t), tr.score(out, x, t), diffusion(x, t)
+
+            def drift(x: Tensor, t: Tensor) -> Tensor:
+                v, s, D = fields(x, t)
+                return v + D * s
+
+            xs, x = [], z
+            with torch.no_grad():
+                for t in tqdm(times[:-1], disable=not progress, leave=False, desc="SDE"):
+                    x = step(x, t, dt, randn_like(x, gen), drift, diffusion)
+                    xs.append(x)
+                if last is not None:
+                    t_b = batch_time(t1, x)
+                    v, s, D = fields(x, t_b)
+                    t_x = expand_t_like_x(t_b, x)
+                    alpha_t, sigma_t = path.compute_alpha_t(t_x)[0], path.compute_sigma_t(t_x)[0]
+                    x = last(x, v, s, D, last_step_size, alpha_t, sigma_t)
+                xs.append(x)
+            self.last_nfe = model.nfe
+            return xs
+
+        return _sample
+
+    # ---------------------------------------------------------------- likelihood
+    def sample_ode_likelihood(
+        self,
+        *,
+        sampling_method: str = "dopri5",
+        num_steps: int = 50,
+        atol: float = 1e-6,
+        rtol: float = 1e-3,
+        divergence: str = "hutchinson",
+        probe: str = "rademacher",
+        num_probes: int = 1,
+    ) -> Callable[..., tuple[Tensor, Tensor]]:
+        """Log-likelihood of data ``x`` by integrating the ODE from t1 back to t0 with ``d logp = -div v dt``.
+
+        ``divergence``: hutchinson (``num_probes`` probes of kind ``probe``: rademacher | gaussian, drawn once
+        per call so the ODE is deterministic for adaptive solvers) | exact (one backward pass per dimension:
+        small data only). The function returns ``(logp, z)``: ``log p_t1(x)`` in nats per sample ``(B,)``
+        under an N(0, I) prior at t0, and the noise-side points ``z``. Bits/dim:
+        :func:`~sit_vit5.transport.bits_per_dim` (no dequantization offset is added).
+        """
+        method = ode_method(sampling_method)
+        if is_adaptive(method):
+            _warn_adaptive(method, num_steps)
+        choose({"hutchinson": None, "exact": None}, divergence, "divergence")
+        draw_probe = choose(PROBES, probe, "probe")
+        if num_probes < 1:
+            raise ValueError(f"num_probes must be >= 1, got {num_probes}")
+        tr = self.transport
+        t0, t1 = tr.check_interval(tr.train_eps, tr.sample_eps, sde=False, eval=True)
+
+        def _likelihood(
+            x: Tensor, model_fn: Callable[..., Tensor], *, generator: GeneratorLike = None, **model_kwargs
+        ) -> tuple[Tensor, Tensor]:
+            model, gen = CountingModel(model_fn), resolve_generator(generator, len(x))
+            velocity = self._velocity_fn(model, model_kwargs)
+            probes = None
+            if divergence == "hutchinson":
+                probes = torch.stack([draw_probe(x, gen) for _ in range(num_probes)])
+
+            def drift(state: tuple[Tensor, Tensor], t: Tensor) -> tuple[Tensor, Tensor]:
+                with torch.enable_grad():
+                    y = state[0].detach().requires_grad_(True)
+                    v = velocity(y, t)
+                    div = exact_divergence(v, y) if probes is None else hutchinson_divergence(v, y, probes)
+                return v.detach(), div.detach()
+
+            init = (x, torch.zeros(len(x), dtype=x.dtype, device=x.device))
+            ys, delta = solve_ode(drift, init, time_grid(t1, t0, num_steps, x), method, atol, rtol)
+            z = ys[-1]
+            # integrating t1 -> t0 gives delta = -int_{t0}^{t1} div v dt, so log p_t1(x) = log N(z) + delta
+            self.last_nfe = model.nfe
+            return tr.prior_logp(z) + delta[-1], z
+
+        return _likelihood
