@@ -1,0 +1,222 @@
+"""Command line: FID / sFID / IS / precision-recall, as the ADM evaluator computes them.
+
+    python -m fid SAMPLES REFERENCE [--metrics fid,sfid,is,pr] [--batch-size 64] [--device auto] ...
+    python -m fid SAMPLES digits [--num-samples N]            # demo data: digits FID + class accuracy
+    python -m fid make-reference IMAGES OUT.npz [--pr-images 10000]
+
+SAMPLES: an .npz (`arr_0`, uint8 [N, H, W, 3], as DiT/SiT/ADM write it), an .npy, or a folder of images.
+REFERENCE: an ADM reference batch (.npz with mu, sigma, mu_s, sigma_s, arr_0, e.g.
+VIRTUAL_imagenet256_labeled.npz), any image set (statistics computed from it), or the word `digits`.
+Prints a table and writes the results as JSON (default: next to SAMPLES, `<name>.metrics.json`).
+Exit status 2 on bad input, with a message naming the file and what is wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import scipy
+import torch
+import torch_fidelity
+
+from fid.data import InputError, open_images
+from fid.evaluate import METRICS, check_metrics, evaluate
+from fid.inception import INCEPTION_SHA256, InceptionWeightsError, default_weights_path, load_inception
+from fid.reference import PR_IMAGES, make_reference, read_reference
+
+PROTOCOL_SAMPLES = 50_000  # ADM / DiT / SiT report FID-50K
+LABELS_KEYS = ("labels", "arr_1")  # where a digits sample npz may keep the requested class labels
+TABLE_NAMES = {
+    "fid": "FID",
+    "sfid": "sFID",
+    "inception_score": "Inception Score",
+    "inception_score_std": "  (std)",
+    "precision": "Precision",
+    "recall": "Recall",
+    "digits_fid": "Digits FID",
+    "digits_accuracy": "Digits accuracy",
+    "num_samples": "Samples",
+    "num_reference_images": "Reference images",
+}
+
+
+def _common_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--batch-size", type=int, default=64, help="images per Inception forward (default 64)")
+    parser.add_argument("--device", default="auto", help="torch device, e.g. cuda, cuda:1, cpu (default: auto)")
+    parser.add_argument(
+        "--inception-weights",
+        type=Path,
+        default=None,
+        help=f"torch-fidelity Inception weights (default: {default_weights_path()})",
+    )
+    parser.add_argument(
+        "--weights-sha256",
+        default=INCEPTION_SHA256,
+        help="expected SHA-256 of the weights; change only for tests or a deliberately "
+        "different network (its numbers are not comparable to published ones)",
+    )
+
+
+def eval_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m fid",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("samples", type=Path, help="sample images: .npz (arr_0), .npy or image folder")
+    p.add_argument("reference", help="ADM reference .npz, an image set, or 'digits'")
+    p.add_argument(
+        "--metrics",
+        default=",".join(METRICS),
+        help=f"comma-separated subset of {','.join(METRICS)} (default: all)",
+    )
+    p.add_argument("--num-samples", type=int, default=None, help="evaluate the first N samples (default: all)")
+    p.add_argument("--samples-key", default="arr_0", help="array name inside a samples .npz (default arr_0)")
+    p.add_argument("--out", type=Path, default=None, help="JSON output path (default: <SAMPLES>.metrics.json)")
+    p.add_argument("--no-json", action="store_true", help="do not write the JSON file")
+    _common_args(p)
+    return p
+
+
+def reference_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m fid make-reference",
+        description="Compute an ADM-format reference batch (mu, sigma, mu_s, sigma_s, arr_0) from a set of images.",
+    )
+    p.add_argument("images", type=Path, help="reference images: .npz (arr_0), .npy or image folder")
+    p.add_argument("out", type=Path, help="output .npz")
+    p.add_argument(
+        "--pr-images",
+        type=int,
+        default=PR_IMAGES,
+        help=f"images kept as arr_0 for precision/recall (default {PR_IMAGES})",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the arr_0 subset (default 0)")
+    _common_args(p)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        if argv and argv[0] == "make-reference":
+            return _make_reference(reference_parser().parse_args(argv[1:]))
+        args = eval_parser().parse_args(argv)
+        return _evaluate(args)
+    except (InputError, InceptionWeightsError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _device(name: str) -> str:
+    return ("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name
+
+
+def _check_positive(name: str, value: int | None) -> None:
+    if value is not None and value < 1:
+        raise InputError(f"{name} must be a positive integer, got {value}")
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    _check_positive("--batch-size", args.batch_size)
+    _check_positive("--num-samples", args.num_samples)
+    start = time.time()
+    if args.reference == "digits":
+        results, weights = _evaluate_digits(args), None
+    else:
+        metrics = check_metrics([m.strip() for m in args.metrics.split(",") if m.strip()])
+        samples = open_images(args.samples, args.samples_key)
+        reference = read_reference(args.reference)
+        device = _device(args.device)
+        n = len(samples) if args.num_samples is None else args.num_samples
+        if n < PROTOCOL_SAMPLES:
+            print(
+                f"note: {n} samples; published numbers use {PROTOCOL_SAMPLES} (FID is biased upward at small N)",
+                file=sys.stderr,
+            )
+        extractor = load_inception(args.inception_weights, args.weights_sha256, device)
+        results = evaluate(samples, reference, extractor, metrics, args.batch_size, device, args.num_samples)
+        weights = {
+            "path": str(args.inception_weights or default_weights_path()),
+            "sha256": args.weights_sha256.lower(),
+            "official": args.weights_sha256.lower() == INCEPTION_SHA256,
+        }
+    print(format_table(results))
+    if not args.no_json:
+        out = args.out or args.samples.with_name(args.samples.name.removesuffix(args.samples.suffix) + ".metrics.json")
+        record = {
+            "samples": str(args.samples),
+            "reference": args.reference,
+            "metrics": results,
+            "inception_weights": weights,
+            "seconds": round(time.time() - start, 1),
+            "versions": _versions(),
+        }
+        out.write_text(json.dumps(record, indent=2) + "\n")
+        print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+def _evaluate_digits(args: argparse.Namespace) -> dict[str, float]:
+    from fid.digits import digits_metrics, uint8_to_digits_input
+
+    samples = open_images(args.samples, args.samples_key, channels=(1, 3))
+    n = len(samples) if args.num_samples is None else args.num_samples
+    if n > len(samples):
+        raise InputError(f"{samples.name}: --num-samples {n} requested but it holds only {len(samples)} images")
+    images = uint8_to_digits_input(np.concatenate(list(samples.batches(4096, n))))
+    labels = None
+    if args.samples.suffix == ".npz":
+        with np.load(args.samples, allow_pickle=False) as f:
+            key = next((k for k in LABELS_KEYS if k in f.files), None)
+            labels = None if key is None else f[key][:n]
+        if labels is not None and len(labels) != n:
+            raise InputError(f"{args.samples}[{key}]: {len(labels)} labels for {n} images")
+    if labels is None:
+        print(
+            f"note: no labels ({' or '.join(LABELS_KEYS)}) in {args.samples}; accuracy not computed",
+            file=sys.stderr,
+        )
+    if n < 2:
+        raise InputError(f"{samples.name}: digits FID needs at least 2 images, got {n}")
+    return digits_metrics(images, None if labels is None else torch.from_numpy(labels.astype(np.int64)))
+
+
+def _make_reference(args: argparse.Namespace) -> int:
+    _check_positive("--batch-size", args.batch_size)
+    _check_positive("--pr-images", args.pr_images)
+    images = open_images(args.images)
+    if len(images) < 2:
+        raise InputError(f"{images.name}: statistics need at least 2 images, got {len(images)}")
+    device = _device(args.device)
+    extractor = load_inception(args.inception_weights, args.weights_sha256, device)
+    stats, kept = make_reference(images, extractor, args.out, args.pr_images, args.batch_size, device, args.seed)
+    print(f"wrote {args.out}: statistics of {len(images)} images, {len(kept)} images as arr_0", file=sys.stderr)
+    return 0
+
+
+def format_table(results: dict[str, float | int]) -> str:
+    """Two-column text table of the results."""
+    rows = [(TABLE_NAMES.get(k, k), f"{v:.4f}" if isinstance(v, float) else str(v)) for k, v in results.items()]
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"{name:<{width}}  {value:>12}" for name, value in rows)
+
+
+def _versions() -> dict[str, str]:
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "scipy": scipy.__version__,
+        "torch_fidelity": torch_fidelity.__version__,
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())

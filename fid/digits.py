@@ -1,0 +1,192 @@
+"""An offline quality number for the demo data (scikit-learn's 8×8 digits, which ship with scikit-learn):
+"digits FID" and the class accuracy of generated samples, from a small CNN trained here on CPU.
+
+Protocol (fixed; changing any of it changes the cache key below):
+* data: sklearn.datasets.load_digits(), 1,797 grayscale 8×8 images with values 0..16, scaled x/8 − 1 to
+  [-1, 1]; test split = every 4th image (index % 4 == 0, 450 images), train split = the other 1,347.
+* network (DigitsNet): conv3×3(1→32)–ReLU–conv3×3(32→64)–ReLU–maxpool2–linear(1024→64)–ReLU–linear(64→10);
+  features = the 64-d hidden layer *before* its ReLU (no dead, always-zero dimensions to make covariances
+  singular).
+* training: seed 0, Adam lr 1e-3, weight decay 1e-4, batch 64, 30 epochs over the train split, no
+  augmentation, seeded shuffling, one CPU thread (so the result is deterministic for a given torch build; ~4 s).
+  The trained weights are cached as a plain state dict in <cache>/digits_featnet-<key>.pt (loaded with
+  weights_only=True) and retrained only when absent.
+* digits FID: Fréchet distance (float64) between the features of the evaluated images and of all 1,797 real
+  images. Like any FID it is biased upward at small N; compare numbers at equal N.
+* accuracy: fraction of images whose argmax class equals the requested label.
+Images of another size [N, 1, H, W] are resized to 8×8 with area interpolation; values are clamped to [-1, 1].
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from fid.metrics import feature_statistics, frechet_distance
+
+TRAIN_CONFIG = {
+    "seed": 0,
+    "epochs": 30,
+    "batch_size": 64,
+    "lr": 1e-3,
+    "weight_decay": 1e-4,
+    "test_every": 4,
+    "threads": 1,
+    "arch": "conv32-conv64-pool-fc64-fc10/v1",
+}
+FEATURE_DIM = 64
+
+
+class DigitsNet(nn.Module):
+    """Small CNN on [N, 1, 8, 8] images in [-1, 1]; forward → class logits [N, 10]."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 32, 3, padding=1)
+        self.conv2 = nn.Conv2d(32, 64, 3, padding=1)
+        self.hidden = nn.Linear(64 * 4 * 4, FEATURE_DIM)
+        self.head = nn.Linear(FEATURE_DIM, 10)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """Pre-activation hidden features [N, 64]."""
+        x = F.max_pool2d(F.relu(self.conv2(F.relu(self.conv1(x)))), 2)
+        return self.hidden(x.flatten(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(F.relu(self.features(x)))
+
+
+def digits_data() -> tuple[torch.Tensor, torch.Tensor]:
+    """All 1,797 digits: images float32 [N, 1, 8, 8] in [-1, 1], labels int64 [N]."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    images = torch.from_numpy(digits.images.astype(np.float32) / 8.0 - 1.0).unsqueeze(1)
+    return images, torch.from_numpy(digits.target.astype(np.int64))
+
+
+def digits_split(split: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """'train' (1,347 images), 'test' (450: index % 4 == 0) or 'all' (1,797): (images, labels)."""
+    images, labels = digits_data()
+    is_test = torch.arange(len(labels)) % TRAIN_CONFIG["test_every"] == 0
+    masks = {"train": ~is_test, "test": is_test, "all": torch.ones_like(is_test)}
+    if split not in masks:
+        raise ValueError(f"unknown digits split {split!r}; choose from {list(masks)}")
+    return images[masks[split]], labels[masks[split]]
+
+
+@torch.enable_grad()  # callers such as digits_metrics run under no_grad
+def train_digits_net() -> DigitsNet:
+    """Train DigitsNet on the train split with TRAIN_CONFIG (a few seconds on CPU)."""
+    cfg = TRAIN_CONFIG
+    images, labels = digits_split("train")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # same reduction order on every machine; tiny ops gain nothing from threads
+    try:
+        torch.manual_seed(cfg["seed"])
+        net = DigitsNet()
+        opt = torch.optim.Adam(net.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"])
+        gen = torch.Generator().manual_seed(cfg["seed"])
+        net.train()
+        for _ in range(cfg["epochs"]):
+            for idx in torch.randperm(len(labels), generator=gen).split(cfg["batch_size"]):
+                loss = F.cross_entropy(net(images[idx]), labels[idx])
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+    finally:
+        torch.set_num_threads(threads)
+    return net.eval().requires_grad_(False)
+
+
+def cache_dir() -> Path:
+    """$SIT_VIT5_CACHE, else $XDG_CACHE_HOME/sit_vit5, else ~/.cache/sit_vit5."""
+    if os.environ.get("SIT_VIT5_CACHE"):
+        return Path(os.environ["SIT_VIT5_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sit_vit5"
+
+
+def cache_key() -> str:
+    """12 hex digits of SHA-256 over the training config and the digits data."""
+    images, labels = digits_data()
+    h = hashlib.sha256(json.dumps(TRAIN_CONFIG, sort_keys=True).encode())
+    h.update(images.numpy().tobytes())
+    h.update(labels.numpy().tobytes())
+    return h.hexdigest()[:12]
+
+
+def load_digits_net(directory: str | os.PathLike | None = None) -> DigitsNet:
+    """The trained DigitsNet from the cache in `directory` (default cache_dir()), training it if absent."""
+    path = Path(directory or cache_dir()) / f"digits_featnet-{cache_key()}.pt"
+    net = DigitsNet()
+    if path.is_file():
+        net.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+        return net.eval().requires_grad_(False)
+    net = train_digits_net()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".tmp", delete=False) as tmp:
+        torch.save(net.state_dict(), tmp)
+    os.replace(tmp.name, path)  # atomic: a concurrent reader never sees half a file
+    return net
+
+
+def to_digits_input(images: torch.Tensor) -> torch.Tensor:
+    """[N, H, W] or [N, 1, H, W] float in [-1, 1] → float32 [N, 1, 8, 8], area-resized and clamped."""
+    if images.ndim == 3:
+        images = images.unsqueeze(1)
+    if images.ndim != 4 or images.shape[1] != 1 or not images.is_floating_point():
+        raise ValueError(
+            f"digits images must be float [N, 1, H, W] or [N, H, W] in [-1, 1], got {images.dtype} "
+            f"{tuple(images.shape)}"
+        )
+    images = images.float().cpu()
+    if images.shape[-2:] != (8, 8):
+        images = F.interpolate(images, size=(8, 8), mode="area")
+    return images.clamp(-1.0, 1.0)
+
+
+def uint8_to_digits_input(array: np.ndarray) -> torch.Tensor:
+    """uint8 [N, H, W, 1 or 3] (written as clamp(127.5·x + 128)) → float [N, 1, H, W] in [-1, 1].
+
+    (u − 127.5)/127.5 is the midpoint of the values that map to u; RGB is averaged to gray.
+    """
+    x = torch.from_numpy(np.asarray(array, dtype=np.float32)).mean(dim=3, keepdim=True)
+    return ((x - 127.5) / 127.5).permute(0, 3, 1, 2)
+
+
+@functools.lru_cache(maxsize=4)
+def _real_stats(net: DigitsNet) -> tuple[np.ndarray, np.ndarray]:
+    images, _ = digits_split("all")
+    return feature_statistics(net.features(images))
+
+
+@torch.no_grad()
+def digits_metrics(
+    images: torch.Tensor, labels: torch.Tensor | None = None, net: DigitsNet | None = None
+) -> dict[str, float]:
+    """Digits FID against all 1,797 real digits, and (with labels [N]) class accuracy.
+
+    images: [N, 1, H, W] or [N, H, W] in [-1, 1], N >= 2. net: default load_digits_net().
+    Returns {"digits_fid", "digits_accuracy" (if labels), "num_samples"}.
+    """
+    net = net or load_digits_net()
+    x = to_digits_input(images)
+    if x.shape[0] < 2:
+        raise ValueError(f"digits_metrics needs at least 2 images, got {x.shape[0]}")
+    mu, sigma = feature_statistics(net.features(x))
+    out = {"digits_fid": frechet_distance(mu, sigma, *_real_stats(net)), "num_samples": x.shape[0]}
+    if labels is not None:
+        labels = torch.as_tensor(labels).cpu().long().reshape(-1)
+        if labels.shape[0] != x.shape[0]:
+            raise ValueError(f"digits_metrics: {x.shape[0]} images but {labels.shape[0]} labels")
+        out["digits_accuracy"] = (net(x).argmax(1) == labels).double().mean().item()
+    return out

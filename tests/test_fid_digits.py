@@ -1,0 +1,92 @@
+"""The offline digits feature network, digits FID and class accuracy."""
+
+import numpy as np
+import pytest
+import torch
+
+import fid.__main__ as cli
+from fid import digits
+from fid.digits import digits_metrics, digits_split, load_digits_net, to_digits_input, uint8_to_digits_input
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("digits_cache")
+
+
+@pytest.fixture(scope="module")
+def net(cache):
+    return load_digits_net(cache)  # trains once (a few seconds) and caches
+
+
+def test_split_sizes_and_scaling():
+    train, test, everything = digits_split("train"), digits_split("test"), digits_split("all")
+    assert len(train[1]) == 1347 and len(test[1]) == 450 and len(everything[1]) == 1797
+    assert everything[0].min() == -1.0 and everything[0].max() == 1.0 and everything[0].shape[1:] == (1, 8, 8)
+    assert set(test[1].tolist()) == set(range(10))
+    with pytest.raises(ValueError, match="choose from"):
+        digits_split("val")
+
+
+def test_classifier_accuracy_on_held_out_split(net):
+    images, labels = digits_split("test")
+    assert digits_metrics(images, labels, net)["digits_accuracy"] > 0.9
+    wrong = (labels + 1) % 10
+    assert digits_metrics(images, wrong, net)["digits_accuracy"] < 0.1
+
+
+def test_real_digits_score_far_better_than_noise(net):
+    train, _ = digits_split("train")
+    test, _ = digits_split("test")
+    real = digits_metrics(test, net=net)["digits_fid"]
+    noise = digits_metrics(torch.randn(450, 1, 8, 8, generator=torch.Generator().manual_seed(0)), net=net)["digits_fid"]
+    assert 0 <= real < 20 and noise > 20 * real
+    # a real subset scores better than the same subset with its pixels shuffled
+    perm = torch.randperm(64, generator=torch.Generator().manual_seed(1))
+    shuffled = train[:450].flatten(1)[:, perm].reshape(-1, 1, 8, 8)
+    assert digits_metrics(shuffled, net=net)["digits_fid"] > 5 * digits_metrics(train[:450], net=net)["digits_fid"]
+
+
+def test_cached_weights_are_reloaded_not_retrained(net, cache, monkeypatch):
+    files = list(cache.glob("digits_featnet-*.pt"))
+    assert [f.name for f in files] == [f"digits_featnet-{digits.cache_key()}.pt"]
+    monkeypatch.setattr(digits, "train_digits_net", lambda: pytest.fail("retrained despite the cache"))
+    again = load_digits_net(cache)
+    for a, b in zip(net.state_dict().values(), again.state_dict().values()):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.slow
+def test_training_is_deterministic(net):
+    retrained = digits.train_digits_net()
+    for a, b in zip(net.state_dict().values(), retrained.state_dict().values()):
+        assert torch.equal(a, b)
+
+
+def test_input_conversion():
+    x, _ = digits_split("test")
+    big = x.repeat_interleave(2, dim=2).repeat_interleave(2, dim=3)  # 16×16 nearest upsample
+    torch.testing.assert_close(to_digits_input(big), x)  # area resize undoes it exactly
+    torch.testing.assert_close(to_digits_input(x[:, 0] * 3), x[:, 0:1].mul(3).clamp(-1, 1))  # [N, H, W], clamped
+    with pytest.raises(ValueError, match=r"\[N, 1, H, W\]"):
+        to_digits_input(torch.zeros(2, 3, 8, 8))
+    u8 = (127.5 * x + 128).clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()  # DiT's conversion
+    back = uint8_to_digits_input(u8)
+    assert back.shape == x.shape and (back - x).abs().max() <= 0.5 / 127.5 + 1e-6
+    rgb = np.repeat(u8, 3, axis=3)
+    torch.testing.assert_close(uint8_to_digits_input(rgb), back)
+
+
+def test_cli_digits_mode(net, cache, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SIT_VIT5_CACHE", str(cache))
+    x, y = digits_split("test")
+    u8 = (127.5 * x + 128).clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()
+    np.savez(tmp_path / "digits_samples.npz", arr_0=u8, labels=y.numpy())
+    assert cli.main([str(tmp_path / "digits_samples.npz"), "digits"]) == 0
+    assert "Digits accuracy" in capsys.readouterr().out
+    record = (tmp_path / "digits_samples.metrics.json").read_text()
+    expected = digits_metrics(uint8_to_digits_input(u8), y, net)
+    assert f'"digits_fid": {expected["digits_fid"]}' in record
+    np.savez(tmp_path / "wrong.npz", arr_0=u8, labels=y.numpy()[:10])
+    assert cli.main([str(tmp_path / "wrong.npz"), "digits", "--no-json"]) == 2
+    assert "10 labels for 450 images" in capsys.readouterr().err
