@@ -1,0 +1,223 @@
+"""Experiment configs: one defaults dict, deep-merged with a YAML file and then with dotted CLI overrides.
+
+    cfg = load_config("configs/demo.yaml", ["train.steps=100", "model.name=SiT-S/2"])
+
+Every section is closed (an unknown key is an error naming the full dotted key and the valid keys of its
+section) except ``model``, whose extra keys are ``create_model`` overrides and are checked against
+``sit_vit5.models.valid_overrides()``. Files and CLI values are parsed as safe YAML, with ``1e-4`` read as a
+float (``optim.betas=[0.9,0.95]``, ``optim.grad_clip=null``, ``optim.lr=3e-4``). The defaults are the
+SiT/DiT ImageNet-256 recipe (DESIGN §5): AdamW lr 1e-4, betas (0.9, 0.999), no weight decay, global batch 256,
+EMA 0.9999.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+Config = dict[str, dict[str, Any]]
+
+DEFAULTS: Config = {
+    "model": {
+        "name": "SiT-XL/2",  # registry name: {SiT,ViT5}-{S,B,L,XL}/{2,4,8}
+        "input_size": None,  # latent (or pixel) side; None = taken from the data
+        "in_channels": None,  # None = taken from the data (4 for SD-VAE latents)
+        "num_classes": None,  # None = the dataset's class count (the CFG null class is added by the model)
+        # any other create_model override may be added (depth, hidden_size, learn_sigma, ViT-5 switches...)
+    },
+    "transport": {
+        "path_type": "Linear",  # Linear | GVP | VP
+        "prediction": "velocity",  # velocity | score | noise
+        "loss_weight": None,  # None | velocity | likelihood (score/noise predictions only)
+        "train_eps": None,  # None = the transport's default for this path/prediction
+        "sample_eps": None,  # None = the transport's default for this path/prediction
+    },
+    "data": {
+        "kind": "imagefolder",  # digits | imagefolder | latents (see sit_vit5.data.DATASETS)
+        "root": None,  # class-subfolder image dir (imagefolder) or latent cache dir (latents)
+        "image_size": 256,  # pixel side after the ADM center crop (digits: 8)
+        "random_flip": True,  # horizontal flip with probability 1/2, decided per (seed, epoch, item)
+        "skip_bad": False,  # imagefolder: skip unreadable images with a warning instead of failing
+        "split": "all",  # digits only: all | train | test
+        "resize_mode": "bilinear",  # digits only, when image_size != 8: bilinear | bicubic
+        "global_batch_size": 256,  # images per optimizer step over all processes and accumulation steps
+        "num_workers": 4,  # DataLoader workers per process
+    },
+    "vae": {
+        "name": "stabilityai/sd-vae-ft-ema",  # none (pixel space) | hub id | local diffusers directory
+        "scaling_factor": 0.18215,  # latents = posterior sample × this (SD-VAE)
+    },
+    "optim": {
+        "lr": 1e-4,  # AdamW learning rate (constant after warmup)
+        "betas": [0.9, 0.999],  # AdamW betas
+        "weight_decay": 0.0,  # AdamW decoupled weight decay
+        "eps": 1e-8,  # AdamW epsilon
+        "warmup_steps": 0,  # linear warmup from lr/warmup_steps to lr; 0 = none
+        "grad_clip": None,  # max global grad norm; None = no clipping (the norm is still logged)
+        "ema_decay": 0.9999,  # EMA of the weights, updated after every optimizer step, kept in fp32
+    },
+    "train": {
+        "steps": 400_000,  # optimizer steps in total (SiT scaling curves: 400K)
+        "seed": 0,  # seeds model init, data order, augmentation and the noise of every micro-batch
+        "precision": "fp32",  # fp32 | bf16 (autocast; weights, grads, optimizer and EMA stay fp32)
+        "compile": False,  # torch.compile the model (inductor)
+        "grad_checkpointing": False,  # recompute blocks in the backward pass to save activation memory
+        "grad_accum": 1,  # micro-batches per optimizer step on each process
+        "distributed": "ddp",  # ddp | fsdp (FSDP: full-shard, minimal, untested here)
+        "cpu": False,  # force the CPU even when a GPU is present
+        "out_dir": "runs/default",  # run directory: config.yaml, checkpoints/, samples/, metrics.*
+        "log_every": 100,  # steps between metric rows (JSONL/CSV/TensorBoard)
+        "ckpt_every": 50_000,  # steps between checkpoints (one is always written at the end)
+        "keep_last": 3,  # regular checkpoints kept (milestones are never deleted)
+        "milestone_every": 100_000,  # steps between milestone checkpoints; 0 = none
+        "sample_every": 10_000,  # steps between sample grids from the EMA (one at the end); 0 = none
+        "tensorboard": True,  # write TensorBoard events (warns if tensorboard is not installed)
+        "wandb": False,  # log to Weights & Biases (warns if wandb is not installed)
+        "wandb_project": "sit-vit5",  # wandb project name
+    },
+    "sample": {
+        "method": "ode",  # ode | sde
+        "sampling_method": "euler",  # ode: euler | heun2 | dopri5 ...; sde: Euler | Heun
+        "num_steps": 50,  # integration steps
+        "cfg_scale": 1.0,  # classifier-free guidance scale (1 = off)
+        "num_images": 16,  # images in the grid
+        "classes": None,  # class of each image; None = 0, 1, 2, ... repeated over the classes
+        "seed": 0,  # seed of the fixed grid noise
+        "nrow": None,  # images per grid row; None = ceil(sqrt(num_images))
+    },
+}
+
+#: Sections whose extra keys are allowed (validated elsewhere) rather than errors.
+OPEN_SECTIONS = ("model",)
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that also reads ``1e-4`` as a float (YAML 1.1, hence PyYAML, wants ``1.0e-4``)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
+def _load_yaml(text) -> Any:
+    return yaml.load(text, Loader=_Loader)  # a SafeLoader subclass: no arbitrary objects
+
+
+class ConfigError(ValueError):
+    """A config file or override that names an unknown key or holds a value of the wrong type."""
+
+
+def _type_ok(default: Any, value: Any) -> bool:
+    """Values must keep the default's type (ints may stand for floats); a None default accepts anything."""
+    if default is None or value is None:
+        return True
+    if isinstance(default, bool) or isinstance(value, bool):
+        return isinstance(default, bool) and isinstance(value, bool)
+    if isinstance(default, float):
+        return isinstance(value, (int, float))
+    if isinstance(default, (list, tuple)):
+        return isinstance(value, (list, tuple))
+    return isinstance(value, type(default))
+
+
+def merge(base: Config, update: dict[str, Any], source: str) -> Config:
+    """A copy of ``base`` with ``update`` (two levels: section → key) merged in; ``source`` names the file
+    or "command line" in errors. Unknown sections/keys and type changes raise ConfigError."""
+    out = copy.deepcopy(base)
+    if not isinstance(update, dict):
+        raise ConfigError(f"{source}: expected a mapping of sections, got {type(update).__name__}")
+    for section, values in update.items():
+        if section not in out:
+            raise ConfigError(f"{source}: unknown section {section!r}; valid sections: {', '.join(out)}")
+        if values is None:
+            continue
+        if not isinstance(values, dict):
+            raise ConfigError(f"{source}: section {section!r} must be a mapping, got {values!r}")
+        for key, value in values.items():
+            dotted = f"{section}.{key}"
+            if key not in out[section] and section not in OPEN_SECTIONS:
+                raise ConfigError(f"{source}: unknown key {dotted!r}; valid keys of {section!r}: "
+                                  f"{', '.join(out[section])}")
+            if key in DEFAULTS[section] and not _type_ok(DEFAULTS[section][key], value):
+                expected = type(DEFAULTS[section][key]).__name__
+                raise ConfigError(f"{source}: {dotted}={value!r} ({type(value).__name__}); expected {expected}")
+            out[section][key] = value
+    return out
+
+
+def parse_overrides(overrides: list[str]) -> dict[str, dict[str, Any]]:
+    """``["train.steps=100", "optim.betas=[0.9,0.95]"]`` → ``{"train": {"steps": 100}, "optim": {...}}``."""
+    nested: dict[str, dict[str, Any]] = {}
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        section, dot, name = key.strip().partition(".")
+        if not sep or not dot or not section or not name or "." in name:
+            raise ConfigError(f"override {item!r} is not of the form section.key=value (e.g. train.steps=100)")
+        try:
+            value = _load_yaml(text) if text.strip() else None
+        except yaml.YAMLError as err:
+            raise ConfigError(f"override {item!r}: value is not valid YAML ({err})") from err
+        nested.setdefault(section, {})[name] = value
+    return nested
+
+
+def validate_model_section(cfg: Config) -> None:
+    """Check the ``model`` keys against ``create_model``'s accepted overrides (raises ConfigError)."""
+    from .models import list_models, valid_overrides
+
+    valid = ["name", *valid_overrides()]
+    unknown = sorted(set(cfg["model"]) - set(valid))
+    if unknown:
+        raise ConfigError(f"unknown key(s) {', '.join('model.' + k for k in unknown)}; valid keys of 'model': "
+                          f"{', '.join(valid)}")
+    if cfg["model"]["name"] not in list_models():
+        raise ConfigError(f"model.name={cfg['model']['name']!r} is not registered; valid: {', '.join(list_models())}")
+
+
+def validate(cfg: Config) -> None:
+    """Cross-key checks that need no data: choices, positive sizes (raises ConfigError naming the key)."""
+    choices = {("train", "precision"): ("fp32", "bf16"), ("train", "distributed"): ("ddp", "fsdp"),
+               ("sample", "method"): ("ode", "sde")}
+    for (section, key), valid in choices.items():
+        if cfg[section][key] not in valid:
+            raise ConfigError(f"{section}.{key}={cfg[section][key]!r}; valid: {', '.join(valid)}")
+    for section, key in (("train", "steps"), ("train", "grad_accum"), ("data", "global_batch_size"),
+                         ("train", "log_every"), ("train", "ckpt_every"), ("train", "keep_last")):
+        if not isinstance(cfg[section][key], int) or cfg[section][key] < 1:
+            raise ConfigError(f"{section}.{key}={cfg[section][key]!r}; must be a positive integer")
+    if len(cfg["optim"]["betas"]) != 2:
+        raise ConfigError(f"optim.betas={cfg['optim']['betas']!r}; expected two numbers")
+    validate_model_section(cfg)
+
+
+def load_config(path: str | os.PathLike | None = None, overrides: list[str] | None = None) -> Config:
+    """Defaults ← YAML file ``path`` (optional) ← dotted ``overrides``; validated. Returns a new nested dict."""
+    cfg = copy.deepcopy(DEFAULTS)
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist")
+        with open(path) as f:
+            cfg = merge(cfg, _load_yaml(f) or {}, str(path))
+    cfg = merge(cfg, parse_overrides(list(overrides or [])), "command line")
+    validate(cfg)
+    return cfg
+
+
+def save_config(cfg: Config, path: str | os.PathLike) -> None:
+    """Write ``cfg`` as YAML (sections in the defaults' order, keys as given)."""
+    with open(path, "w") as f:
+        yaml.safe_dump(cfg, f, sort_keys=False)
+
+
+def flatten(cfg: Config) -> dict[str, Any]:
+    """``{"train": {"steps": 1}}`` → ``{"train.steps": 1}`` (for diffs and loggers)."""
+    return {f"{section}.{key}": value for section, values in cfg.items() for key, value in values.items()}

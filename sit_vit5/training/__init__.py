@@ -1,0 +1,29 @@
+"""Training: the loop (``train``), EMA, atomic checkpoints with exact resume, metric logging."""
+
+from .checkpoint import (
+    CheckpointError,
+    IncompatibleCheckpointError,
+    latest_checkpoint,
+    read_checkpoint,
+    resolve_resume,
+    save_checkpoint,
+)
+from .ema import create_ema, update_ema
+from .loop import NonFiniteLossError, StepBatchSampler, TrainResult, build_model, build_transport, train
+
+__all__ = [
+    "CheckpointError",
+    "IncompatibleCheckpointError",
+    "NonFiniteLossError",
+    "StepBatchSampler",
+    "TrainResult",
+    "build_model",
+    "build_transport",
+    "create_ema",
+    "latest_checkpoint",
+    "read_checkpoint",
+    "resolve_resume",
+    "save_checkpoint",
+    "train",
+    "update_ema",
+]

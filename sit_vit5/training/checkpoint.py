@@ -1,0 +1,287 @@
+"""Training checkpoints: atomic single-file writes, SHA-256 sidecars, a latest pointer, rotation, RNG states.
+
+A checkpoint is one ``torch.save`` file holding only tensors and plain containers, so it loads with
+``torch.load(weights_only=True)``. Keys (``model, ema, opt, args`` follow the DiT/SiT layout):
+``model``, ``ema`` (state dicts, DiT key names), ``opt`` (AdamW state dict), ``args`` (the resolved config),
+``step``, ``epoch``, ``batch_in_epoch`` (data position), ``rng`` (python / numpy / torch / cuda states),
+``versions`` (package versions), ``model_name``.
+
+Layout of ``<out_dir>/checkpoints``::
+
+    0005000.pt              regular checkpoint (the newest ``keep_last`` are kept)
+    0100000-milestone.pt    milestone checkpoint (never deleted)
+    <file>.sha256           ``sha256sum``-format digest of <file>, verified before unpickling
+    latest.json             {"file": "0005000.pt", "step": 5000}, replaced only once <file> is complete
+
+Every file is written to a hidden temporary file in the same directory, fsynced and renamed over the
+target (``os.replace`` is atomic on POSIX), so a crash never leaves a half-written checkpoint or pointer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import re
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+CKPT_DIR = "checkpoints"
+LATEST = "latest.json"
+_CKPT_NAME = re.compile(r"^(\d+)(-milestone)?\.pt$")
+_TMP_PREFIX = ".tmp-"
+
+#: Config keys that must match to resume (besides these, anything may change: steps, lr, logging, ...).
+RESUME_FIXED = ("model", "transport", "vae", "data.image_size", "data.global_batch_size", "train.seed")
+#: Model keys that do not change the architecture or the function it computes.
+RESUME_FREE_MODEL_KEYS = ("grad_checkpointing",)
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that is missing, corrupt (digest mismatch) or cannot be unpickled safely."""
+
+
+class IncompatibleCheckpointError(CheckpointError):
+    """A checkpoint made with another model or config than the run that tries to resume from it."""
+
+
+# ----------------------------------------------------------------------------- atomic files
+
+
+class _HashingWriter:
+    """File-like object for ``torch.save`` that hashes the bytes on their way to ``file``."""
+
+    def __init__(self, file) -> None:
+        self.file, self.sha256 = file, hashlib.sha256()
+
+    def write(self, data) -> int:
+        self.sha256.update(data)
+        return self.file.write(data)
+
+    def flush(self) -> None:
+        self.file.flush()
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # some platforms cannot open directories; the rename is still atomic
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _atomic_write(path: Path, write) -> Any:
+    """Call ``write(file)`` on a temporary file next to ``path``, fsync, rename over ``path``; returns its
+    result. On any error the temporary file is removed and ``path`` is left as it was."""
+    tmp = path.with_name(f"{_TMP_PREFIX}{os.getpid()}-{path.name}")
+    try:
+        with open(tmp, "wb") as f:
+            result = write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+    return result
+
+
+def atomic_torch_save(obj: Any, path: str | os.PathLike) -> str:
+    """``torch.save(obj)`` to ``path`` atomically; returns the SHA-256 hex digest of the written bytes."""
+
+    def write(f) -> str:
+        writer = _HashingWriter(f)
+        torch.save(obj, writer)
+        return writer.sha256.hexdigest()
+
+    return _atomic_write(Path(path), write)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (temporary file + fsync + rename)."""
+    _atomic_write(Path(path), lambda f: f.write(text.encode()))
+
+
+def sha256_file(path: str | os.PathLike, chunk_size: int = 1 << 24) -> str:
+    """SHA-256 hex digest of a file, read in 16 MiB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(chunk_size):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _sidecar(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+# ----------------------------------------------------------------------------- save / load
+
+
+def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Load a checkpoint with ``weights_only=True``, after checking its ``.sha256`` sidecar if there is one."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    sidecar = _sidecar(path)
+    if sidecar.is_file():
+        expected = sidecar.read_text().split()[0]
+        actual = sha256_file(path)
+        if actual != expected:
+            raise CheckpointError(f"checkpoint {path} is corrupt: SHA-256 {actual} != {expected} in {sidecar}")
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as err:  # unpickling errors come in many types
+        raise CheckpointError(f"cannot load checkpoint {path} with weights_only=True: {err}") from err
+
+
+def checkpoint_name(step: int, milestone: bool) -> str:
+    """``0005000.pt`` or ``0100000-milestone.pt``."""
+    return f"{step:07d}{'-milestone' if milestone else ''}.pt"
+
+
+def list_checkpoints(ckpt_dir: str | os.PathLike) -> list[tuple[int, Path, bool]]:
+    """Complete checkpoints (those with a sidecar) as (step, path, is_milestone), oldest first."""
+    ckpt_dir = Path(ckpt_dir)
+    if not ckpt_dir.is_dir():
+        return []
+    found = []
+    for path in ckpt_dir.iterdir():
+        match = _CKPT_NAME.match(path.name)
+        if match and _sidecar(path).is_file():
+            found.append((int(match[1]), path, bool(match[2])))
+    return sorted(found, key=lambda item: (item[0], item[2]))
+
+
+def latest_checkpoint(ckpt_dir: str | os.PathLike) -> Path | None:
+    """The file ``latest.json`` names; without a usable pointer, the newest complete checkpoint; else None."""
+    ckpt_dir = Path(ckpt_dir)
+    try:
+        target = ckpt_dir / json.loads((ckpt_dir / LATEST).read_text())["file"]
+        if target.is_file():
+            return target
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    found = list_checkpoints(ckpt_dir)
+    return found[-1][1] if found else None
+
+
+def save_checkpoint(state: dict[str, Any], ckpt_dir: str | os.PathLike, step: int, milestone: bool = False,
+                    keep_last: int = 3) -> Path:
+    """Write ``state`` as the checkpoint of ``step``, then its sidecar, then move ``latest.json`` to it, then
+    delete regular checkpoints older than the newest ``keep_last``. Returns the checkpoint path."""
+    ckpt_dir = Path(ckpt_dir)
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    for stale in ckpt_dir.glob(f"{_TMP_PREFIX}*"):  # left by a process killed mid-write
+        stale.unlink(missing_ok=True)
+    path = ckpt_dir / checkpoint_name(step, milestone)
+    digest = atomic_torch_save(state, path)
+    atomic_write_text(_sidecar(path), f"{digest}  {path.name}\n")
+    atomic_write_text(ckpt_dir / LATEST, json.dumps({"file": path.name, "step": step}) + "\n")
+    regular = [p for _, p, is_milestone in list_checkpoints(ckpt_dir) if not is_milestone and p != path]
+    for old in regular[: max(0, len(regular) - (keep_last - 1))]:
+        old.unlink(missing_ok=True)
+        _sidecar(old).unlink(missing_ok=True)
+    return path
+
+
+def resolve_resume(spec: str, out_dir: str | os.PathLike) -> Path:
+    """``"latest"`` → the latest checkpoint of ``out_dir``; a run directory → its latest; a file → itself."""
+    target = Path(out_dir) if spec == "latest" else Path(spec)
+    if target.is_file():
+        return target
+    if target.is_dir():
+        ckpt_dir = target / CKPT_DIR if (target / CKPT_DIR).is_dir() else target
+        found = latest_checkpoint(ckpt_dir)
+        if found is not None:
+            return found
+        raise CheckpointError(f"--resume {spec}: no checkpoint in {ckpt_dir}")
+    raise CheckpointError(f"--resume {spec}: {target} is neither a checkpoint file nor a run directory")
+
+
+# ----------------------------------------------------------------------------- RNG and versions
+
+
+def rng_state() -> dict[str, Any]:
+    """Python, NumPy, torch (and CUDA, if initialised) global RNG states as tensors and plain containers."""
+    py_version, py_keys, py_gauss = random.getstate()
+    # the legacy global NumPy RNG is exactly what third-party code draws from, hence what must be saved
+    _, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()  # noqa: NPY002
+    state: dict[str, Any] = {
+        "python": [py_version, list(py_keys), py_gauss],
+        "numpy": {"keys": torch.from_numpy(np_keys.astype(np.int64)), "pos": int(np_pos),
+                  "has_gauss": int(np_has_gauss), "cached_gaussian": float(np_gauss)},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore the states saved by ``rng_state`` (CUDA only when the device count matches)."""
+    py_version, py_keys, py_gauss = state["python"]
+    random.setstate((py_version, tuple(py_keys), py_gauss))
+    np_state = state["numpy"]
+    np.random.set_state(("MT19937", np_state["keys"].numpy().astype(np.uint32), np_state["pos"],  # noqa: NPY002
+                         np_state["has_gauss"], np_state["cached_gaussian"]))
+    torch.set_rng_state(state["torch"])
+    cuda = state.get("cuda")
+    if cuda is not None and torch.cuda.is_available() and torch.cuda.device_count() == len(cuda):
+        torch.cuda.set_rng_state_all(cuda)
+
+
+def package_versions() -> dict[str, str]:
+    """Versions of Python and the packages a checkpoint depends on (those installed)."""
+    versions = {"python": sys.version.split()[0]}
+    for name in ("sit-vit5", "torch", "torchvision", "accelerate", "diffusers", "numpy"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return versions
+
+
+# ----------------------------------------------------------------------------- compatibility
+
+
+def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """Lines ``key: saved → current`` for every RESUME_FIXED key whose value differs."""
+    missing = "<unset>"
+    lines = []
+    for fixed in RESUME_FIXED:
+        section, _, key = fixed.partition(".")
+        old, new = saved.get(section, {}), current.get(section, {})
+        keys = [key] if key else sorted(set(old) | set(new))
+        for k in keys:
+            if section == "model" and k in RESUME_FREE_MODEL_KEYS:
+                continue
+            a, b = old.get(k, missing), new.get(k, missing)
+            if a != b:
+                lines.append(f"{section}.{k}: {a!r} (checkpoint) != {b!r} (this run)")
+    return lines
+
+
+def check_compatible(checkpoint: dict[str, Any], cfg: dict[str, Any], path: str | os.PathLike) -> None:
+    """Raise IncompatibleCheckpointError naming every fixed key where the checkpoint's config differs."""
+    saved = checkpoint.get("args")
+    if not isinstance(saved, dict):
+        raise IncompatibleCheckpointError(f"{path} holds no training config ('args'): not a training checkpoint "
+                                          "of this codebase (load weights with sit_vit5.models.load_checkpoint)")
+    diffs = config_differences(saved, cfg)
+    if diffs:
+        raise IncompatibleCheckpointError(
+            f"cannot resume from {path}: it was trained with another model/config:\n  " + "\n  ".join(diffs)
+            + f"\nResume keeps {', '.join(RESUME_FIXED)} fixed; start a new run (another train.out_dir) instead.")

@@ -1,0 +1,134 @@
+"""Training checkpoints: weights_only round trip, SHA-256 sidecar, atomic writes, rotation, RNG, compatibility."""
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from sit_vit5.config import load_config
+from sit_vit5.training import checkpoint as ck
+
+
+def make_state(step: int) -> dict:
+    model = torch.nn.Linear(4, 3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.999))
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    return {"model": model.state_dict(), "ema": model.state_dict(), "opt": opt.state_dict(),
+            "args": load_config(), "step": step, "epoch": 0, "batch_in_epoch": step, "rng": ck.rng_state(),
+            "versions": ck.package_versions(), "model_name": "SiT-XL/2"}
+
+
+def assert_same(a, b):
+    if isinstance(a, torch.Tensor):
+        assert torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert_same(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            assert_same(x, y)
+    else:
+        assert a == b
+
+
+def test_round_trip_with_weights_only(tmp_path):
+    state = make_state(5)
+    path = ck.save_checkpoint(state, tmp_path, 5)
+    assert path.name == "0000005.pt"
+    assert_same(ck.read_checkpoint(path), state)
+    assert_same(torch.load(path, weights_only=True), state)  # plain torch.load works too
+    digest, name = (tmp_path / "0000005.pt.sha256").read_text().split()
+    assert name == "0000005.pt" and digest == ck.sha256_file(path)  # `sha256sum -c` format
+    assert json.loads((tmp_path / ck.LATEST).read_text()) == {"file": "0000005.pt", "step": 5}
+
+
+def test_corrupt_file_is_refused(tmp_path):
+    path = ck.save_checkpoint(make_state(1), tmp_path, 1)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(ck.CheckpointError, match="corrupt"):
+        ck.read_checkpoint(path)
+
+
+def test_interrupted_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    good = make_state(1)
+    ck.save_checkpoint(good, tmp_path, 1)
+
+    def crash_mid_write(obj, f):
+        f.write(b"PK\x03\x04" + b"\0" * 1000)  # the first bytes of a zip, then the disk "fills up"
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(ck.torch, "save", crash_mid_write)
+    with pytest.raises(OSError, match="No space"):
+        ck.save_checkpoint(make_state(2), tmp_path, 2)
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["0000001.pt", "0000001.pt.sha256", "latest.json"]
+    assert ck.latest_checkpoint(tmp_path) == tmp_path / "0000001.pt"
+    assert_same(ck.read_checkpoint(ck.resolve_resume("latest", tmp_path)), good)
+
+
+def test_killed_writer_leftovers_are_never_latest(tmp_path):
+    """A SIGKILL can leave a temporary file, or a renamed file whose sidecar was not written yet."""
+    ck.save_checkpoint(make_state(1), tmp_path, 1)
+    (tmp_path / ".tmp-999-0000002.pt").write_bytes(b"PK\x03\x04 half")
+    (tmp_path / "0000003.pt").write_bytes(b"PK\x03\x04 renamed but no sidecar")
+    assert ck.latest_checkpoint(tmp_path).name == "0000001.pt"
+    (tmp_path / ck.LATEST).unlink()  # even without the pointer, only complete files count
+    assert ck.latest_checkpoint(tmp_path).name == "0000001.pt"
+    (tmp_path / ck.LATEST).write_text("{ truncated")
+    assert ck.latest_checkpoint(tmp_path).name == "0000001.pt"
+    ck.save_checkpoint(make_state(4), tmp_path, 4)  # the next save clears the stale temporary file
+    assert not list(tmp_path.glob(".tmp-*"))
+
+
+def test_keep_last_and_milestones(tmp_path):
+    state = make_state(0)
+    for step in range(1, 7):
+        ck.save_checkpoint(state, tmp_path, step, milestone=step % 2 == 0, keep_last=2)
+    names = sorted(p.name for p in tmp_path.glob("*.pt"))
+    # regular 1, 3, 5: newest 2 checkpoints overall kept (5 and milestone 6), milestones never deleted
+    assert names == ["0000002-milestone.pt", "0000004-milestone.pt", "0000005.pt", "0000006-milestone.pt"]
+    assert ck.latest_checkpoint(tmp_path).name == "0000006-milestone.pt"
+    assert sorted(p.name for p in tmp_path.glob("*.sha256")) == sorted(n + ".sha256" for n in names)
+    ck.save_checkpoint(state, tmp_path, 7, keep_last=2)
+    assert sorted(p.name for p in tmp_path.glob("0*[0-9].pt")) == ["0000005.pt", "0000007.pt"]
+
+
+def test_rng_state_round_trip():
+    state = ck.rng_state()
+    first = (torch.rand(3), np.random.rand(3), [random.random() for _ in range(3)])  # noqa: NPY002
+    ck.set_rng_state(state)
+    again = (torch.rand(3), np.random.rand(3), [random.random() for _ in range(3)])  # noqa: NPY002
+    assert torch.equal(first[0], again[0]) and np.array_equal(first[1], again[1]) and first[2] == again[2]
+
+
+def test_resume_spec_resolution(tmp_path):
+    with pytest.raises(ck.CheckpointError, match="no checkpoint"):
+        ck.resolve_resume("latest", tmp_path)
+    with pytest.raises(ck.CheckpointError, match="neither"):
+        ck.resolve_resume(str(tmp_path / "missing.pt"), tmp_path)
+    path = ck.save_checkpoint(make_state(3), tmp_path / ck.CKPT_DIR, 3)
+    assert ck.resolve_resume("latest", tmp_path) == path  # run dir → its checkpoints/
+    assert ck.resolve_resume(str(tmp_path), "elsewhere") == path
+    assert ck.resolve_resume(str(path), "elsewhere") == path
+
+
+def test_compatibility_names_the_differing_keys():
+    saved = load_config(None, ["model.depth=4"])
+    checkpoint = {"args": saved}
+    ck.check_compatible(checkpoint, load_config(None, ["model.depth=4", "train.steps=9", "optim.lr=3e-4",
+                                                       "model.grad_checkpointing=true"]), "x.pt")
+    with pytest.raises(ck.IncompatibleCheckpointError) as err:
+        ck.check_compatible(checkpoint, load_config(None, ["model.depth=6", "model.name=ViT5-XL/2",
+                                                           "transport.path_type=GVP"]), "x.pt")
+    message = str(err.value)
+    assert "model.depth: 4 (checkpoint) != 6" in message and "model.name" in message
+    assert "transport.path_type" in message and "train.steps" not in message
+    with pytest.raises(ck.IncompatibleCheckpointError, match="no training config"):
+        ck.check_compatible({"model": {}}, saved, "bare.pt")

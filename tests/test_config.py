@@ -1,0 +1,116 @@
+"""Config: defaults ← YAML ← dotted overrides; unknown keys and wrong types are errors that name the key."""
+
+import copy
+
+import pytest
+import yaml
+
+from sit_vit5.config import DEFAULTS, ConfigError, flatten, load_config, parse_overrides, save_config
+
+
+def write_yaml(tmp_path, data, name="exp.yaml"):
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_defaults_are_the_sit_recipe():
+    cfg = load_config()
+    assert cfg == DEFAULTS and cfg is not DEFAULTS
+    o = cfg["optim"]
+    assert (o["lr"], o["betas"], o["weight_decay"], o["ema_decay"]) == (1e-4, [0.9, 0.999], 0.0, 0.9999)
+    assert cfg["data"]["global_batch_size"] == 256 and cfg["optim"]["warmup_steps"] == 0
+
+
+def test_yaml_then_overrides_take_precedence(tmp_path):
+    path = write_yaml(tmp_path, {"train": {"steps": 10, "seed": 3}, "model": {"name": "SiT-S/2", "depth": 2}})
+    cfg = load_config(path, ["train.steps=20", "optim.betas=[0.9,0.95]", "optim.grad_clip=null",
+                             "vae.name=none", "model.hidden_size=64"])
+    assert cfg["train"]["steps"] == 20 and cfg["train"]["seed"] == 3  # override > file > default
+    assert cfg["optim"]["betas"] == [0.9, 0.95] and cfg["optim"]["grad_clip"] is None
+    assert cfg["model"] == {**DEFAULTS["model"], "name": "SiT-S/2", "depth": 2, "hidden_size": 64}
+    assert cfg["vae"]["name"] == "none"
+    # everything else untouched, and the defaults themselves were not mutated
+    changed = {k for k, v in flatten(cfg).items() if flatten(DEFAULTS).get(k, object()) != v}
+    assert changed == {"train.steps", "train.seed", "optim.betas", "model.name", "model.depth",
+                       "model.hidden_size", "vae.name"}  # grad_clip=null equals its default
+    assert DEFAULTS["train"]["steps"] == 400_000
+
+
+@pytest.mark.parametrize(
+    "source, needle",
+    [
+        ({"train": {"stpes": 1}}, "'train.stpes'"),
+        ({"trian": {"steps": 1}}, "'trian'"),
+        ({"model": {"dept": 2}}, "model.dept"),
+    ],
+)
+def test_unknown_keys_in_file_are_named(tmp_path, source, needle):
+    with pytest.raises(ConfigError) as err:
+        load_config(write_yaml(tmp_path, source))
+    assert needle in str(err.value)
+
+
+def test_unknown_key_error_lists_the_valid_keys(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["optim.learning_rate=1e-3"])
+    message = str(err.value)
+    assert "optim.learning_rate" in message and "command line" in message
+    for key in DEFAULTS["optim"]:
+        assert key in message
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["model.dept=2"])
+    assert "depth" in str(err.value) and "hidden_size" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "override, needle",
+    [
+        ("train.steps=abc", "train.steps"),
+        ("train.compile=1", "train.compile"),  # an int is not a bool
+        ("train.precision=fp16", "bf16"),
+        ("sample.method=ddim", "sample.method"),
+        ("train.grad_accum=0", "train.grad_accum"),
+        ("model.name=SiT-XXL/2", "SiT-XL/2"),
+        ("trainsteps=3", "section.key=value"),
+        ("train.steps", "section.key=value"),
+    ],
+)
+def test_bad_values_are_named(override, needle):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [override])
+    assert needle in str(err.value)
+
+
+def test_float_keys_accept_ints_and_yaml_parsing():
+    cfg = load_config(None, ["optim.lr=1", "train.steps=1_000", "sample.classes=[1, 2]"])
+    assert cfg["optim"]["lr"] == 1 and cfg["train"]["steps"] == 1000 and cfg["sample"]["classes"] == [1, 2]
+    assert parse_overrides(["a.b=x=y"]) == {"a": {"b": "x=y"}}  # split at the first '='
+
+
+def test_missing_file_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="nope.yaml"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_saved_config_round_trips(tmp_path):
+    cfg = load_config(None, ["model.depth=3", "optim.grad_clip=1.5", "sample.classes=[3, 1]"])
+    save_config(cfg, tmp_path / "config.yaml")
+    assert load_config(tmp_path / "config.yaml") == cfg
+    assert copy.deepcopy(cfg) == cfg
+
+
+def test_demo_config_is_valid():
+    from pathlib import Path
+
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "demo.yaml")
+    assert cfg["data"]["kind"] == "digits" and cfg["vae"]["name"] == "none"
+    assert cfg["model"]["name"].startswith("ViT5")
+
+
+def test_exponent_floats_without_a_dot(tmp_path):
+    """PyYAML reads `1e-4` as a string (YAML 1.1); configs must not silently get lr='1e-4'."""
+    path = tmp_path / "e.yaml"
+    path.write_text("optim:\n  lr: 3e-4\n  grad_clip: 1e0\n")
+    cfg = load_config(path, ["optim.eps=1e-6"])
+    assert cfg["optim"]["lr"] == 3e-4 and cfg["optim"]["grad_clip"] == 1.0 and cfg["optim"]["eps"] == 1e-6

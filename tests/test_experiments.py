@@ -1,0 +1,176 @@
+"""Experiments: ImageNet configs smoke-train, protocols parse, the digits sweep and the ImageNet runner work."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from sit_vit5.config import load_config
+from sit_vit5.experiments import digits, imagenet, report
+from sit_vit5.experiments.__main__ import main as experiments_main
+from tests.test_vae import TINY_VAE
+
+REPO = Path(__file__).resolve().parents[1]
+IMAGENET_CONFIGS = sorted((REPO / "configs" / "imagenet").glob("*.yaml"))
+PROTOCOLS = sorted((REPO / "configs" / "eval").glob("*.yaml"))
+TINY_MODEL = ["model.depth=1", "model.hidden_size=32", "model.num_heads=2", "model.input_size=null",
+              "model.in_channels=null", "model.num_classes=null"]
+
+
+@pytest.fixture(scope="module")
+def tiny_imagenet(tmp_path_factory) -> tuple[Path, Path]:
+    """Two classes of 16x16 RGB images and a tiny AutoencoderKL (factor 2, 4 latent channels) on disk."""
+    from diffusers import AutoencoderKL
+
+    root = tmp_path_factory.mktemp("imagenet")
+    rng = np.random.default_rng(0)
+    for cls in ("n01440764", "n01443537"):
+        (root / "train" / cls).mkdir(parents=True)
+        for i in range(4):
+            Image.fromarray(rng.integers(0, 256, (20, 24, 3), dtype=np.uint8)).save(root / "train" / cls / f"{i}.png")
+    torch.manual_seed(0)
+    AutoencoderKL(**TINY_VAE).save_pretrained(root / "vae")
+    return root / "train", root / "vae"
+
+
+def test_imagenet_configs_differ_only_in_the_backbone():
+    assert len(IMAGENET_CONFIGS) == 8
+    for size in ("s", "b", "l", "xl"):
+        sit = load_config(REPO / "configs" / "imagenet" / f"sit-{size}-2.yaml")
+        vit5 = load_config(REPO / "configs" / "imagenet" / f"vit5-{size}-2.yaml")
+        assert sit["model"]["name"].startswith("SiT-") and vit5["model"]["name"].startswith("ViT5-")
+        for section in sit:
+            a, b = dict(sit[section]), dict(vit5[section])
+            if section == "model":
+                a.pop("name"), b.pop("name")
+            if section == "train":
+                a.pop("out_dir"), b.pop("out_dir")
+            assert a == b, section
+        assert sit["optim"]["lr"] == 1e-4 and sit["optim"]["ema_decay"] == 0.9999  # the SiT recipe (DESIGN §5)
+        assert sit["data"]["global_batch_size"] == 256 and sit["vae"]["scaling_factor"] == 0.18215
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", IMAGENET_CONFIGS, ids=lambda p: p.stem)
+def test_imagenet_config_two_step_smoke_run(config, tiny_imagenet, tmp_path):
+    from sit_vit5.training import train
+
+    images, vae = tiny_imagenet
+    cfg = load_config(config, [*TINY_MODEL, f"data.root={images}", "data.image_size=16", f"vae.name={vae}",
+                               "data.global_batch_size=4", "data.num_workers=0", "train.steps=2",
+                               "train.precision=fp32", "train.sample_every=0", "train.log_every=1",
+                               "train.ckpt_every=2", f"train.out_dir={tmp_path / 'run'}", "train.tensorboard=false"])
+    result = train(cfg)
+    assert result.step == 2 and result.checkpoint.is_file()
+    assert len(result.losses) == 2 and all(np.isfinite(result.losses))
+    assert cfg["model"]["input_size"] == 8 and cfg["model"]["in_channels"] == 4  # latents of the tiny VAE
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS, ids=lambda p: p.stem)
+def test_eval_protocols_parse_into_sample_specs(protocol):
+    p = imagenet.load_protocol(protocol)
+    spec = imagenet.sample_spec(p["sample"])
+    assert p["eval"]["num_samples"] == 50_000 and set(p["eval"]["metrics"]) == {"fid", "sfid", "is", "pr"}
+    if protocol.stem == "headline":  # the published SiT protocol
+        assert (spec.mode, spec.sampling_method, spec.diffusion_form, spec.num_steps) == ("sde", "Euler", "sigma", 250)
+        assert (spec.cfg_scale, spec.cfg_channels) == (1.5, 3) and p["paper"] == {"SiT-XL/2": 2.06, "ViT5-XL/2": 1.84}
+    if protocol.stem == "scaling":
+        assert spec.cfg_scale == 1.0 and p["eval"]["steps"] == list(range(50_000, 400_001, 50_000))
+
+
+def test_protocol_with_unknown_key_names_it(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("sample: {method: sde, num_stepz: 3}\n")
+    with pytest.raises(ValueError, match="sample.num_stepz"):
+        imagenet.load_protocol(bad)
+
+
+def test_count_spikes_on_constructed_sequences():
+    flat = [1.0] * 300
+    assert digits.count_spikes(flat) == 0
+    spiky = list(flat)
+    spiky[150] = spiky[220] = 2.5  # > 2x the running median
+    spiky[250] = 1.9  # not a spike
+    assert digits.count_spikes(spiky) == 2
+    assert digits.count_spikes(spiky, factor=1.8) == 3
+    spiky[50] = 10.0  # inside the warm-up window: ignored
+    assert digits.count_spikes(spiky) == 2
+
+
+def test_plan_covers_backbones_seeds_and_the_seven_plus_two_ablations():
+    specs = digits.plan(seeds=3, ablation_seeds=1)
+    assert [s.variant for s in specs[:6]] == ["SiT", "ViT-5"] * 3 and [s.seed for s in specs[:6]] == [0, 0, 1, 1, 2, 2]
+    ablations = specs[6:]
+    assert len(ablations) == 9 and all(s.model["name"] == "ViT5-S/2" for s in ablations)
+    assert len({s.run_dir for s in specs}) == len(specs)
+    from sit_vit5.models import VIT5_SWITCHES, create_model
+
+    for spec in ablations:  # each ablation changes what it says, and builds
+        changed = {k for k in spec.model if k != "name"}
+        assert changed and all(spec.model[k] != VIT5_SWITCHES[k] for k in changed)
+        create_model("ViT5-S/2", input_size=8, in_channels=1, num_classes=10, depth=1, hidden_size=32,
+                     num_heads=2, **{k: v for k, v in spec.model.items() if k != "name"})
+
+
+@pytest.mark.slow
+def test_digits_sweep_end_to_end_and_cached(tmp_path, monkeypatch):
+    out = tmp_path / "results"
+    argv = ["digits", "--seeds", "2", "--steps", "4", "--num-samples", "20", "--no-ablations", "--jobs", "1",
+            "--runs-dir", str(tmp_path / "runs"), "--out", str(out), "model.depth=1", "model.hidden_size=32",
+            "model.num_heads=2"]
+    assert experiments_main(argv) == 0
+    text = (out / "README.md").read_text()
+    assert "| SiT | 2 |" in text and "| ViT-5 | 2 |" in text and "Commit:" in text
+    results = [json.loads(p.read_text()) for p in sorted((tmp_path / "runs").glob("*/seed*/result.json"))]
+    rows = {r["variant"]: r for r in digits.summarize(results)}
+    assert rows["SiT"]["seeds"] == 2 and rows["SiT"]["digits_fid"] > 0 and 0 <= rows["ViT-5"]["accuracy"] <= 1
+    for name in ("fid.png", "loss.png", "results.csv", "runs.csv", "samples-sit.png", "samples-vit5.png"):
+        assert (out / name).is_file(), name
+    monkeypatch.setattr("sit_vit5.training.train", lambda *a, **k: pytest.fail("cached runs must not retrain"))
+    assert experiments_main(argv) == 0
+
+
+def test_report_table_and_csv(tmp_path):
+    rows = [{"model": "SiT-XL/2", "FID": 2.0612, "step": 7_000_000}, {"model": "ViT5-XL/2", "FID": None}]
+    table = report.markdown_table(rows, ["model", "step", "FID"])
+    assert table.splitlines()[2] == "| SiT-XL/2 | 7000000 | 2.061 |" and "| ViT5-XL/2 | – | – |" in table
+    path = report.write_csv(rows, ["model", "FID"], tmp_path / "t.csv")
+    assert path.read_text().splitlines() == ["model,FID", "SiT-XL/2,2.0612", "ViT5-XL/2,"]
+
+
+@pytest.mark.slow
+def test_imagenet_runner_end_to_end_with_random_inception(tmp_path):
+    from fid.inception import sha256_of
+    from sit_vit5.training import train
+    from tests.test_fid_inception import _random_inception_state_dict
+
+    cfg = load_config(REPO / "configs" / "digits" / "repro.yaml",
+                      ["model.depth=1", "model.hidden_size=32", "model.num_heads=2", "train.steps=2",
+                       "train.ckpt_every=1", "train.keep_last=5", "train.sample_every=0",
+                       f"train.out_dir={tmp_path / 'run'}"])
+    train(cfg)
+    weights = tmp_path / "inception.pth"
+    torch.save(_random_inception_state_dict(), weights)
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "ref.npz", arr_0=rng.integers(0, 256, (12, 8, 8, 3), dtype=np.uint8))
+    protocol = tmp_path / "tiny.yaml"
+    protocol.write_text("sample: {method: ode, sampling_method: euler, num_steps: 3}\n"
+                        f"eval: {{num_samples: 12, reference: {tmp_path / 'ref.npz'}, metrics: [fid, is],"
+                        " steps: [1, 2], seed: 0}\npaper: {SiT-S/2: 57.6}\n")
+    out = tmp_path / "out"
+    argv = ["imagenet", str(tmp_path / "run"), "--protocol", str(protocol), "--out", str(out), "--device", "cpu",
+            "--precision", "fp32", "--batch-size", "5", "--fid-batch-size", "6", "--inception-weights",
+            str(weights), "--inception-sha256", sha256_of(weights)]
+    assert experiments_main(argv) == 0
+    rows = (out / "tiny.csv").read_text().splitlines()
+    assert rows[0].startswith("model,params (M),GFLOPs,step,FID")
+    assert [r.split(",")[3] for r in rows[1:]] == ["1", "2", ""] and rows[-1].startswith("SiT-S/2,,,,57.6")
+    assert all(float(r.split(",")[4]) > 0 for r in rows[1:3])
+    assert (out / "tiny_fid_vs_step.png").is_file()
+    cached = sorted((tmp_path / "run" / "eval" / "tiny").glob("*.json"))
+    assert len(cached) == 2 and "fid" in json.loads(cached[0].read_text())
