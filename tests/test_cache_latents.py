@@ -13,17 +13,8 @@ import sit_vit5.cache_latents as cache_latents
 from sit_vit5.data import ImageFolderDataset, LatentCacheDataset, build_dataset, item_generator
 
 SCALE = 0.18215
-TINY_VAE = dict(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,
-                up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(8, 16), latent_channels=4,
-                norm_num_groups=8, sample_size=16)
 
 
-@pytest.fixture(scope="module")
-def vae_dir(tmp_path_factory):
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("tiny_vae")
-    AutoencoderKL(**TINY_VAE).save_pretrained(path)
-    return path
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ from PIL import Image
 from sit_vit5.config import load_config
 from sit_vit5.experiments import digits, imagenet, report
 from sit_vit5.experiments.__main__ import main as experiments_main
-from tests.test_vae import TINY_VAE
 
 REPO = Path(__file__).resolve().parents[1]
 IMAGENET_CONFIGS = sorted((REPO / "configs" / "imagenet").glob("*.yaml"))
@@ -23,19 +22,15 @@ TINY_MODEL = ["model.depth=1", "model.hidden_size=32", "model.num_heads=2", "mod
 
 
 @pytest.fixture(scope="module")
-def tiny_imagenet(tmp_path_factory) -> tuple[Path, Path]:
-    """Two classes of 16x16 RGB images and a tiny AutoencoderKL (factor 2, 4 latent channels) on disk."""
-    from diffusers import AutoencoderKL
-
+def tiny_imagenet(tmp_path_factory, vae_dir) -> tuple[Path, Path]:
+    """Two classes of 20x24 RGB images, and the tiny AutoencoderKL (factor 2, 4 latent channels)."""
     root = tmp_path_factory.mktemp("imagenet")
     rng = np.random.default_rng(0)
     for cls in ("n01440764", "n01443537"):
         (root / "train" / cls).mkdir(parents=True)
         for i in range(4):
             Image.fromarray(rng.integers(0, 256, (20, 24, 3), dtype=np.uint8)).save(root / "train" / cls / f"{i}.png")
-    torch.manual_seed(0)
-    AutoencoderKL(**TINY_VAE).save_pretrained(root / "vae")
-    return root / "train", root / "vae"
+    return root / "train", vae_dir
 
 
 def test_imagenet_configs_differ_only_in_the_backbone():

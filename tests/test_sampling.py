@@ -31,13 +31,6 @@ ODE = SampleSpec(mode="ode", sampling_method="euler", num_steps=4)
 SDE = SampleSpec(mode="sde", sampling_method="Euler", num_steps=4)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matmuls are far faster on one thread, and a loaded 2-core machine makes OpenMP spin."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def tiny_model(seed: int = 0, **overrides) -> torch.nn.Module:

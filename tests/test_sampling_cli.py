@@ -7,7 +7,6 @@ import math
 import numpy as np
 import pytest
 import torch
-from diffusers import AutoencoderKL
 from PIL import Image
 
 import sample
@@ -17,17 +16,8 @@ from sit_vit5.sampling import SampleSpec
 from sit_vit5.training import save_checkpoint
 
 TINY = dict(depth=1, hidden_size=32, num_heads=2, input_size=8, num_classes=10, learn_sigma=False)
-TINY_VAE = dict(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,
-                up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(8, 16), latent_channels=4,
-                norm_num_groups=8, sample_size=16)  # downsampling factor 2: 8x8x4 latents -> 16x16 RGB
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def perturbed(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
@@ -38,12 +28,6 @@ def perturbed(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
     return model
 
 
-@pytest.fixture(scope="module")
-def vae_dir(tmp_path_factory):
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("tiny_vae")
-    AutoencoderKL(**TINY_VAE).save_pretrained(path)
-    return path
 
 
 def our_checkpoint(root, in_channels: int, vae: str = "none") -> str:

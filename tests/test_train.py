@@ -33,15 +33,6 @@ TINY = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models gain nothing from intra-op threads, and lose a lot when the cores are shared."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def tiny_config(out_dir, *extra):
     return load_config(None, [*TINY, f"train.out_dir={out_dir}", *extra])
 

@@ -15,12 +15,6 @@ MEANS = torch.tensor(
 STD = torch.tensor([0.5, 0.8, 1.1, 0.6], dtype=F64)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 class ClassGaussians:

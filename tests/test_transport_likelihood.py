@@ -16,13 +16,6 @@ Q = torch.linalg.qr(torch.randn(3, 3, dtype=F64, generator=torch.Generator().man
 TIGHT = dict(num_steps=2, atol=1e-7, rtol=1e-7)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors: threading only adds overhead (and contention on a shared 2-core runner)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def likelihood_fn(sampler: Sampler, **kwargs):

@@ -20,13 +20,6 @@ METHODS = {
 }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors: threading only adds overhead (and contention on a shared 2-core runner)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def standard_noise(n: int = 4096, dims: int = 2, seed: int = 0) -> torch.Tensor:

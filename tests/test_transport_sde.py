@@ -15,13 +15,6 @@ S = torch.tensor([0.6, 1.3], dtype=F64)
 LAST = [k for k in LAST_STEPS if k != "none"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors: threading only adds overhead (and contention on a shared 2-core runner)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def marginal(tr, t: float) -> tuple[torch.Tensor, torch.Tensor]:

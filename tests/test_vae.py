@@ -6,18 +6,6 @@ from diffusers import AutoencoderKL
 
 from sit_vit5.vae import SD_VAE_SCALING_FACTOR, decode, encode, encode_moments, load_vae
 
-TINY_VAE = dict(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,
-                up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(8, 16), latent_channels=4,
-                norm_num_groups=8, sample_size=16)
-
-
-@pytest.fixture(scope="module")
-def vae_dir(tmp_path_factory):
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("tiny_vae")
-    AutoencoderKL(**TINY_VAE).save_pretrained(path)
-    return path
-
 
 def test_load_local_dir_roundtrips_weights(vae_dir):
     vae = load_vae(vae_dir)

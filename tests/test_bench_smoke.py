@@ -1,0 +1,70 @@
+"""Each bench script runs end to end on a tiny config and writes the JSON it promises (no timings checked)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import data_path, sample, train_step
+
+TINY = ["--device", "cpu", "--threads", "1", "--warmup", "1", "--steps", "1", "--rounds", "1", "--depth", "1"]
+
+
+def _load(path):
+    out = json.loads(path.read_text())
+    assert out["env"]["torch"] and out["settings"]["device"] == "cpu"
+    return out
+
+
+def test_train_step_bench_rows_ratios_and_flops(tmp_path):
+    pytest.importorskip("timm")
+    path = tmp_path / "train.json"
+    train_step.main([*TINY, "--sizes", "S", "--input-size", "8", "--batch-size", "2", "--json", str(path)])
+    out = _load(path)
+    assert out["bench"] == "train_step"
+    assert [r["model"] for r in out["rows"]] == ["SiT", "ViT5", "Timm"]
+    for row in out["rows"]:
+        assert row["step_ms"] > 0 and row["img_per_s"] == pytest.approx(2e3 / row["step_ms"])
+        # training FLOPs = 3 x forward, x 2 because flops() counts a multiply-add once
+        assert row["tflops"] == pytest.approx(row["img_per_s"] * 6 * row["fwd_gflops"] / 1e3)
+        assert row["mfu"] is None and row["peak_mem_gb"] is None  # CPU: no peak, no CUDA memory
+    sit, vit5, timm = out["rows"]
+    assert sit["fwd_gflops"] == timm["fwd_gflops"] < vit5["fwd_gflops"]  # ViT-5 adds 4 register tokens
+    (ratio,) = out["ratios"]
+    assert ratio["vit5_over_sit"] == pytest.approx(vit5["step_ms"] / sit["step_ms"])
+    assert ratio["sit_over_timm"] == pytest.approx(sit["step_ms"] / timm["step_ms"])
+
+
+def test_sample_bench_counts_function_evaluations(tmp_path):
+    path = tmp_path / "sample.json"
+    sample.main([*TINY, "--sizes", "S", "--input-size", "8", "--batch-size", "2", "--num-steps", "3",
+                 "--samplers", "sde", "ode", "--json", str(path)])
+    rows = _load(path)["rows"]
+    assert [(r["model"], r["sampler"]) for r in rows] == [("SiT", "sde"), ("ViT5", "sde"), ("SiT", "ode"),
+                                                          ("ViT5", "ode")]
+    assert [r["nfe"] for r in rows] == [3, 3, 2, 2]  # SDE: 2 Euler steps + the last step; ODE: 2 Euler steps
+    for row in rows:
+        assert row["img_per_s"] == pytest.approx(2 / row["run_s"])
+        assert row["ms_per_nfe"] == pytest.approx(row["run_s"] * 1e3 / row["nfe"])
+
+
+def test_data_path_bench_fractions(tmp_path):
+    path = tmp_path / "data.json"
+    data_path.main([*TINY, "--vae", "tiny", "--image-size", "32", "--num-images", "4", "--batch-size", "2",
+                    "--workdir", str(tmp_path / "work"), "--json", str(path)])
+    out = _load(path)
+    assert out["latent_shape"] == [4, 4, 4]  # 32 px through an 8x-downsampling VAE
+    raw, cache, step = out["rows"]
+    assert raw["batch_ms"] == pytest.approx(raw["decode_ms"] + raw["encode_ms"])
+    for row in (raw, cache):
+        assert row["fraction_of_step"] == pytest.approx(row["batch_ms"] / step["batch_ms"])
+    assert (tmp_path / "work" / "latents" / "manifest.json").is_file()
+
+
+def test_bad_arguments_are_named():
+    for main, bad in ((train_step.main, ["--sizes", "M"]), (sample.main, ["--samplers", "heun"]),
+                      (data_path.main, ["--model", "SiT-M/2"]), (train_step.main, ["--rounds", "0"])):
+        with pytest.raises(SystemExit) as err:
+            main([*TINY, *bad])
+        assert err.value.code  # argparse / setup refuse with a nonzero status before any work
