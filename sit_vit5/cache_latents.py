@@ -35,6 +35,7 @@ from sit_vit5.data import (
     ImageFolderDataset,
     UnreadableImageError,
 )
+from sit_vit5.io import atomic_write_text
 from sit_vit5.vae import SD_VAE_SCALING_FACTOR, encode_moments, load_vae
 
 # float16 halves disk and page-cache use at a relative rounding of ≤ 4.9e-4 (std values below 6e-5 keep
@@ -105,9 +106,7 @@ def latent_shape_of(vae, image_size: int) -> tuple[int, int, int]:
 
 
 def _write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1))
-    os.replace(tmp, path)  # atomic on POSIX: readers see the old or the new file, never half of one
+    atomic_write_text(path, json.dumps(obj, indent=1))  # readers see the old or the new file, never half of one
 
 
 def _shard_entries(num_images: int, shard_size: int) -> list[dict[str, Any]]:

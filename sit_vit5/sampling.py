@@ -40,9 +40,9 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from .guidance import ClassifierFreeGuidance
-from .io import atomic_write
+from .io import atomic_write, atomic_write_text
 from .models import CheckpointError, create_model, list_models
-from .models.checkpoint import check_state_dict, read_checkpoint
+from .models.checkpoint import check_state_dict, read_checkpoint, strip_wrappers
 from .transport import Sampler, Transport
 from .transport.integrators import is_adaptive
 
@@ -51,7 +51,6 @@ MODES = ("ode", "sde")
 DEFAULT_SAMPLING_METHOD = {"ode": "dopri5", "sde": "Euler"}  # SiT's sample.py defaults
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
 SD_VAE_EMA = "stabilityai/sd-vae-ft-ema"
-_WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP and torch.compile wrappers
 
 
 # ----------------------------------------------------------------------------- seeds, uint8
@@ -89,7 +88,7 @@ def _to_rgb(images: np.ndarray) -> np.ndarray:
 def save_png(image: np.ndarray, path: str | os.PathLike) -> None:
     """One uint8 HWC image (1 channel: grayscale PNG, 3: RGB), written atomically."""
     pil = Image.fromarray(image[..., 0] if image.shape[2] == 1 else image)
-    atomic_write(path, lambda tmp: pil.save(tmp, format="PNG"), checksum=False)
+    atomic_write(path, lambda f: pil.save(f, format="PNG"))
 
 
 # ----------------------------------------------------------------------------- sampling settings
@@ -263,15 +262,6 @@ class ModelInfo:
     which: str | None = None
 
 
-def _strip_wrappers(state: dict[str, Tensor]) -> dict[str, Tensor]:
-    out = {}
-    for key, value in state.items():
-        for prefix in _WRAPPER_PREFIXES:
-            key = key.removeprefix(prefix)
-        out[key] = value
-    return out
-
-
 def _is_our_config(args: Any) -> bool:
     return isinstance(args, dict) and isinstance(args.get("model"), dict) and "name" in args["model"]
 
@@ -329,7 +319,7 @@ def load_model_for_sampling(
     nested = "model" in obj or "ema" in obj
     if nested and which not in obj:
         raise CheckpointError(f"{path}: has no {which!r} weights (keys: {sorted(obj)})")
-    state = _strip_wrappers(obj[which] if nested else obj)
+    state = strip_wrappers(obj[which] if nested else obj)
     if _is_our_config(args):
         cfg_model = args["model"]
         if model_name is not None and model_name != cfg_model["name"]:
@@ -444,15 +434,13 @@ def _part_name(indices: np.ndarray) -> str:
 def _save_part(parts_dir: Path, batch: Generated) -> Path:
     """Write one batch as ``parts/{first:07d}-{last:07d}.npz`` atomically (resume trusts complete files only)."""
 
-    def write(tmp: str) -> None:
-        with open(tmp, "wb") as f:
-            np.savez(f, indices=batch.indices, images=batch.images, labels=batch.labels)
-
-    return atomic_write(parts_dir / _part_name(batch.indices), write, checksum=False)
+    path = parts_dir / _part_name(batch.indices)
+    atomic_write(path, lambda f: np.savez(f, indices=batch.indices, images=batch.images, labels=batch.labels))
+    return path
 
 
 def scan_parts(parts_dir: str | os.PathLike) -> dict[int, tuple[Path, int]]:
-    """Map each finished sample index to ``(part file, row)``; temporary files (``.name.tmp``) are ignored."""
+    """Map each finished sample index to ``(part file, row)``; temporary files (``.tmp-*``) are ignored."""
     found: dict[int, tuple[Path, int]] = {}
     parts_dir = Path(parts_dir)
     if not parts_dir.is_dir():
@@ -482,7 +470,7 @@ def _check_settings(out: Path, settings: dict[str, Any]) -> None:
                               + "\nUse another output directory (or delete it) to start over.")
         return
     text = json.dumps(settings, indent=2, sort_keys=True) + "\n"
-    atomic_write(path, lambda tmp: Path(tmp).write_text(text), checksum=False)  # same text from every rank
+    atomic_write_text(path, text)  # same text from every rank
 
 
 def _write_npz_streamed(
@@ -509,8 +497,8 @@ def _write_npz_streamed(
     header = {"descr": np.lib.format.dtype_to_descr(np.dtype(np.uint8)), "fortran_order": False,
               "shape": (num, height, width, 3)}
 
-    def write(tmp: str) -> None:
-        with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+    def write(file) -> None:
+        with zipfile.ZipFile(file, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
             with zf.open("arr_0.npy", "w", force_zip64=True) as f:
                 np.lib.format.write_array_header_1_0(f, header)
                 for lo in tqdm(range(0, num, 1024), desc="merge", unit="chunk", leave=False, disable=not progress):
@@ -524,7 +512,7 @@ def _write_npz_streamed(
             with zf.open("arr_1.npy", "w", force_zip64=True) as f:
                 np.lib.format.write_array(f, labels, allow_pickle=False)
 
-    atomic_write(path, write, checksum=False)
+    atomic_write(path, write)
 
 
 def merge_parts(out_dir: str | os.PathLike, num_samples: int, progress: bool = True) -> Path:

@@ -52,7 +52,7 @@ def test_safetensors_and_sidecar_checksum(tmp_path, trained):
     sidecar(path).write_text(sha256_file(path) + "  w.safetensors\n")
     assert _same_function(load_checkpoint(path, create_model("SiT-S/2", **TINY, learn_sigma=True)), trained)
     sidecar(path).write_text("0" * 64 + "\n")
-    with pytest.raises(ValueError, match="SHA-256 mismatch"):
+    with pytest.raises(CheckpointError, match="SHA-256 mismatch"):
         load_checkpoint(path, create_model("SiT-S/2", **TINY, learn_sigma=True))
 
 

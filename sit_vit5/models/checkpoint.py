@@ -13,7 +13,7 @@ import os
 import torch
 from torch import Tensor, nn
 
-from ..io import verify_sha256, verify_sidecar
+from ..io import ChecksumError, verify_sha256, verify_sidecar
 
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP and torch.compile wrappers
 
@@ -27,10 +27,10 @@ def read_checkpoint(path: str | os.PathLike, sha256: str | None = None) -> dict:
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise CheckpointError(f"checkpoint not found: {path}")
-    if sha256:
-        verify_sha256(path, sha256)
-    else:
-        verify_sidecar(path)
+    try:
+        verify_sha256(path, sha256) if sha256 else verify_sidecar(path)
+    except ChecksumError as err:
+        raise CheckpointError(f"checkpoint {path} is corrupt or was altered: {err}") from err
     if path.endswith(".safetensors"):
         from safetensors.torch import load_file
 
@@ -55,12 +55,17 @@ def load_state_dict(path: str | os.PathLike, which: str = "ema", sha256: str | N
         if which not in obj:
             raise CheckpointError(f"{path}: has no {which!r} entry (keys: {sorted(obj)})")
         obj = obj[which]
-    state = {}
-    for key, value in obj.items():
+    return strip_wrappers(obj)
+
+
+def strip_wrappers(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Keys without the ``module.`` (DDP) and ``_orig_mod.`` (torch.compile) prefixes."""
+    out = {}
+    for key, value in state.items():
         for prefix in _WRAPPER_PREFIXES:
             key = key.removeprefix(prefix)
-        state[key] = value
-    return state
+        out[key] = value
+    return out
 
 
 def _hints(model: nn.Module, shapes: dict[str, tuple[tuple, tuple]]) -> list[str]:

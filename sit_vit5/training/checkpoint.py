@@ -19,7 +19,6 @@ target (``os.replace`` is atomic on POSIX), so a crash never leaves a half-writt
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -32,10 +31,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..io import TMP_PREFIX, atomic_torch_save, atomic_write_text, sha256_file, sidecar
+from ..models.checkpoint import CheckpointError, read_checkpoint
+
+__all__ = ["CheckpointError", "IncompatibleCheckpointError", "read_checkpoint", "save_checkpoint", "sha256_file"]
+
 CKPT_DIR = "checkpoints"
 LATEST = "latest.json"
 _CKPT_NAME = re.compile(r"^(\d+)(-milestone)?\.pt$")
-_TMP_PREFIX = ".tmp-"
 
 #: Config keys that must match to resume (besides these, anything may change: steps, lr, logging, ...).
 RESUME_FIXED = ("model", "transport", "vae", "data.image_size", "data.global_batch_size", "train.seed")
@@ -43,108 +46,11 @@ RESUME_FIXED = ("model", "transport", "vae", "data.image_size", "data.global_bat
 RESUME_FREE_MODEL_KEYS = ("grad_checkpointing",)
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint that is missing, corrupt (digest mismatch) or cannot be unpickled safely."""
-
-
 class IncompatibleCheckpointError(CheckpointError):
     """A checkpoint made with another model or config than the run that tries to resume from it."""
 
 
-# ----------------------------------------------------------------------------- atomic files
-
-
-class _HashingWriter:
-    """File-like object for ``torch.save`` that hashes the bytes on their way to ``file``."""
-
-    def __init__(self, file) -> None:
-        self.file, self.sha256 = file, hashlib.sha256()
-
-    def write(self, data) -> int:
-        self.sha256.update(data)
-        return self.file.write(data)
-
-    def flush(self) -> None:
-        self.file.flush()
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # some platforms cannot open directories; the rename is still atomic
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _atomic_write(path: Path, write) -> Any:
-    """Call ``write(file)`` on a temporary file next to ``path``, fsync, rename over ``path``; returns its
-    result. On any error the temporary file is removed and ``path`` is left as it was."""
-    tmp = path.with_name(f"{_TMP_PREFIX}{os.getpid()}-{path.name}")
-    try:
-        with open(tmp, "wb") as f:
-            result = write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-    return result
-
-
-def atomic_torch_save(obj: Any, path: str | os.PathLike) -> str:
-    """``torch.save(obj)`` to ``path`` atomically; returns the SHA-256 hex digest of the written bytes."""
-
-    def write(f) -> str:
-        writer = _HashingWriter(f)
-        torch.save(obj, writer)
-        return writer.sha256.hexdigest()
-
-    return _atomic_write(Path(path), write)
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` atomically (temporary file + fsync + rename)."""
-    _atomic_write(Path(path), lambda f: f.write(text.encode()))
-
-
-def sha256_file(path: str | os.PathLike, chunk_size: int = 1 << 24) -> str:
-    """SHA-256 hex digest of a file, read in 16 MiB chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(chunk_size):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _sidecar(path: Path) -> Path:
-    return path.with_name(path.name + ".sha256")
-
-
 # ----------------------------------------------------------------------------- save / load
-
-
-def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load a checkpoint with ``weights_only=True``, after checking its ``.sha256`` sidecar if there is one."""
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint {path} does not exist")
-    sidecar = _sidecar(path)
-    if sidecar.is_file():
-        expected = sidecar.read_text().split()[0]
-        actual = sha256_file(path)
-        if actual != expected:
-            raise CheckpointError(f"checkpoint {path} is corrupt: SHA-256 {actual} != {expected} in {sidecar}")
-    try:
-        return torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as err:  # unpickling errors come in many types
-        raise CheckpointError(f"cannot load checkpoint {path} with weights_only=True: {err}") from err
 
 
 def checkpoint_name(step: int, milestone: bool) -> str:
@@ -160,7 +66,7 @@ def list_checkpoints(ckpt_dir: str | os.PathLike) -> list[tuple[int, Path, bool]
     found = []
     for path in ckpt_dir.iterdir():
         match = _CKPT_NAME.match(path.name)
-        if match and _sidecar(path).is_file():
+        if match and sidecar(path).is_file():
             found.append((int(match[1]), path, bool(match[2])))
     return sorted(found, key=lambda item: (item[0], item[2]))
 
@@ -184,16 +90,15 @@ def save_checkpoint(state: dict[str, Any], ckpt_dir: str | os.PathLike, step: in
     delete regular checkpoints older than the newest ``keep_last``. Returns the checkpoint path."""
     ckpt_dir = Path(ckpt_dir)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
-    for stale in ckpt_dir.glob(f"{_TMP_PREFIX}*"):  # left by a process killed mid-write
+    for stale in ckpt_dir.glob(f"{TMP_PREFIX}*"):  # left by a process killed mid-write
         stale.unlink(missing_ok=True)
     path = ckpt_dir / checkpoint_name(step, milestone)
-    digest = atomic_torch_save(state, path)
-    atomic_write_text(_sidecar(path), f"{digest}  {path.name}\n")
+    atomic_torch_save(state, path)  # data file, then its .sha256 sidecar
     atomic_write_text(ckpt_dir / LATEST, json.dumps({"file": path.name, "step": step}) + "\n")
     regular = [p for _, p, is_milestone in list_checkpoints(ckpt_dir) if not is_milestone and p != path]
     for old in regular[: max(0, len(regular) - (keep_last - 1))]:
         old.unlink(missing_ok=True)
-        _sidecar(old).unlink(missing_ok=True)
+        sidecar(old).unlink(missing_ok=True)
     return path
 
 
