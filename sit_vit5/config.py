@@ -92,6 +92,17 @@ DEFAULTS: Config = {
     },
 }
 
+#: ``model`` keys whose None means "take it from the data" (the training loop fills them before building).
+DATA_DERIVED_MODEL_KEYS = ("input_size", "in_channels", "num_classes")
+
+
+def model_kwargs(cfg_model: dict[str, Any]) -> dict[str, Any]:
+    """``create_model`` keywords of a ``model`` section: every key but ``name``. None is passed through (it
+    means "off" for switches such as ``layer_scale_init``), except for data-derived keys still unset."""
+    return {k: v for k, v in cfg_model.items()
+            if k != "name" and not (v is None and k in DATA_DERIVED_MODEL_KEYS)}
+
+
 #: Sections whose extra keys are allowed (validated elsewhere) rather than errors.
 OPEN_SECTIONS = ("model",)
 

@@ -39,6 +39,7 @@ from PIL import Image
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from .config import model_kwargs
 from .guidance import ClassifierFreeGuidance
 from .io import atomic_write, atomic_write_text
 from .models import CheckpointError, create_model, list_models
@@ -325,7 +326,7 @@ def load_model_for_sampling(
         if model_name is not None and model_name != cfg_model["name"]:
             raise ValueError(f"{path} was trained as {cfg_model['name']!r}, not {model_name!r}; drop the model name "
                              "(our checkpoints carry their architecture)")
-        model = create_model(cfg_model["name"], **{k: v for k, v in cfg_model.items() if k != "name" and v is not None})
+        model = create_model(cfg_model["name"], **model_kwargs(cfg_model))
         transport = {k: v for k, v in args.get("transport", {}).items() if v is not None}
         vae = dict(args.get("vae") or {"name": "none"})
         info = ModelInfo(cfg_model["name"], "ours", model.input_size, model.in_channels, model.num_classes,

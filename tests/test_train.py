@@ -276,3 +276,19 @@ def test_two_processes_equal_one_process_with_accumulation(tmp_path):
     moved = sum((a["model"][k] - init[k]).abs().sum() for k in init)
     mismatch = sum((a["model"][k] - b["model"][k]).abs().sum() for k in init)
     assert moved > 1000 * mismatch  # it did train, and both runs took the same two steps
+
+
+def test_none_switches_reach_the_model_in_training_and_sampling(tmp_path):
+    """``model.layer_scale_init=null`` means "LayerScale off": it must not fall back to the ViT-5 default."""
+    from sit_vit5.sampling import load_model_for_sampling
+    from sit_vit5.training.loop import build_model
+
+    cfg = load_config(None, ["model.name=ViT5-S/2", "model.layer_scale_init=null", "model.register_rope_theta=null",
+                             "model.input_size=8", "model.in_channels=1", "model.num_classes=10", "model.depth=1",
+                             "model.hidden_size=32", "model.num_heads=2"])
+    model = build_model(cfg["model"])
+    assert model.blocks[0].gamma_1 is None and model.rope.register_theta is None
+    path = tmp_path / "ckpt.pt"
+    torch.save({"model": model.state_dict(), "ema": model.state_dict(), "args": cfg}, path)
+    loaded, _ = load_model_for_sampling(path)
+    assert loaded.blocks[0].gamma_1 is None and loaded.rope.register_theta is None

@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, Sampler
 from tqdm.auto import tqdm
 
-from ..config import Config, ConfigError, save_config
+from ..config import Config, ConfigError, model_kwargs, save_config
 from .checkpoint import (
     CKPT_DIR,
     check_compatible,
@@ -114,11 +114,10 @@ class StepBatchSampler(Sampler[list[int]]):
 
 
 def build_model(cfg_model: dict[str, Any]) -> nn.Module:
-    """``create_model(name, **overrides)`` from a resolved ``model`` section (None values are left out)."""
+    """``create_model(name, **overrides)`` from a resolved ``model`` section."""
     from ..models import create_model
 
-    overrides = {k: v for k, v in cfg_model.items() if k != "name" and v is not None}
-    return create_model(cfg_model["name"], **overrides)
+    return create_model(cfg_model["name"], **model_kwargs(cfg_model))
 
 
 def build_transport(cfg_transport: dict[str, Any]):
