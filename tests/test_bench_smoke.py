@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from bench import data_path, sample, train_step
+from bench import data_path, sample, suite, train_step
 
 TINY = ["--device", "cpu", "--threads", "1", "--warmup", "1", "--steps", "1", "--rounds", "1", "--depth", "1"]
 
@@ -34,6 +34,7 @@ def test_train_step_bench_rows_ratios_and_flops(tmp_path):
     (ratio,) = out["ratios"]
     assert ratio["vit5_over_sit"] == pytest.approx(vit5["step_ms"] / sit["step_ms"])
     assert ratio["sit_over_timm"] == pytest.approx(sit["step_ms"] / timm["step_ms"])
+    assert ratio["vit5_over_sit_min"] == pytest.approx(vit5["step_ms_min"] / sit["step_ms_min"])
 
 
 def test_sample_bench_counts_function_evaluations(tmp_path):
@@ -60,6 +61,14 @@ def test_data_path_bench_fractions(tmp_path):
     for row in (raw, cache):
         assert row["fraction_of_step"] == pytest.approx(row["batch_ms"] / step["batch_ms"])
     assert (tmp_path / "work" / "latents" / "manifest.json").is_file()
+
+
+def test_suite_runs_every_stage_and_writes_one_json_each(tmp_path):
+    pytest.importorskip("timm")
+    status = suite.main(["--out", str(tmp_path), "--smoke"])
+    assert status == {name: "ok" for name in suite.STAGES}
+    for name in suite.STAGES:
+        assert _load(tmp_path / f"{name}.json")["rows"]
 
 
 def test_bad_arguments_are_named():

@@ -11,8 +11,9 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
-from .rope import apply_rope
+from .rope import Rotation
 
 
 def modulate(x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
@@ -20,8 +21,45 @@ def modulate(x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
     return x * (1 + scale.unsqueeze(1)) + shift.unsqueeze(1)
 
 
+class _RMSNormFunction(torch.autograd.Function):
+    """RMSNorm (over the last dim) with a hand-written backward, for CPU.
+
+    CPU has no fused rms_norm backward (torch 2.x: ``_fused_rms_norm_backward`` is CUDA-only), and autograd
+    through the composite (pow, mean, rsqrt, mul) costs ~2x this. The forward is the same op sequence as
+    F.rms_norm's CPU composite, so outputs are bitwise equal.
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
+        rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True).add_(eps))
+        x_hat = x * rstd
+        ctx.save_for_backward(x_hat, rstd, weight)
+        return x_hat if weight is None else x_hat * weight
+
+    @staticmethod
+    @once_differentiable  # second derivatives raise instead of silently missing the x_hat, rstd terms
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
+        # y = x_hat * w, x_hat = x * rstd:  dx = rstd * (g - x_hat * mean(g * x_hat)) with g = grad * w
+        x_hat, rstd, weight = ctx.saved_tensors
+        grad_weight = None
+        if weight is None:
+            g = grad
+            dot = (grad * x_hat).mean(-1, keepdim=True)
+        else:
+            grad_x_hat = grad * x_hat
+            if ctx.needs_input_grad[1]:
+                grad_weight = grad_x_hat.flatten(0, -2).sum(0)
+            g = grad * weight
+            dot = (grad_x_hat @ weight).unsqueeze(-1).div_(x_hat.shape[-1])  # sum(g * x_hat) as a GEMV
+        grad_x = torch.addcmul(g, x_hat, dot, value=-1) if weight is None else g.addcmul_(x_hat, dot, value=-1)
+        return grad_x.mul_(rstd), grad_weight, None
+
+
 class RMSNorm(nn.Module):
-    """RMSNorm over the last dim, computed in fp32 (ViT-5: eps 1e-6, weight, no bias)."""
+    """RMSNorm over the last dim, computed in fp32 (ViT-5: eps 1e-6, weight, no bias); returns x's dtype.
+
+    The weight is applied in fp32 before the one cast back (bf16 autocast: output stays bf16, no fp32 detour).
+    """
 
     def __init__(self, dim: int, eps: float = 1e-6, affine: bool = True) -> None:
         super().__init__()
@@ -29,8 +67,10 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim)) if affine else None
 
     def forward(self, x: Tensor) -> Tensor:
-        y = F.rms_norm(x.float(), (self.dim,), eps=self.eps).to(x.dtype)
-        return y * self.weight if self.weight is not None else y
+        x32 = x.float()
+        if x32.device.type == "cpu":
+            return _RMSNormFunction.apply(x32, self.weight, self.eps).to(x.dtype)
+        return F.rms_norm(x32, (self.dim,), self.weight, self.eps).to(x.dtype)  # CUDA: fused fwd + bwd
 
 
 def make_norm(kind: str, dim: int, affine: bool = False) -> nn.Module:
@@ -51,7 +91,9 @@ class PatchEmbed(nn.Module):
         self.proj = nn.Conv2d(in_channels, hidden_size, kernel_size=patch_size, stride=patch_size)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.proj(x).flatten(2).transpose(1, 2)
+        # contiguous: left as the transposed view (timm, official SiT), the whole residual stream inherits its
+        # strides, so every norm copies its input and every residual add is strided (~5% of a step)
+        return self.proj(x).flatten(2).transpose(1, 2).contiguous()
 
 
 class TimestepEmbedder(nn.Module):
@@ -107,13 +149,14 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim) if qk_norm else nn.Identity()
         self.proj = nn.Linear(dim, dim)
 
-    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
+    def forward(self, x: Tensor, rope: Rotation | None = None) -> Tensor:
         B, N, D = x.shape
-        q, k, v = self.qkv(x).view(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        # per-token work (QK-norm, RoPE) in the (B, N, H, head_dim) layout qkv comes in: less strided on CPU
+        q, k, v = self.qkv(x).view(B, N, 3, self.num_heads, self.head_dim).unbind(2)
         q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        x = F.scaled_dot_product_attention(q, k, v)
+            q, k = rope(q), rope(k)
+        x = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
         return self.proj(x.transpose(1, 2).reshape(B, N, D))
 
 
@@ -177,7 +220,7 @@ class Block(nn.Module):
         else:
             self.gamma_1 = self.gamma_2 = None
 
-    def forward(self, x: Tensor, c: Tensor, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
+    def forward(self, x: Tensor, c: Tensor, rope: Rotation | None = None) -> Tensor:
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.adaLN_modulation(c).chunk(6, dim=1)
         if self.gamma_1 is not None:
             gate_msa, gate_mlp = gate_msa * self.gamma_1, gate_mlp * self.gamma_2

@@ -1,0 +1,66 @@
+"""The issue's GPU measurements in one run (about 10 minutes on an H200), one JSON file per stage.
+
+    python -m bench.suite --out results/bench/h200            # all stages
+    python -m bench.suite --out results/bench/h200 --stages xl_eager sample
+
+Stages (each catches its own failure, so one error does not lose the others):
+  xl_eager     XL/2 bf16 eager, batch 32 and 64: SiT, ViT5, timm-SiT: img/s, MFU, peak memory
+  xl_compile   XL/2 bf16 torch.compile, batch 32: SiT, ViT5 (compilation takes a minute or two each)
+  small        S/2 and B/2, fp32 and bf16, eager, batch 32: the ViT5/SiT and SiT/timm ratios
+  sample       XL/2 bf16, 250-step Euler-Maruyama SDE with CFG 4.0, 32 images: img/s
+  data_path    SD-VAE architecture (random weights: no download) vs latent cache, yardstick SiT-XL/2 bf16
+``--smoke`` shrinks every stage to seconds on a CPU (tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import traceback
+from pathlib import Path
+
+from bench import data_path, sample, train_step
+
+TIMING = "--warmup 3 --steps 5 --rounds 3"
+STAGES = {
+    "xl_eager": (train_step.main, f"--sizes XL --precisions bf16 --batch-size 32 64 {TIMING}"),
+    "xl_compile": (train_step.main, f"--sizes XL --precisions bf16 --modes compile --models SiT ViT5 "
+                                    f"--batch-size 32 {TIMING}"),
+    "small": (train_step.main, f"--sizes S B --precisions fp32 bf16 --batch-size 32 {TIMING}"),
+    "sample": (sample.main, "--sizes XL --precisions bf16 --samplers sde --num-steps 250 --cfg-scale 4.0 "
+                            "--batch-size 32 --rounds 2"),
+    "data_path": (data_path.main, "--model SiT-XL/2 --precision bf16 --batch-size 32 --num-images 128"),
+}
+#: --smoke: appended to every stage of that script (argparse keeps the last value given).
+TINY = "--device cpu --depth 1 --batch-size 2 --warmup 1 --steps 1 --rounds 1"
+SMOKE = {
+    "train_step": f"{TINY} --sizes S --input-size 8 --precisions fp32 --modes eager",
+    "sample": f"{TINY} --sizes S --input-size 8 --precisions fp32 --num-steps 3",
+    "data_path": f"{TINY} --vae tiny --image-size 32 --num-images 4 --model SiT-S/2 --precision fp32",
+}
+
+
+def main(argv: list[str] | None = None) -> dict[str, str]:
+    p = argparse.ArgumentParser(prog="python -m bench.suite", description=__doc__.split("\n")[0])
+    p.add_argument("--out", required=True, help="directory for <stage>.json")
+    p.add_argument("--stages", nargs="+", choices=STAGES, default=list(STAGES))
+    p.add_argument("--smoke", action="store_true", help="tiny CPU configs (seconds), for tests")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    status = {}
+    for name in args.stages:
+        fn, stage_args = STAGES[name]
+        stage_argv = stage_args.split() + (SMOKE[fn.__module__.split(".")[-1]].split() if args.smoke else [])
+        print(f"\n=== {name}: {' '.join(stage_argv)}", flush=True)
+        try:
+            fn([*stage_argv, "--json", str(out / f"{name}.json")])
+            status[name] = "ok"
+        except Exception as err:  # keep going: the other stages' numbers are still worth having
+            traceback.print_exc()
+            status[name] = f"failed: {type(err).__name__}: {err}"
+    print("\n" + "\n".join(f"{k:12s} {v}" for k, v in status.items()))
+    return status
+
+
+if __name__ == "__main__":
+    main()
