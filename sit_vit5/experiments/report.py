@@ -36,6 +36,25 @@ def write_csv(rows: Sequence[dict[str, Any]], columns: Sequence[str], path: str 
     return path
 
 
+def _pyplot():
+    """matplotlib's pyplot on the file-only Agg backend (no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: str | os.PathLike) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path)
+    fig.clf()
+    return path
+
+
 def plot_curves(
     curves: dict[str, tuple[Sequence[float], Sequence[float]]],
     path: str | os.PathLike,
@@ -46,11 +65,7 @@ def plot_curves(
     logy: bool = False,
 ) -> Path:
     """Line plot of ``{label: (xs, ys)}``; ``reference_points`` {label: (x, y)} drawn as hollow markers."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=120)
     colors = {}
     for label, (xs, ys) in curves.items():
@@ -66,12 +81,9 @@ def plot_curves(
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
+    out = _save(fig, path)
     plt.close(fig)
-    return path
+    return out
 
 
 def plot_bars(
@@ -79,11 +91,7 @@ def plot_bars(
     ylabel: str, title: str = "", highlight: Sequence[str] = (),
 ) -> Path:
     """Horizontal bar chart with error bars (mean ± std); ``highlight`` bars drawn in a second colour."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 0.45 * len(labels) + 1.2), dpi=120)
     colors = ["tab:orange" if label in highlight else "tab:blue" for label in labels]
     ax.barh(range(len(labels)), means, xerr=stds, color=colors, capsize=3)
@@ -92,9 +100,6 @@ def plot_bars(
     ax.set_xlabel(ylabel)
     ax.set_title(title)
     ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
+    out = _save(fig, path)
     plt.close(fig)
-    return path
+    return out
