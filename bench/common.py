@@ -2,8 +2,8 @@
 
 Timing protocol: every variant of a comparison (SiT, ViT5, the timm reference, ...) is built up front, warmed
 up, then timed in rounds that run each variant in turn (alternating the order); the median over rounds is
-reported, and the minimum too (noise from other processes only ever adds time). Ratios therefore compare
-runs that saw the same machine state.
+reported, and the minimum too (noise from other processes only ever adds time). A ratio is the median of the
+per-round ratios: the two variants ran back to back, so a machine load that drifts during the run cancels.
 
 Clocks: ``wall`` (perf_counter, with CUDA synchronisation) is what a GPU run reports; ``cpu`` (process CPU
 time) is the default on CPU, because on a shared machine wall time also measures the neighbours. CPU rows are
@@ -113,11 +113,12 @@ def interleaved_timings(
 
 
 def ratios(times: dict[str, list[float]], num: str, den: str, name: str) -> dict[str, float | None]:
-    """``{name: median ratio, name_min: ratio of minima}`` of times[num] over times[den] (None if missing)."""
+    """``name``: median over rounds of the per-round ratio times[num] / times[den] (the two ran back to back,
+    so a drifting machine load cancels); ``name_min``: ratio of the minima. None if either is missing."""
     if num not in times or den not in times:
         return {name: None, f"{name}_min": None}
-    median = statistics.median
-    return {name: median(times[num]) / median(times[den]), f"{name}_min": min(times[num]) / min(times[den])}
+    paired = [a / b for a, b in zip(times[num], times[den])]
+    return {name: statistics.median(paired), f"{name}_min": min(times[num]) / min(times[den])}
 
 
 def autocast(device: torch.device, precision: str):

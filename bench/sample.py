@@ -145,7 +145,9 @@ def main(argv: list[str] | None = None) -> dict:
             for precision in args.precisions:
                 for mode in args.modes:
                     for batch in args.batch_size:
-                        rows += measure_group(args, device, size, sampler_name, precision, mode, batch)
+                        group = measure_group(args, device, size, sampler_name, precision, mode, batch)
+                        print_table(group, COLUMNS)
+                        rows += group
     unit = "wall" if args.clock == "wall" else "process-CPU"
     print_table(rows, COLUMNS, f"sampling ({args.device}, {unit} seconds, {args.num_steps} grid points)")
     write_json(args.json, "sample", args, device, rows=rows)

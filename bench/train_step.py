@@ -5,7 +5,8 @@
     python -m bench.train_step --device cpu --threads 1 --sizes S B --batch-size 8 --json train_step_cpu.json
 
 One step = transport loss (Linear path, velocity prediction, SiT defaults) forward, backward, AdamW step
-(lr 1e-4, no weight decay, as SiT) and zero_grad; random latents (B, 4, s, s) and labels. EMA is left out.
+(lr 1e-4, no weight decay, as SiT; ``--optimizer none`` skips it) and zero_grad; random latents (B, 4, s, s)
+and labels. EMA is left out.
 MFU = achieved FLOP/s / peak, achieved = img/s x 3 x 2 x forward GFLOPs: `sit_vit5.models.flops` counts a
 multiply-add as 1 (hence x 2) and a training step is forward + backward (~2x forward, hence x 3).
 Memory: peak allocated CUDA memory of one model's warm-up steps (weights, grads, AdamW state, activations).
@@ -61,6 +62,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="default: fp32 on cpu, fp32 bf16 on cuda")
     p.add_argument("--modes", nargs="+", choices=MODES, default=["eager"], help="eager and/or torch.compile")
     p.add_argument("--num-classes", type=int, default=1000)
+    p.add_argument("--optimizer", choices=("adamw", "none"), default="adamw",
+                   help="none: forward + backward only (e.g. XL/2 pairs in a small CPU memory)")
     p.add_argument("--peak-tflops", type=float, default=None,
                    help="dense bf16 peak for MFU (default by GPU name: H100/H200 989, A100 312)")
     add_common_args(p)
@@ -70,11 +73,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def make_train_step(model: nn.Module, device: torch.device, precision: str, mode: str, batch: int,
-                    input_size: int, num_classes: int, seed: int = 0) -> Callable[[], None]:
-    """A closure running one full training step of ``model`` (already on ``device``) on fixed random data."""
+                    input_size: int, num_classes: int, seed: int = 0,
+                    optimizer: bool = True) -> Callable[[], None]:
+    """A closure running one full training step of ``model`` (already on ``device``) on fixed random data;
+    ``optimizer=False`` stops after the backward pass (gradients are dropped: no AdamW state in memory)."""
     transport = create_transport()
     net = maybe_compile(model, mode)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0)
+    params = list(model.parameters())
+    opt = torch.optim.AdamW(params, lr=1e-4, weight_decay=0) if optimizer else None
     gen = torch.Generator().manual_seed(seed)
     x1 = torch.randn(batch, 4, input_size, input_size, generator=gen).to(device)
     y = torch.randint(0, num_classes, (batch,), generator=gen).to(device)
@@ -83,8 +89,10 @@ def make_train_step(model: nn.Module, device: torch.device, precision: str, mode
         with autocast(device, precision):
             loss = transport.training_losses(net, x1, dict(y=y))["loss"].mean()
         loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        if opt is not None:
+            opt.step()
+        for p in params:  # = opt.zero_grad(set_to_none=True)
+            p.grad = None
 
     return step
 
@@ -96,7 +104,7 @@ def _warm_up(args: argparse.Namespace, device: torch.device, backbone: str, size
     try:
         model = build_for(args, backbone, size).to(device).train()
         step = make_train_step(model, device, precision, mode, batch, args.input_size, args.num_classes,
-                               args.seed)
+                               args.seed, optimizer=args.optimizer == "adamw")
         sync(device)
         start = now("wall")
         for i in range(args.warmup):
@@ -130,7 +138,7 @@ def measure_group(args: argparse.Namespace, device: torch.device, size: str, pre
     for backbone, secs in times.items():
         row, sec = rows[backbone], statistics.median(secs)
         row.update(step_ms=sec * 1e3, step_ms_min=min(secs) * 1e3, img_per_s=batch / sec,
-                   rounds_ms=[round(v * 1e3, 2) for v in secs])
+                   rounds_ms=[round(v * 1e3, 4) for v in secs])
         row["tflops"] = row["img_per_s"] * 3 * 2 * row["fwd_gflops"] / 1e3  # see module docstring
         row["mfu"] = row["tflops"] / peak if peak and precision == "bf16" and args.clock == "wall" else None
     group = dict(size=f"{size}/{args.patch}", precision=precision, mode=mode, batch=batch,
