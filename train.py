@@ -9,6 +9,9 @@
 
 Settings: see sit_vit5/config.py (every key documented). The resolved config is saved as
 <train.out_dir>/config.yaml and inside every checkpoint.
+
+Exit status: 0 done; 2 bad input (config key or value, data root, checkpoint, unreadable image, full disk:
+one line naming the culprit; SIT_VIT5_DEBUG=1 shows the traceback); 1 the loss became NaN/inf.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from sit_vit5.config import ConfigError, load_config
+from sit_vit5.config import ConfigError, load_config, validate_architecture
+from sit_vit5.data import DataRootError, UnreadableImageError
+from sit_vit5.errors import report
 from sit_vit5.training import CheckpointError, NonFiniteLossError, train
 
 DEMO_CONFIG = Path(__file__).resolve().parent / "configs" / "demo.yaml"
@@ -47,13 +52,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config, implied = (args.config, []) if args.config else default_config(args.resume)
         cfg = load_config(config, implied + args.overrides)
+        validate_architecture(cfg["model"])
         train(cfg, resume=args.resume)
-    except (ConfigError, CheckpointError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    except (ConfigError, CheckpointError, DataRootError) as err:
+        return report(err)
+    except UnreadableImageError as err:
+        return report(err, hint="set data.skip_bad=true to skip unreadable images")
     except NonFiniteLossError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+        return report(err, status=1)
     return 0
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import time
@@ -25,13 +26,14 @@ import scipy
 import torch
 import torch_fidelity
 
-from fid.data import InputError, open_images
+from fid.data import InputError, load_plain_array, npz_keys, open_images
 from fid.evaluate import METRICS, check_metrics, evaluate
 from fid.inception import INCEPTION_SHA256, InceptionWeightsError, default_weights_path, load_inception
 from fid.reference import PR_IMAGES, make_reference, read_reference
 
 PROTOCOL_SAMPLES = 50_000  # ADM / DiT / SiT report FID-50K
 LABELS_KEYS = ("labels", "arr_1")  # where a digits sample npz may keep the requested class labels
+DIGITS_CLASSES = 10
 TABLE_NAMES = {
     "fid": "FID",
     "sfid": "sFID",
@@ -126,6 +128,9 @@ def _check_positive(name: str, value: int | None) -> None:
 def _evaluate(args: argparse.Namespace) -> int:
     _check_positive("--batch-size", args.batch_size)
     _check_positive("--num-samples", args.num_samples)
+    out = args.out or args.samples.with_name(args.samples.name.removesuffix(args.samples.suffix) + ".metrics.json")
+    if not args.no_json and (args.out is not None or args.samples.exists()):  # a missing input is named first
+        check_output(out)
     start = time.time()
     if args.reference == "digits":
         results, weights = _evaluate_digits(args), None
@@ -149,7 +154,6 @@ def _evaluate(args: argparse.Namespace) -> int:
         }
     print(format_table(results))
     if not args.no_json:
-        out = args.out or args.samples.with_name(args.samples.name.removesuffix(args.samples.suffix) + ".metrics.json")
         record = {
             "samples": str(args.samples),
             "reference": args.reference,
@@ -158,7 +162,10 @@ def _evaluate(args: argparse.Namespace) -> int:
             "seconds": round(time.time() - start, 1),
             "versions": _versions(),
         }
-        out.write_text(json.dumps(record, indent=2) + "\n")
+        try:
+            out.write_text(json.dumps(record, indent=2) + "\n")
+        except OSError as e:
+            raise InputError(f"--out {out}: cannot write the results ({e.strerror or e})") from None
         print(f"wrote {out}", file=sys.stderr)
     return 0
 
@@ -171,13 +178,7 @@ def _evaluate_digits(args: argparse.Namespace) -> dict[str, float]:
     if n > len(samples):
         raise InputError(f"{samples.name}: --num-samples {n} requested but it holds only {len(samples)} images")
     images = uint8_to_digits_input(np.concatenate(list(samples.batches(4096, n))))
-    labels = None
-    if args.samples.suffix == ".npz":
-        with np.load(args.samples, allow_pickle=False) as f:
-            key = next((k for k in LABELS_KEYS if k in f.files), None)
-            labels = None if key is None else f[key][:n]
-        if labels is not None and len(labels) != n:
-            raise InputError(f"{args.samples}[{key}]: {len(labels)} labels for {n} images")
+    labels = read_labels(args.samples, n) if args.samples.suffix == ".npz" else None
     if labels is None:
         print(
             f"note: no labels ({' or '.join(LABELS_KEYS)}) in {args.samples}; accuracy not computed",
@@ -186,6 +187,46 @@ def _evaluate_digits(args: argparse.Namespace) -> dict[str, float]:
     if n < 2:
         raise InputError(f"{samples.name}: digits FID needs at least 2 images, got {n}")
     return digits_metrics(images, None if labels is None else torch.from_numpy(labels.astype(np.int64)))
+
+
+def read_labels(path: Path, n: int, num_classes: int = DIGITS_CLASSES) -> np.ndarray | None:
+    """The first ``n`` class labels (int64) stored in a samples npz under one of LABELS_KEYS, or None.
+    Raises InputError naming the file and key for non-integer labels, the wrong count or ids outside
+    [0, num_classes): accuracy against such labels would be a silent 0."""
+    keys = npz_keys(path)
+    key = next((k for k in LABELS_KEYS if k in keys), None)
+    if key is None:
+        return None
+    name = f"{path}[{key}]"
+    labels = load_plain_array(path, key)
+    if labels.ndim != 1:
+        raise InputError(f"{name}: labels must be 1-D [N], got shape {labels.shape}")
+    labels = labels[:n]
+    if labels.dtype.kind not in "iu":
+        integral = labels.dtype.kind == "f" and np.isfinite(labels).all() and (labels == np.round(labels)).all()
+        if not integral:
+            raise InputError(f"{name}: labels must be integer class ids, got dtype {labels.dtype}"
+                             f"{f' (first: {labels[0].item()!r})' if len(labels) else ''}")
+    if len(labels) != n:
+        raise InputError(f"{name}: {len(labels)} labels for {n} images")
+    bad = (labels < 0) | (labels >= num_classes)
+    if bad.any():
+        first = int(np.flatnonzero(bad)[0])
+        raise InputError(f"{name}: {int(bad.sum())} label(s) outside [0, {num_classes}) (e.g. index {first}: "
+                         f"{labels[first].item()!r}); the digits classifier knows classes 0..{num_classes - 1}")
+    return labels.astype(np.int64)
+
+
+def check_output(path: Path) -> None:
+    """Raise InputError unless ``path`` can be written: its folder exists and is writable, and it is not a
+    folder itself (checked before the evaluation, not after it)."""
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise InputError(f"--out {path}: is a folder; give a file name such as {path / 'metrics.json'}")
+    if not parent.is_dir():
+        raise InputError(f"--out {path}: folder {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise InputError(f"--out {path}: folder {parent} is not writable")
 
 
 def _make_reference(args: argparse.Namespace) -> int:

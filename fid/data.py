@@ -54,6 +54,26 @@ def check_images_shape(name: str, shape: tuple[int, ...], dtype: np.dtype, chann
     if shape[3] not in channels:
         hint = " It looks like NCHW; transpose to NHWC." if shape[1] in channels else ""
         raise InputError(f"{name}: images must be NHWC with C in {channels}, got shape {tuple(shape)}.{hint}")
+    if shape[0] == 0 or 0 in shape[1:3]:
+        raise InputError(f"{name}: holds no images (shape {tuple(shape)})")
+
+
+def load_plain_array(path: str | Path, key: str | None = None) -> np.ndarray:
+    """An array of an .npy (``key`` None) or of an .npz, read without unpickling anything; an object array
+    (which would need pickle) or an unreadable file raises InputError naming the file and key."""
+    name = f"{path}[{key}]" if key is not None else str(path)
+    try:
+        if key is None:
+            return np.load(path, allow_pickle=False)
+        with np.load(path, allow_pickle=False) as f:
+            return f[key]
+    except ValueError as e:
+        if "allow_pickle" in str(e) or "Object arrays" in str(e):
+            raise InputError(f"{name}: holds Python objects (dtype object); only numeric arrays are read, "
+                             "pickled data is never loaded") from None
+        raise InputError(f"{name}: cannot be read as an array ({e})") from None
+    except (OSError, EOFError, zipfile.BadZipFile) as e:
+        raise InputError(f"{name}: cannot be read as an array ({e})") from None
 
 
 def images_from_array(array: np.ndarray, name: str = "array", channels: tuple[int, ...] = (3,)) -> ImageSource:
@@ -74,7 +94,10 @@ def open_images(path: str | Path, key: str = "arr_0", channels: tuple[int, ...] 
     if not path.is_file():
         raise InputError(f"{path}: no such file or folder (expected an .npz, .npy or a folder of images)")
     if path.suffix == ".npy":
-        array = np.load(path, mmap_mode="r", allow_pickle=False)
+        try:
+            array = np.load(path, mmap_mode="r", allow_pickle=False)
+        except ValueError:  # object arrays cannot be memory-mapped: let the plain reader name the problem
+            array = load_plain_array(path)
         check_images_shape(str(path), array.shape, array.dtype, channels)
         return ImageSource(str(path), tuple(array.shape), lambda a, b: np.asarray(array[a:b]))
     if path.suffix == ".npz":
@@ -100,7 +123,7 @@ def _open_npz(path: Path, key: str, channels: tuple[int, ...]) -> ImageSource:
         header = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
         shape, fortran, dtype = header[version](f) if version in header else (None, True, None)
     if fortran or dtype is None or dtype.hasobject:  # rare layouts: fall back to reading it whole
-        array = np.load(path, allow_pickle=False)[key]
+        array = load_plain_array(path, key)
         return images_from_array(array, f"{path}[{key}]", channels)
     check_images_shape(f"{path}[{key}]", shape, dtype, channels)
     return ImageSource(f"{path}[{key}]", tuple(shape), _NpzStreamReader(path, key, shape, dtype))
@@ -160,8 +183,11 @@ def _open_folder(folder: Path, channels: tuple[int, ...]) -> ImageSource:
     mode = "RGB" if channels == (3,) else "L"
 
     def load(p: Path) -> np.ndarray:
-        with Image.open(p) as im:
-            arr = np.asarray(im.convert(mode), dtype=np.uint8)
+        try:
+            with Image.open(p) as im:
+                arr = np.asarray(im.convert(mode), dtype=np.uint8)
+        except (OSError, ValueError, Image.DecompressionBombError) as e:
+            raise InputError(f"{p}: cannot read image ({type(e).__name__}: {e})") from None
         return arr[..., None] if arr.ndim == 2 else arr
 
     first = load(files[0])

@@ -13,10 +13,12 @@ EMA 0.9999.
 from __future__ import annotations
 
 import copy
+import inspect
+import math
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 
@@ -70,6 +72,7 @@ DEFAULTS: Config = {
         "grad_accum": 1,  # micro-batches per optimizer step on each process
         "distributed": "ddp",  # ddp | fsdp (FSDP: full-shard, minimal, untested here)
         "cpu": False,  # force the CPU even when a GPU is present
+        "cpu_threads": None,  # torch threads on the CPU; None = chosen from the model size and the free cores
         "out_dir": "runs/default",  # run directory: config.yaml, checkpoints/, samples/, metrics.*
         "log_every": 100,  # steps between metric rows (JSONL/CSV/TensorBoard)
         "ckpt_every": 50_000,  # steps between checkpoints (one is always written at the end)
@@ -180,32 +183,200 @@ def parse_overrides(overrides: list[str]) -> dict[str, dict[str, Any]]:
     return nested
 
 
+class Range(NamedTuple):
+    """Valid values of a numeric key: ``low``/``high`` bounds (None = unbounded), each inclusive unless
+    ``*_open``; ``integer`` for counts; ``nullable`` when None is allowed (it means "off" or "derived")."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    integer: bool = False
+    nullable: bool = False
+
+    def describe(self) -> str:
+        kind = "an integer" if self.integer else "a number"
+        lo = "" if self.low is None else f"{'>' if self.low_open else '>='} {self.low:g}"
+        hi = "" if self.high is None else f"{'<' if self.high_open else '<='} {self.high:g}"
+        bounds = " and ".join(b for b in (lo, hi) if b)
+        return f"{kind}{' ' + bounds if bounds else ''}{' (or null)' if self.nullable else ''}"
+
+    def holds(self, value: Any) -> bool:
+        if value is None:
+            return self.nullable
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return False
+        if self.integer and not isinstance(value, int):
+            return False
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return self.high is None or (value < self.high if self.high_open else value <= self.high)
+
+
+_COUNT, _COUNT0 = Range(1, integer=True), Range(0, integer=True)
+_POSITIVE = Range(0, low_open=True)
+#: Numeric keys with a valid range (a value outside it trains or samples garbage, or crashes later).
+RANGES: dict[str, Range] = {
+    "optim.lr": _POSITIVE,
+    "optim.weight_decay": Range(0),
+    "optim.eps": Range(0),
+    "optim.warmup_steps": _COUNT0,
+    "optim.grad_clip": Range(0, low_open=True, nullable=True),
+    "optim.ema_decay": Range(0, 1, high_open=True),  # 1 would freeze the EMA at init, > 1 diverges
+    "transport.train_eps": Range(0, 0.5, high_open=True, nullable=True),
+    "transport.sample_eps": Range(0, 0.5, high_open=True, nullable=True),
+    "data.image_size": _COUNT,
+    "data.global_batch_size": _COUNT,
+    "data.num_workers": _COUNT0,
+    "vae.scaling_factor": _POSITIVE,
+    "train.steps": _COUNT,
+    "train.seed": _COUNT0,
+    "train.grad_accum": _COUNT,
+    "train.cpu_threads": Range(1, integer=True, nullable=True),
+    "train.log_every": _COUNT,
+    "train.ckpt_every": _COUNT,
+    "train.keep_last": _COUNT,
+    "train.milestone_every": _COUNT0,
+    "train.sample_every": _COUNT0,
+    "sample.num_steps": Range(2, integer=True),  # a 1-point time grid integrates nothing
+    "sample.cfg_scale": Range(0),  # negative guidance pushes towards the other classes: not a grid setting
+    "sample.num_images": _COUNT,
+    "sample.seed": _COUNT0,
+    "sample.nrow": Range(1, integer=True, nullable=True),
+}
+BETA_RANGE = Range(0, 1, high_open=True)  # each of optim.betas
+
+#: ``model`` keys with a range beyond their type; the types come from the model constructors' defaults.
+MODEL_RANGES: dict[str, Range] = {
+    "input_size": Range(1, integer=True, nullable=True),
+    "in_channels": Range(1, integer=True, nullable=True),
+    "num_classes": Range(1, integer=True, nullable=True),
+    "patch_size": _COUNT,
+    "hidden_size": _COUNT,
+    "depth": _COUNT,
+    "num_heads": _COUNT,
+    "mlp_ratio": _POSITIVE,
+    "class_dropout_prob": Range(0, 1, high_open=True),
+    "num_registers": _COUNT0,
+    "rope_theta": _POSITIVE,
+    "register_rope_theta": Range(0, low_open=True, nullable=True),
+    "layer_scale_init": Range(0, low_open=True, nullable=True),
+}
+
+
+def model_key_types() -> dict[str, tuple[type, bool]]:
+    """``model`` key → (type, nullable), read from the defaults of SiT, the SiT switches and the ViT-5
+    switches (a key is nullable when any of them defaults to None, or when it is derived from the data)."""
+    from .models.sit import SIT_SWITCHES, SiT
+    from .models.vit5 import VIT5_SWITCHES
+
+    defaults: dict[str, list[Any]] = {}
+    for name, param in inspect.signature(SiT.__init__).parameters.items():
+        if param.default is not inspect.Parameter.empty:
+            defaults.setdefault(name, []).append(param.default)
+    for switches in (SIT_SWITCHES, VIT5_SWITCHES):
+        for name, value in switches.items():
+            defaults.setdefault(name, []).append(value)
+    types = {}
+    for name, values in defaults.items():
+        given = [v for v in values if v is not None]
+        nullable = len(given) < len(values) or name in DATA_DERIVED_MODEL_KEYS
+        types[name] = (type(given[0]) if given else object, nullable)
+    return types
+
+
+def _model_choices() -> dict[str, tuple[str, ...]]:
+    from .models.layers import MLPS, NORMS
+    from .models.sit import POS_EMBED_KINDS
+
+    return {"norm": tuple(NORMS), "mlp": tuple(MLPS), "pos_embed": POS_EMBED_KINDS}
+
+
 def validate_model_section(cfg: Config) -> None:
-    """Check the ``model`` keys against ``create_model``'s accepted overrides (raises ConfigError)."""
+    """Check the ``model`` keys against ``create_model``'s accepted overrides, their types, ranges and
+    choices (raises ConfigError naming ``model.<key>=<value>``). Sizes that do not fit together are checked
+    when the model is built (``validate_architecture``): a config may still be edited after loading."""
     from .models import list_models, valid_overrides
 
+    m = cfg["model"]
     valid = ["name", *valid_overrides()]
-    unknown = sorted(set(cfg["model"]) - set(valid))
+    unknown = sorted(set(m) - set(valid))
     if unknown:
         raise ConfigError(f"unknown key(s) {', '.join('model.' + k for k in unknown)}; valid keys of 'model': "
                           f"{', '.join(valid)}")
-    if cfg["model"]["name"] not in list_models():
-        raise ConfigError(f"model.name={cfg['model']['name']!r} is not registered; valid: {', '.join(list_models())}")
+    if m["name"] not in list_models():
+        raise ConfigError(f"model.name={m['name']!r} is not registered; valid: {', '.join(list_models())}")
+    types = model_key_types()
+    for key, value in m.items():
+        if key == "name" or key not in types:
+            continue
+        expected, nullable = types[key]
+        if value is None and nullable:
+            continue
+        if expected is float:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        elif expected is int:
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        else:
+            ok = isinstance(value, expected)
+        if not ok:
+            raise ConfigError(f"model.{key}={value!r} ({type(value).__name__}); expected {expected.__name__}"
+                              f"{' or null' if nullable else ''}")
+        if key in MODEL_RANGES and not MODEL_RANGES[key].holds(value):
+            raise ConfigError(f"model.{key}={value!r}; must be {MODEL_RANGES[key].describe()}")
+        choices = _model_choices().get(key)
+        if choices and value not in choices:
+            raise ConfigError(f"model.{key}={value!r}; valid: {', '.join(choices)}")
+
+
+def validate_architecture(m: dict[str, Any]) -> None:
+    """Raise ConfigError when the sizes of a (type-checked) ``model`` section cannot build a model:
+    hidden_size not divisible by num_heads, a head dim RoPE cannot rotate, a non-square register grid."""
+    from .models.registry import _NAME, SIZES
+
+    _, hidden, heads = SIZES[_NAME.match(m["name"])["size"]]  # the sizes the name implies, then overrides
+    hidden, heads = m.get("hidden_size", hidden), m.get("num_heads", heads)
+    if hidden % heads:
+        raise ConfigError(f"model.hidden_size={hidden} is not divisible by model.num_heads={heads} "
+                          f"(sizes of {m['name']} with the overrides applied)")
+    switches = _switches_of(m)
+    if switches["rope"] and (hidden // heads) % 4:
+        raise ConfigError(f"model.hidden_size={hidden} / model.num_heads={heads} = head dim {hidden // heads}: "
+                          "2-D RoPE needs a head dim divisible by 4 (or model.rope=false)")
+    regs = switches["num_registers"]
+    if regs and switches["rope"] and switches["register_rope_theta"] is not None and math.isqrt(regs) ** 2 != regs:
+        raise ConfigError(f"model.num_registers={regs}: register RoPE needs a perfect square (or "
+                          "model.register_rope_theta=null)")
+
+
+def _switches_of(cfg_model: dict[str, Any]) -> dict[str, Any]:
+    """The architecture switches ``cfg_model`` builds with: its backbone's defaults, then the overrides."""
+    from .models.sit import SIT_SWITCHES
+    from .models.vit5 import VIT5_SWITCHES
+
+    base = VIT5_SWITCHES if cfg_model["name"].startswith("ViT5") else SIT_SWITCHES
+    return {k: cfg_model.get(k, v) for k, v in base.items()}
 
 
 def validate(cfg: Config) -> None:
-    """Cross-key checks that need no data: choices, positive sizes (raises ConfigError naming the key)."""
+    """Cross-key checks that need no data: choices, numeric ranges (``RANGES``), the model section
+    (raises ConfigError naming the dotted key and its value)."""
     choices = {("train", "precision"): ("fp32", "bf16"), ("train", "distributed"): ("ddp", "fsdp"),
                ("sample", "method"): ("ode", "sde")}
     for (section, key), valid in choices.items():
         if cfg[section][key] not in valid:
             raise ConfigError(f"{section}.{key}={cfg[section][key]!r}; valid: {', '.join(valid)}")
-    for section, key in (("train", "steps"), ("train", "grad_accum"), ("data", "global_batch_size"),
-                         ("train", "log_every"), ("train", "ckpt_every"), ("train", "keep_last")):
-        if not isinstance(cfg[section][key], int) or cfg[section][key] < 1:
-            raise ConfigError(f"{section}.{key}={cfg[section][key]!r}; must be a positive integer")
-    if len(cfg["optim"]["betas"]) != 2:
-        raise ConfigError(f"optim.betas={cfg['optim']['betas']!r}; expected two numbers")
+    for dotted, valid_range in RANGES.items():
+        section, _, key = dotted.partition(".")
+        value = cfg[section][key]
+        if not valid_range.holds(value):
+            what = "a positive integer" if valid_range == _COUNT else valid_range.describe()
+            raise ConfigError(f"{dotted}={value!r}; must be {what}")
+    betas = cfg["optim"]["betas"]
+    if len(betas) != 2:
+        raise ConfigError(f"optim.betas={betas!r}; expected two numbers")
+    if not all(BETA_RANGE.holds(b) for b in betas):
+        raise ConfigError(f"optim.betas={betas!r}; each must be {BETA_RANGE.describe()}")
     validate_model_section(cfg)
 
 

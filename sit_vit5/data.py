@@ -50,6 +50,15 @@ class UnreadableImageError(RuntimeError):
         self.path = None if path is None else str(path)
 
 
+class DataRootError(FileNotFoundError):
+    """A data root (image folder or latent cache) that is missing, empty, unset or incomplete; the message
+    names the path. (A FileNotFoundError, so callers that caught that before still do.)"""
+
+
+class IncompleteCacheError(DataRootError, RuntimeError):
+    """A latent cache whose writer has not finished (a RuntimeError too, as it was before)."""
+
+
 # ----------------------------------------------------------------------------- deterministic per-item RNG
 
 
@@ -99,10 +108,10 @@ def list_image_folder(root: str | os.PathLike) -> tuple[list[str], list[int], li
     (sorted) with an IMG_EXTENSIONS suffix. Returns (paths relative to root, labels, classes)."""
     root = Path(root)
     if not root.is_dir():
-        raise FileNotFoundError(f"image folder {root} does not exist or is not a directory")
+        raise DataRootError(f"image folder {root} does not exist or is not a directory")
     classes = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
     if not classes:
-        raise FileNotFoundError(f"image folder {root} has no class sub-directories "
+        raise DataRootError(f"image folder {root} has no class sub-directories "
                                 "(expected <root>/<class>/<image>)")
     files: list[str] = []
     labels: list[int] = []
@@ -113,7 +122,7 @@ def list_image_folder(root: str | os.PathLike) -> tuple[list[str], list[int], li
                     files.append(os.path.relpath(os.path.join(dirpath, filename), root))
                     labels.append(label)
     if not files:
-        raise FileNotFoundError(f"image folder {root} has no images "
+        raise DataRootError(f"image folder {root} has no images "
                                 f"(extensions {', '.join(IMG_EXTENSIONS)})")
     return files, labels, classes
 
@@ -263,7 +272,7 @@ def read_manifest(cache_dir: str | os.PathLike) -> dict[str, Any]:
     """The cache's manifest.json as a dict; errors name the directory and how to create the cache."""
     path = Path(cache_dir) / MANIFEST_NAME
     if not path.is_file():
-        raise FileNotFoundError(
+        raise DataRootError(
             f"no latent cache at {cache_dir} ({MANIFEST_NAME} missing); create one with "
             f"`python -m sit_vit5.cache_latents --data-dir <imagenet/train> --out {cache_dir}`")
     manifest = json.loads(path.read_text())
@@ -288,7 +297,7 @@ class LatentCacheDataset(Dataset):
         if not manifest.get("complete"):
             shards = manifest["shards"]
             done = sum((self.cache_dir / f"{s['name']}.done").is_file() for s in shards)
-            raise RuntimeError(
+            raise IncompleteCacheError(
                 f"latent cache {self.cache_dir} is incomplete ({done}/{len(shards)} shards done); "
                 f"rerun the same `python -m sit_vit5.cache_latents ... --out {self.cache_dir}` to resume")
         self.manifest = manifest
@@ -383,6 +392,9 @@ DATASETS: dict[str, Callable[[dict[str, Any]], Dataset]] = {
 
 
 def _require(cfg: dict[str, Any], key: str) -> Any:
+    if key == "root" and cfg.get(key) is None:
+        raise DataRootError(f"data.root is not set: data.kind={cfg.get('kind', cfg.get('name'))!r} reads its "
+                            "images (or latent cache) from there")
     if cfg.get(key) is None:
         raise KeyError(f"data config for kind {cfg.get('kind', cfg.get('name'))!r} needs key {key!r}")
     return cfg[key]

@@ -114,3 +114,58 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike, checksum: bool = True) 
     if checksum:
         atomic_write_text(sidecar(path), f"{digest}  {Path(path).name}\n")
     return digest
+
+
+# ----------------------------------------------------------------------------- self-verifying payloads
+
+#: Key under which a checkpoint stores the SHA-256 of everything else it holds (see ``payload_sha256``).
+PAYLOAD_DIGEST_KEY = "payload_sha256"
+
+
+def _feed(digest: Any, obj: Any) -> None:
+    """Hash ``obj`` canonically: type tags, lengths and shapes frame every value, so that no two different
+    structures share a byte stream; tensors contribute dtype, shape and raw bytes (not their pickle)."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach().cpu().contiguous()
+        digest.update(f"T{t.dtype}{tuple(t.shape)};".encode())
+        digest.update(t.reshape(-1).view(torch.uint8).numpy())
+    elif isinstance(obj, dict):
+        digest.update(f"D{len(obj)};".encode())
+        for key, value in obj.items():
+            _feed(digest, key)
+            _feed(digest, value)
+    elif isinstance(obj, (list, tuple)):
+        digest.update(f"{'L' if isinstance(obj, list) else 'U'}{len(obj)};".encode())
+        for value in obj:
+            _feed(digest, value)
+    elif isinstance(obj, str):
+        data = obj.encode()
+        digest.update(f"S{len(data)};".encode() + data)
+    elif obj is None or isinstance(obj, (bool, int, float)):
+        digest.update(f"{type(obj).__name__}:{obj!r};".encode())
+    else:  # anything else a weights-only pickle can hold (e.g. an argparse.Namespace): its repr
+        text = repr(obj).encode()
+        digest.update(f"O{type(obj).__name__}{len(text)};".encode() + text)
+
+
+def payload_sha256(state: dict[str, Any]) -> str:
+    """Hex SHA-256 of a checkpoint dict's content (every key but ``PAYLOAD_DIGEST_KEY``), independent of
+    how it was pickled: the same tensors and values give the same digest after a save/load round trip."""
+    digest = hashlib.sha256()
+    _feed(digest, {k: v for k, v in state.items() if k != PAYLOAD_DIGEST_KEY})
+    return digest.hexdigest()
+
+
+def verify_payload_digest(state: dict[str, Any], name: str | os.PathLike) -> bool:
+    """Check a loaded checkpoint dict against the digest stored inside it (raises ChecksumError naming
+    ``name`` on a mismatch); returns False when it stores none (older files, foreign checkpoints)."""
+    expected = state.get(PAYLOAD_DIGEST_KEY) if isinstance(state, dict) else None
+    if expected is None:
+        return False
+    actual = payload_sha256(state)
+    if not isinstance(expected, str) or actual != expected.lower():
+        raise ChecksumError(f"{name}: the content does not match the SHA-256 stored inside the file "
+                            f"(stored {expected}, computed {actual}); refusing to use it")
+    return True

@@ -73,6 +73,9 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x32, (self.dim,), self.weight, self.eps).to(x.dtype)  # CUDA: fused fwd + bwd
 
 
+NORMS = ("layernorm", "rmsnorm")
+
+
 def make_norm(kind: str, dim: int, affine: bool = False) -> nn.Module:
     """Block/final norm: ``layernorm`` (DiT: no affine, eps 1e-6) or ``rmsnorm``."""
     if kind == "layernorm":

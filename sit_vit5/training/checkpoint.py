@@ -15,10 +15,14 @@ Layout of ``<out_dir>/checkpoints``::
 
 Every file is written to a hidden temporary file in the same directory, fsynced and renamed over the
 target (``os.replace`` is atomic on POSIX), so a crash never leaves a half-written checkpoint or pointer.
+Each checkpoint also stores ``payload_sha256``, a digest of its own content, checked at every load: a
+``.pt`` copied without its sidecar still cannot be resumed from silently when a byte of it changed.
+A full disk stops the run with one line naming the file and the previous (intact) checkpoint.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -31,10 +35,23 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..io import TMP_PREFIX, atomic_torch_save, atomic_write_text, sha256_file, sidecar
-from ..models.checkpoint import CheckpointError, read_checkpoint
+from ..errors import find_errno
+from ..io import (
+    PAYLOAD_DIGEST_KEY,
+    TMP_PREFIX,
+    ChecksumError,
+    atomic_torch_save,
+    atomic_write_text,
+    payload_sha256,
+    sha256_file,
+    sidecar,
+    verify_payload_digest,
+)
+from ..models.checkpoint import CheckpointError
+from ..models.checkpoint import read_checkpoint as read_checkpoint_file
 
-__all__ = ["CheckpointError", "IncompatibleCheckpointError", "read_checkpoint", "save_checkpoint", "sha256_file"]
+__all__ = ["CheckpointError", "CheckpointWriteError", "IncompatibleCheckpointError", "read_checkpoint",
+           "save_checkpoint", "sha256_file"]
 
 CKPT_DIR = "checkpoints"
 LATEST = "latest.json"
@@ -48,6 +65,10 @@ RESUME_FREE_MODEL_KEYS = ("grad_checkpointing",)
 
 class IncompatibleCheckpointError(CheckpointError):
     """A checkpoint made with another model or config than the run that tries to resume from it."""
+
+
+class CheckpointWriteError(CheckpointError):
+    """A checkpoint that could not be written (e.g. the disk is full); the previous one is untouched."""
 
 
 # ----------------------------------------------------------------------------- save / load
@@ -84,17 +105,61 @@ def latest_checkpoint(ckpt_dir: str | os.PathLike) -> Path | None:
     return found[-1][1] if found else None
 
 
+#: Top-level keys of the checkpoints ``save_checkpoint`` writes (anything else means a damaged key name).
+CHECKPOINT_KEYS = frozenset({"model", "ema", "opt", "args", "step", "epoch", "batch_in_epoch", "rng", "versions",
+                             "model_name", PAYLOAD_DIGEST_KEY})
+
+
+def read_checkpoint(path: str | os.PathLike, sha256: str | None = None) -> dict[str, Any]:
+    """Read a checkpoint (sidecar / ``sha256`` checked first, weights-only) and check the digest stored
+    inside it when there is one; raises CheckpointError naming the file when either differs. A checkpoint
+    of this codebase (``args`` a dict) with a key it never writes is refused too: a damaged key name
+    (of the digest itself, say) must not pass as a file without a digest."""
+    state = read_checkpoint_file(path, sha256)
+    unknown = sorted(map(str, set(state) - CHECKPOINT_KEYS))
+    if isinstance(state.get("args"), dict) and unknown:
+        raise CheckpointError(f"checkpoint {path} is corrupt or was altered: unexpected key(s) {unknown}")
+    try:
+        verify_payload_digest(state, path)
+    except ChecksumError as err:
+        raise CheckpointError(f"checkpoint {path} is corrupt or was altered: {err}") from None
+    return state
+
+
+def _sweep(ckpt_dir: Path) -> None:
+    """Remove what a killed writer leaves: temporary files, and sidecars whose checkpoint was deleted
+    (rotation deletes the data file first)."""
+    for stale in ckpt_dir.glob(f"{TMP_PREFIX}*"):
+        stale.unlink(missing_ok=True)
+    for side in ckpt_dir.glob("*.pt.sha256"):
+        if not side.with_suffix("").exists():
+            side.unlink(missing_ok=True)
+
+
 def save_checkpoint(state: dict[str, Any], ckpt_dir: str | os.PathLike, step: int, milestone: bool = False,
                     keep_last: int = 3) -> Path:
-    """Write ``state`` as the checkpoint of ``step``, then its sidecar, then move ``latest.json`` to it, then
-    delete regular checkpoints older than the newest ``keep_last``. Returns the checkpoint path."""
+    """Write ``state`` as the checkpoint of ``step`` (adding its ``payload_sha256`` key to ``state`` in place,
+    so the dict equals what a load returns), then its sidecar, then move
+    ``latest.json`` to it, then delete regular checkpoints older than the newest ``keep_last``. Returns the
+    checkpoint path. A full disk raises CheckpointWriteError; the new files are removed, the old ones kept."""
     ckpt_dir = Path(ckpt_dir)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
-    for stale in ckpt_dir.glob(f"{TMP_PREFIX}*"):  # left by a process killed mid-write
-        stale.unlink(missing_ok=True)
+    _sweep(ckpt_dir)
     path = ckpt_dir / checkpoint_name(step, milestone)
-    atomic_torch_save(state, path)  # data file, then its .sha256 sidecar
-    atomic_write_text(ckpt_dir / LATEST, json.dumps({"file": path.name, "step": step}) + "\n")
+    previous = latest_checkpoint(ckpt_dir)
+    try:
+        state[PAYLOAD_DIGEST_KEY] = payload_sha256(state)
+        atomic_torch_save(state, path)  # data file, then its .sha256 sidecar
+        atomic_write_text(ckpt_dir / LATEST, json.dumps({"file": path.name, "step": step}) + "\n")
+    except (OSError, RuntimeError) as err:
+        full = find_errno(err, errno.ENOSPC) or find_errno(err, errno.EDQUOT)
+        if path != previous:  # a data file without its sidecar or pointer is not a checkpoint: remove it
+            path.unlink(missing_ok=True)
+            sidecar(path).unlink(missing_ok=True)
+        if full is None:
+            raise
+        kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint exists"
+        raise CheckpointWriteError(f"no space left on device writing {path}; {kept}") from err
     regular = [p for _, p, is_milestone in list_checkpoints(ckpt_dir) if not is_milestone and p != path]
     for old in regular[: max(0, len(regular) - (keep_last - 1))]:
         old.unlink(missing_ok=True)
