@@ -23,6 +23,7 @@ from pathlib import Path
 from sit_vit5.config import ConfigError, load_config, validate_architecture
 from sit_vit5.data import DataRootError, UnreadableImageError
 from sit_vit5.errors import report
+from sit_vit5.io import unwritable_dir_reason
 from sit_vit5.training import CheckpointError, NonFiniteLossError, train
 
 DEMO_CONFIG = Path(__file__).resolve().parent / "configs" / "demo.yaml"
@@ -53,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
         config, implied = (args.config, []) if args.config else default_config(args.resume)
         cfg = load_config(config, implied + args.overrides)
         validate_architecture(cfg["model"])
+        problem = unwritable_dir_reason(cfg["train"]["out_dir"])
+        if problem:
+            raise ConfigError(f"train.out_dir={cfg['train']['out_dir']}: cannot write there ({problem})")
         train(cfg, resume=args.resume)
     except (ConfigError, CheckpointError, DataRootError) as err:
         return report(err)

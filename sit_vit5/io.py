@@ -81,6 +81,22 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], T]) -> T:
     return result
 
 
+def unwritable_dir_reason(path: str | os.PathLike) -> str | None:
+    """Why a directory could not be created or written at ``path`` (None when it can), without creating
+    anything: the nearest existing ancestor must be a writable directory."""
+    path = Path(path)
+    probe = path
+    while not probe.exists():
+        if probe.parent == probe:
+            return f"no existing folder above {path}"
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"{probe} is a file, not a folder"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"{probe} is not writable"
+    return None
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` (UTF-8) to ``path`` atomically."""
     atomic_write(path, lambda f: f.write(text.encode()))
