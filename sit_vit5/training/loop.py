@@ -45,8 +45,10 @@ from .checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
+from .diagnostics import GateMonitor
 from .ema import create_ema, update_ema
 from .logging import MetricLogger
+from .optim import param_groups
 
 _SALT_DATA, _SALT_NOISE = 0xDA7A, 0x5EED  # separate the data-order and noise streams of one seed
 
@@ -384,8 +386,8 @@ def train(cfg: Config, resume: str | None = None) -> TrainResult:
         ema.load_state_dict(checkpoint["ema"])
     model.train()
     model = accelerator.prepare(model)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=o["lr"],
-                                  betas=tuple(o["betas"]), weight_decay=o["weight_decay"], eps=o["eps"])
+    optimizer = torch.optim.AdamW(param_groups(model, o["weight_decay"]), lr=o["lr"], betas=tuple(o["betas"]),
+                                  eps=o["eps"])
     if checkpoint is not None:
         _load_optimizer_state(accelerator, model, optimizer, checkpoint["opt"])
     optimizer = accelerator.prepare(optimizer)
@@ -400,8 +402,9 @@ def train(cfg: Config, resume: str | None = None) -> TrainResult:
     if main:
         run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, run_dir / "config.yaml")
+    gates = GateMonitor(unwrapped)  # residual-branch strength, read from the logged step's own forward
     logger = MetricLogger(run_dir, enabled=main, tensorboard=t["tensorboard"], wandb=t["wandb"], config=cfg,
-                          wandb_project=t["wandb_project"], resume_step=step)
+                          wandb_project=t["wandb_project"], resume_step=step, extra_fields=tuple(gates.keys))
     n_params = sum(p.numel() for p in unwrapped.parameters())
     if main:
         print(f"{cfg['model']['name']} ({n_params / 1e6:.2f}M parameters) on {world} process(es), {device}; "
@@ -471,7 +474,9 @@ def train(cfg: Config, resume: str | None = None) -> TrainResult:
                 dataset.set_epoch(epoch)
             for x, y in loader:
                 lr = learning_rate(o, step)
-                loss_value, grad_norm = train_step(x, y, lr)
+                log_now = (step + 1) % t["log_every"] == 0 or step + 1 == t["steps"]
+                with gates.capture() if log_now else nullcontext():
+                    loss_value, grad_norm = train_step(x, y, lr)
                 step, batch_in_epoch = step + 1, batch_in_epoch + 1
                 if batch_in_epoch == sampler.batches_per_epoch:
                     epoch, batch_in_epoch = epoch + 1, 0
@@ -481,13 +486,15 @@ def train(cfg: Config, resume: str | None = None) -> TrainResult:
                 bar.update(1)
                 final = step == t["steps"]
                 if step % t["log_every"] == 0 or final:
-                    metrics = window.flush(epoch, lr)
+                    metrics = {**window.flush(epoch, lr), **gates.metrics()}
                     logger.log(step, metrics)
                     bar.set_postfix(loss=f"{metrics['loss']:.4f}", img_s=f"{metrics['img_per_s']:.0f}")
                     if main:
+                        gate = (f" | gate attn/mlp {metrics['gate/attn/mean']:.3f}/{metrics['gate/mlp/mean']:.3f}"
+                                if "gate/attn/mean" in metrics else "")
                         tqdm.write(f"step {step:07d} | loss {metrics['loss']:.4f} | grad {metrics['grad_norm']:.3f} "
                                    f"| lr {lr:.2e} | {metrics['steps_per_s']:.2f} steps/s | "
-                                   f"{metrics['img_per_s']:.0f} img/s")
+                                   f"{metrics['img_per_s']:.0f} img/s{gate}")
                 with window.paused():  # checkpoint and sampling time stay out of the throughput
                     milestone = t["milestone_every"] > 0 and step % t["milestone_every"] == 0
                     if final or step % t["ckpt_every"] == 0 or milestone:
