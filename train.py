@@ -27,6 +27,7 @@ from sit_vit5.io import unwritable_dir_reason
 from sit_vit5.training import CheckpointError, NonFiniteLossError, train
 
 DEMO_CONFIG = Path(__file__).resolve().parent / "configs" / "demo.yaml"
+EXIT_PREEMPTED = 3  # SIGTERM / SIGINT / SIGUSR1: the step finished, a checkpoint written; rerun with --resume
 
 
 def default_config(resume: str | None) -> tuple[Path, list[str]]:

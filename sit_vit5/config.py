@@ -306,12 +306,18 @@ def validate_model_section(cfg: Config) -> None:
                           f"{', '.join(valid)}")
     if m["name"] not in list_models():
         raise ConfigError(f"model.name={m['name']!r} is not registered; valid: {', '.join(list_models())}")
+    from .models.vit5 import LAYER_SCALE_INITS
+
+    named = {"layer_scale_init": LAYER_SCALE_INITS}  # keys that also take a name for a number
     types = model_key_types()
     for key, value in m.items():
         if key == "name" or key not in types:
             continue
         expected, nullable = types[key]
-        if value is None and nullable:
+        if (value is None and nullable) or (isinstance(value, str) and key in named):
+            if value is not None and value not in named[key]:
+                raise ConfigError(f"model.{key}={value!r}; a number{' or null' if nullable else ''} or one of "
+                                  f"{', '.join(named[key])}")
             continue
         if expected is float:
             ok = isinstance(value, (int, float)) and not isinstance(value, bool)

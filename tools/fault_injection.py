@@ -1,0 +1,175 @@
+"""Kill training at random moments, resume each time, and check that nothing was lost or changed.
+
+    python tools/fault_injection.py --kills 20                  # SIGKILL only
+    python tools/fault_injection.py --kills 20 --signals KILL,TERM,INT,USR1 --json faults.json
+
+A reference run (``python train.py`` on a tiny model, a checkpoint every step, all kept) is made first.
+Then the same command (in another out_dir, a checkpoint every ``--ckpt-every`` steps) is started, killed
+with a random signal after a random delay (uniform over the reference run's duration, so kills land in
+start-up, in steps and in checkpoint writes), and restarted with ``--resume latest`` until ``--kills``
+kills are done; a last resume runs it to the end.
+After every kill it checks:
+
+* no lost checkpoint: ``latest.json`` names a file, every checkpoint in the directory verifies (sidecar and
+  the digest inside), and the latest step never goes back;
+* bit-identical resume: each checkpoint the interrupted run holds equals the reference checkpoint of the same
+  step (model, EMA, optimizer, step, data position and RNG states; the digests of those entries);
+* a graceful signal (TERM / INT / USR1) exits with train.py's pre-emption status after writing a checkpoint
+  of the step it finished (usually not a multiple of ``--ckpt-every``: compared with the reference too).
+
+Bounded: ``--time-budget`` seconds in all (default 600); it stops killing when the budget is spent. Prints
+"N kills, N bit-identical resumes, 0 lost checkpoints" (the measured numbers) and exits 1 on any failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from sit_vit5.io import payload_sha256  # noqa: E402
+from sit_vit5.training import checkpoint as ck  # noqa: E402
+
+TINY = ["model.name=ViT5-S/2", "model.depth=2", "model.hidden_size=32", "model.num_heads=2",
+        "model.learn_sigma=false", "data.kind=digits", "data.num_workers=0", "vae.name=none", "optim.lr=1e-3",
+        "optim.ema_decay=0.9", "train.tensorboard=false", "train.sample_every=0", "train.log_every=5",
+        "train.milestone_every=0", "data.global_batch_size=16"]
+COMPARED = ("model", "ema", "opt", "step", "epoch", "batch_in_epoch", "rng")  # not args (out_dir differs)
+GRACEFUL = {"TERM", "INT", "USR1"}
+
+
+def command(out_dir: Path, steps: int, keep_last: int, resume: bool, ckpt_every: int) -> list[str]:
+    cmd = [sys.executable, str(ROOT / "train.py"), *TINY, f"train.out_dir={out_dir}", f"train.steps={steps}",
+           f"train.keep_last={keep_last}", f"train.ckpt_every={ckpt_every}"]
+    return cmd + (["--resume", "latest"] if resume else [])
+
+
+def run_env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def fingerprint(path: Path) -> str:
+    """Digest of the entries a resume must reproduce (verifies the file on the way)."""
+    state = ck.read_checkpoint(path)
+    return payload_sha256({k: state[k] for k in COMPARED})
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--kills", type=int, default=20, help="kills to inject (default 20)")
+    p.add_argument("--steps", type=int, default=30, help="training steps of the run (default 30)")
+    p.add_argument("--ckpt-every", type=int, default=5, help="train.ckpt_every of the killed run (default 5)")
+    p.add_argument("--signals", default="KILL", help="comma-separated signals to draw from (default KILL)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the kill moments and signals")
+    p.add_argument("--time-budget", type=float, default=600.0, help="seconds in all (default 600)")
+    p.add_argument("--json", type=Path, default=None, help="write the result here")
+    args = p.parse_args(argv)
+    signals = [s.strip().upper().removeprefix("SIG") for s in args.signals.split(",") if s.strip()]
+    rng = random.Random(args.seed)
+    start = time.perf_counter()
+    from train import EXIT_PREEMPTED  # noqa: PLC0415  (train.py's pre-emption exit status)
+
+    with tempfile.TemporaryDirectory(prefix="faults-") as tmp:
+        ref_dir, run_dir = Path(tmp) / "reference", Path(tmp) / "faulty"
+        t0 = time.perf_counter()
+        subprocess.run(command(ref_dir, args.steps, args.steps + 1, False, 1), env=run_env(), check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        duration = time.perf_counter() - t0
+        reference = {step: fingerprint(path) for step, path, _ in ck.list_checkpoints(ref_dir / "checkpoints")}
+        print(f"reference: {args.steps} steps in {duration:.1f} s", flush=True)
+
+        kills = resumes = identical = lost = graceful_ok = 0
+        failures: list[str] = []
+        last_step = 0
+        while kills < args.kills and time.perf_counter() - start + duration < args.time_budget:
+            resume = ck.latest_checkpoint(run_dir / "checkpoints") is not None
+            resumes += resume
+            log = Path(tmp) / "log.txt"
+            with open(log, "wb") as out:
+                proc = subprocess.Popen(command(run_dir, args.steps, 2, resume, args.ckpt_every), env=run_env(),
+                                        stdout=out, stderr=subprocess.STDOUT)
+            delay, name = rng.uniform(0.0, duration), rng.choice(signals)
+            try:
+                proc.wait(timeout=delay)
+                killed = False
+            except subprocess.TimeoutExpired:
+                killed = True
+                proc.send_signal(getattr(signal, f"SIG{name}"))
+                proc.wait()
+            output = log.read_text(errors="replace").strip()
+            kills += killed
+            what = f"kill {kills} (SIG{name} after {delay:.2f} s)" if killed else "a run that finished"
+            if not killed and proc.returncode != 0:
+                failures.append(f"{what} exited {proc.returncode}: {output[-300:]}")
+            # every checkpoint left must verify and equal the uninterrupted run's of the same step
+            ok = True
+            try:
+                held = {step: fingerprint(path) for step, path, _ in ck.list_checkpoints(run_dir / "checkpoints")}
+                latest = ck.latest_checkpoint(run_dir / "checkpoints")
+                latest_step = ck.read_checkpoint(latest)["step"] if latest else 0
+            except ck.CheckpointError as err:
+                failures.append(f"{what}: unreadable checkpoint: {err}")
+                lost, ok, held, latest_step = lost + 1, False, {}, last_step
+            if latest_step < last_step:
+                failures.append(f"{what}: the latest checkpoint went back from step {last_step} to {latest_step}")
+                lost, ok = lost + 1, False
+            for step, digest in held.items():
+                if reference.get(step) != digest:
+                    failures.append(f"{what}: step {step} differs from the uninterrupted run")
+                    ok = False
+            if killed and name in GRACEFUL and proc.returncode != -getattr(signal, f"SIG{name}"):
+                # the handler was installed (training had started): it must checkpoint and exit with the status
+                if proc.returncode == EXIT_PREEMPTED and latest_step == last_step_of(output, latest_step):
+                    graceful_ok += 1
+                else:
+                    failures.append(f"{what}: exited {proc.returncode}, expected {EXIT_PREEMPTED}: {output[-300:]}")
+                    ok = False
+            identical += resume and ok
+            last_step = latest_step
+            print(f"{what:<34} -> exit {proc.returncode:4d}, latest step {latest_step:3d}"
+                  f"{', resumed' if resume else ''}: {'ok' if ok else 'MISMATCH'}", flush=True)
+            if not killed:  # it reached the end before the kill: start over for more kills
+                shutil.rmtree(run_dir, ignore_errors=True)
+                last_step = 0
+        if ck.latest_checkpoint(run_dir / "checkpoints") is not None:  # finish the run, compare its end
+            resumes += 1
+            done = subprocess.run(command(run_dir, args.steps, 2, True, args.ckpt_every), env=run_env(), check=False,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            latest = ck.latest_checkpoint(run_dir / "checkpoints")
+            if done.returncode == 0 and latest is not None and fingerprint(latest) == reference[args.steps]:
+                identical += 1
+            else:
+                failures.append(f"the last resume (exit {done.returncode}) did not end at the reference state")
+    print(f"{kills} kills, {resumes} resumes, {identical} bit-identical resumes, {lost} lost checkpoints, "
+          f"{graceful_ok} graceful pre-emption exits; {time.perf_counter() - start:.0f} s")
+    for failure in failures:
+        print("FAIL:", failure)
+    if args.json:
+        args.json.write_text(json.dumps({
+            "kills": kills, "resumes": resumes, "bit_identical_resumes": identical, "lost_checkpoints": lost,
+            "graceful_exits": graceful_ok, "failures": failures, "signals": signals, "steps": args.steps,
+            "seed": args.seed}, indent=2) + "\n")
+    return 1 if failures else 0
+
+
+def last_step_of(output: str, default: int) -> int:
+    """The step of the last "saved checkpoint .../NNNNNNN.pt" line train.py printed (``default`` if none)."""
+    import re
+
+    found = re.findall(r"saved checkpoint \S*?(\d{7})(?:-milestone)?\.pt", output)
+    return int(found[-1]) if found else default
+
+
+if __name__ == "__main__":
+    sys.exit(main())
