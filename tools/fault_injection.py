@@ -5,9 +5,9 @@
 
 A reference run (``python train.py`` on a tiny model, a checkpoint every step, all kept) is made first.
 Then the same command (in another out_dir, a checkpoint every ``--ckpt-every`` steps) is started, killed
-with a random signal after a random delay (uniform over the reference run's duration, so kills land in
-start-up, in steps and in checkpoint writes), and restarted with ``--resume latest`` until ``--kills``
-kills are done; a last resume runs it to the end.
+with a random signal after a random delay (uniform over the reference run's training time, counted from
+train.py's start line, so kills land in steps, checkpoint writes and the exit), and restarted with
+``--resume latest`` until ``--kills`` kills are done; a last resume runs it to the end.
 After every kill it checks:
 
 * no lost checkpoint: ``latest.json`` names a file, every checkpoint in the directory verifies (sidecar and
@@ -68,7 +68,7 @@ def fingerprint(path: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--kills", type=int, default=20, help="kills to inject (default 20)")
-    p.add_argument("--steps", type=int, default=30, help="training steps of the run (default 30)")
+    p.add_argument("--steps", type=int, default=60, help="training steps of the run (default 60)")
     p.add_argument("--ckpt-every", type=int, default=5, help="train.ckpt_every of the killed run (default 5)")
     p.add_argument("--signals", default="KILL", help="comma-separated signals to draw from (default KILL)")
     p.add_argument("--seed", type=int, default=0, help="seed of the kill moments and signals")
@@ -82,10 +82,11 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="faults-") as tmp:
         ref_dir, run_dir = Path(tmp) / "reference", Path(tmp) / "faulty"
-        t0 = time.perf_counter()
-        subprocess.run(command(ref_dir, args.steps, args.steps + 1, False, 1), env=run_env(), check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        duration = time.perf_counter() - t0
+        log = Path(tmp) / "log.txt"
+        proc, ready = start(command(ref_dir, args.steps, args.steps + 1, False, 1), log)
+        if proc.wait() != 0:
+            raise SystemExit(f"the reference run failed:\n{log.read_text()[-2000:]}")
+        duration = time.perf_counter() - ready  # training time, start-up excluded
         reference = {step: fingerprint(path) for step, path, _ in ck.list_checkpoints(ref_dir / "checkpoints")}
         print(f"reference: {args.steps} steps in {duration:.1f} s", flush=True)
 
@@ -95,10 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         while kills < args.kills and time.perf_counter() - start + duration < args.time_budget:
             resume = ck.latest_checkpoint(run_dir / "checkpoints") is not None
             resumes += resume
-            log = Path(tmp) / "log.txt"
-            with open(log, "wb") as out:
-                proc = subprocess.Popen(command(run_dir, args.steps, 2, resume, args.ckpt_every), env=run_env(),
-                                        stdout=out, stderr=subprocess.STDOUT)
+            proc, _ = start(command(run_dir, args.steps, 2, resume, args.ckpt_every), log)
             delay, name = rng.uniform(0.0, duration), rng.choice(signals)
             try:
                 proc.wait(timeout=delay)
@@ -161,6 +159,16 @@ def main(argv: list[str] | None = None) -> int:
             "graceful_exits": graceful_ok, "failures": failures, "signals": signals, "steps": args.steps,
             "seed": args.seed}, indent=2) + "\n")
     return 1 if failures else 0
+
+
+def start(cmd: list[str], log: Path, marker: str = "run dir ") -> tuple[subprocess.Popen, float]:
+    """Start ``cmd`` with its output in ``log``; return once it printed ``marker`` (train.py's start line,
+    printed just before the first step) or exited, with that moment (perf_counter)."""
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, env=run_env(), stdout=out, stderr=subprocess.STDOUT)
+    while proc.poll() is None and marker not in log.read_text(errors="replace"):
+        time.sleep(0.02)
+    return proc, time.perf_counter()
 
 
 def last_step_of(output: str, default: int) -> int:
