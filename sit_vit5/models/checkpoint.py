@@ -68,20 +68,41 @@ def strip_wrappers(state: dict[str, Tensor]) -> dict[str, Tensor]:
     return out
 
 
-def _hints(model: nn.Module, shapes: dict[str, tuple[tuple, tuple]]) -> list[str]:
+def _depth(keys) -> int:
+    """Number of transformer blocks named in state-dict ``keys`` (``blocks.N.``)."""
+    ids = {int(k.split(".")[1]) for k in keys if k.startswith("blocks.") and k.split(".")[1].isdigit()}
+    return max(ids) + 1 if ids else 0
+
+
+def _hints(model: nn.Module, shapes: dict[str, tuple[tuple, tuple]], own_keys, state_keys) -> list[str]:
+    """Likely causes of a mismatch; each hint fires only when the shapes it reads really show it."""
     hints = []
-    if any(k.startswith("final_layer.linear") for k in shapes):
-        want, got = shapes.get("final_layer.linear.bias", ((0,), (0,)))
-        if want and got and got[0] == 2 * want[0]:
+    hidden = shapes.get("t_embedder.mlp.0.bias")  # (hidden_size,) in every SiT / ViT-5
+    if hidden:
+        hints.append(f"hidden size differs: the checkpoint has hidden_size={hidden[1][0]}, "
+                     f"the model {hidden[0][0]}")
+    depth_model, depth_ckpt = _depth(own_keys), _depth(state_keys)
+    if depth_model != depth_ckpt:
+        hints.append(f"depth differs: the checkpoint has depth={depth_ckpt}, the model {depth_model}")
+    out_bias = shapes.get("final_layer.linear.bias")
+    if out_bias and not hidden:
+        (want,), (got,) = out_bias
+        if got == 2 * want:
             hints.append("the checkpoint has twice the output channels: build the model with learn_sigma=True")
-        elif want and got and 2 * got[0] == want[0]:
+        elif 2 * got == want:
             hints.append("the checkpoint has half the output channels: build the model with learn_sigma=False")
-    if "pos_embed" in shapes:
-        n = shapes["pos_embed"][1][1]
+    pos = shapes.get("pos_embed")
+    if pos and pos[0][1] != pos[1][1]:  # the number of positions, not the width, differs
+        n = pos[1][1]
         side = round(n**0.5) * getattr(model, "patch_size", 1)
         hints.append(f"pos_embed holds {n} positions: the checkpoint was trained with input_size={side}")
-    if "x_embedder.proj.weight" in shapes:
-        hints.append("x_embedder.proj differs: another patch size or number of input channels")
+    proj = shapes.get("x_embedder.proj.weight")  # (hidden, in_channels, patch, patch)
+    if proj and not hidden:
+        (_, c_want, p_want, _), (_, c_got, p_got, _) = proj
+        if p_want != p_got:
+            hints.append(f"the checkpoint was trained with patch size {p_got}, the model has {p_want}")
+        if c_want != c_got:
+            hints.append(f"the checkpoint has in_channels={c_got}, the model {c_want}")
     return hints
 
 
@@ -100,7 +121,7 @@ def check_state_dict(model: nn.Module, state: dict[str, Tensor], source: str = "
             lines.append(f"  {label} keys ({len(keys)}): {keys[:12]}{' ...' if len(keys) > 12 else ''}")
     for key, (want, got) in sorted(shapes.items()):
         lines.append(f"  {key}: model {want} vs checkpoint {got}")
-    lines += [f"  hint: {h}" for h in _hints(model, shapes)]
+    lines += [f"  hint: {h}" for h in _hints(model, shapes, own.keys(), state.keys())]
     raise CheckpointError("\n".join(lines))
 
 
