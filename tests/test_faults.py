@@ -316,3 +316,28 @@ def test_cpu_thread_choice():
     big = choose_cpu_threads(TINY_MODEL_PARAMS, load=0.0, environ={})[0]
     assert big == free_cores(0.0) >= 1
     assert free_cores(load=1e6) == 1  # never more than the free cores, never zero
+
+
+# ----------------------------------------------------------------------------- model checkpoint hints
+
+HINT_MODEL = dict(input_size=8, in_channels=4, num_classes=10, depth=2, hidden_size=64, num_heads=4)
+
+
+@pytest.mark.parametrize("change, expected", [
+    (dict(hidden_size=128), "hidden size differs: the checkpoint has hidden_size=128, the model 64"),
+    (dict(depth=3), "depth differs: the checkpoint has depth=3, the model 2"),
+    (dict(learn_sigma=False), "half the output channels: build the model with learn_sigma=False"),
+    (dict(input_size=16), "the checkpoint was trained with input_size=16"),
+    (dict(in_channels=3), "the checkpoint has in_channels=3, the model 4"),
+])
+def test_shape_mismatch_hints_fire_only_when_true(tmp_path, change, expected):
+    """A bare state dict (as the released SiT file) of another architecture: exactly the right hint.
+    (A hidden-size mismatch used to be explained as learn_sigma: the missing bias defaulted to 0 == 2 * 0.)"""
+    from sit_vit5.models import CheckpointError, create_model, load_checkpoint
+
+    path = tmp_path / "bare.pt"
+    torch.save(create_model("SiT-S/2", **{**HINT_MODEL, **change}).state_dict(), path)
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint(path, create_model("SiT-S/2", **HINT_MODEL))
+    hints = [line.strip() for line in str(err.value).splitlines() if "hint:" in line]
+    assert len(hints) == 1 and expected in hints[0], hints
