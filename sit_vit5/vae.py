@@ -1,19 +1,42 @@
-"""SD-VAE (diffusers AutoencoderKL): loading, batched encode to scaled latents, decode back to pixels.
+"""SD-VAE (diffusers AutoencoderKL): loading, batched encode to scaled latents, decode back to pixels,
+and the VAE facts the rest of the code asks about (is one configured? its downsampling factor).
 
-Convention (DiT/SiT): latents = posterior sample × 0.18215; decode divides by 0.18215 first.
+Convention (DiT/SiT): latents = posterior sample × SD_VAE_SCALING_FACTOR; decode divides by it first.
 Images are float tensors in [-1, 1], shape [N, 3, H, W]; SD-VAE latents are [N, 4, H/8, W/8].
+diffusers is imported on first load, so asking the facts costs no heavy import.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from diffusers import AutoencoderKL
+
+if TYPE_CHECKING:
+    from diffusers import AutoencoderKL
 
 SD_VAE_SCALING_FACTOR = 0.18215  # the SD-VAE's config value, also hard-coded by DiT/SiT
 SD_VAE_IDS = ("stabilityai/sd-vae-ft-ema", "stabilityai/sd-vae-ft-mse")
+SD_VAE_EMA = SD_VAE_IDS[0]  # the decoder of SiT's sample.py (--vae ema) and of the released numbers
+
+
+def vae_enabled(name: str | os.PathLike | None) -> bool:
+    """Whether a ``vae.name`` names a VAE (``None`` / ``"none"`` = pixel space)."""
+    return name is not None and str(name).lower() != "none"
+
+
+def downsampling_factor(vae: AutoencoderKL) -> int:
+    """Pixels per latent along one side: 2 per down block after the first (SD-VAE: 8)."""
+    return 2 ** (len(vae.config.block_out_channels) - 1)
+
+
+def decoder(vae: AutoencoderKL, scaling_factor: float = SD_VAE_SCALING_FACTOR
+            ) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``decode(latents)`` bound to ``vae`` and ``scaling_factor`` (the sampling pipeline's decoder)."""
+    return lambda latents: decode(vae, latents, scaling_factor=scaling_factor)
 
 
 def _is_hub_id(name: str) -> bool:
@@ -37,6 +60,8 @@ def load_vae(name_or_path: str | os.PathLike, device: str | torch.device = "cpu"
     downloaded unless `local_files_only` (default: the HF_HUB_OFFLINE setting). On failure the error
     names what was looked for, where, and the command that fetches it.
     """
+    from diffusers import AutoencoderKL  # heavy: only when a VAE is actually loaded
+
     name = os.fspath(name_or_path)
     if not _is_hub_id(name):
         path = Path(name).expanduser()

@@ -6,6 +6,9 @@ import argparse
 import shlex
 import sys
 
+from .digits import plan, sweep, write_report
+from .imagenet import add_arguments, run
+
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
@@ -24,22 +27,16 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("overrides", nargs="*", metavar="section.key=value", help="extra config overrides for every run")
 
     i = sub.add_parser("imagenet", help="evaluate ImageNet runs under a protocol; table + FID-vs-step plot")
-    from .imagenet import add_arguments
-
     add_arguments(i)
     args = parser.parse_args(argv)
     command = "python -m sit_vit5.experiments " + shlex.join(argv)
 
     if args.command == "digits":
-        from .digits import plan, sweep, write_report
-
         specs = plan(args.seeds, args.ablation_seeds, args.steps, args.runs_dir, args.num_samples,
                      not args.no_ablations, args.overrides)
         results = sweep(specs, args.jobs)
         print(f"wrote {write_report(results, args.out, command)}")
         return 0
-    from .imagenet import run
-
     return run(args, command)
 
 

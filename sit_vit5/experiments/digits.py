@@ -23,8 +23,16 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
+import torch
 from tqdm import tqdm
 
+from fid.digits import digits_metrics
+
+from .. import training
+from ..config import load_config
+from ..models import count_params, flops, load_model
+from ..sampling import SampleSpec, SamplingPipeline
+from ..training.checkpoint import latest_checkpoint
 from . import report
 
 REPO = Path(__file__).resolve().parents[2]
@@ -89,23 +97,12 @@ def _read_losses(run_dir: Path) -> list[float]:
 
 def run_one(spec: RunSpec, threads: int | None = None) -> dict[str, Any]:
     """Train (or resume) one run, evaluate it and return its result dict (cached in ``result.json``)."""
-    import torch
-
-    from fid.digits import digits_metrics
-
-    from ..config import load_config
-    from ..models import count_params, flops
-    from ..sampling import SampleSpec, SamplingPipeline, load_model_for_sampling
-    from ..training import train
-    from ..training.checkpoint import latest_checkpoint
-    from ..transport import create_transport
-
     if threads:
         torch.set_num_threads(threads)
     run_dir = spec.run_dir
     cached = run_dir / "result.json"
     cfg = load_config(spec.base_config, spec.overrides())
-    requested = json.loads(json.dumps(cfg))  # train() fills data-dependent keys in place: compare the request
+    requested = json.loads(json.dumps(cfg))  # the request as JSON (tuples -> lists), to compare
     if cached.is_file():
         result = json.loads(cached.read_text())
         if result.get("config") == requested:
@@ -113,15 +110,13 @@ def run_one(spec: RunSpec, threads: int | None = None) -> dict[str, Any]:
         shutil.rmtree(run_dir)  # settings changed: start over
     resume = "latest" if latest_checkpoint(run_dir / "checkpoints") is not None else None
     start = time.perf_counter()
-    trained = train(cfg, resume=resume)
+    trained = training.train(cfg, resume=resume)  # looked up at call time (tests patch it)
     train_seconds = time.perf_counter() - start
 
-    model, info = load_model_for_sampling(trained.checkpoint)
-    pipeline = SamplingPipeline(
-        model, create_transport(**info.transport), SampleSpec(mode="ode", sampling_method="euler",
-                                                              num_steps=spec.sample_steps),
-        (model.in_channels, model.input_size, model.input_size), model.num_classes,
-    )
+    loaded = load_model(trained.checkpoint)
+    model = loaded.model
+    sample_spec = SampleSpec(method="ode", sampling_method="euler", num_steps=spec.sample_steps)
+    pipeline = SamplingPipeline.for_model(loaded, sample_spec)
     indices = list(range(spec.num_samples))
     labels = [i % model.num_classes for i in indices]
     pixels, all_labels = [], []

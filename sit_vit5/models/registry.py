@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import re
+from typing import Any
 
 from torch import nn
 
@@ -19,6 +20,8 @@ SIZES: dict[str, tuple[int, int, int]] = {
 }
 PATCH_SIZES = (2, 4, 8)
 BACKBONES: dict[str, type[SiT]] = {"SiT": SiT, "ViT5": ViT5}
+#: ``model`` config keys whose None means "take it from the data" (training fills them before building).
+DATA_DERIVED_KEYS = ("input_size", "in_channels", "num_classes")
 _NAME = re.compile(r"^(?P<backbone>\w+?)-(?P<size>S|B|L|XL)/(?P<patch>\d+)$")
 
 
@@ -44,6 +47,19 @@ def create_model(name: str, **overrides) -> SiT:
     depth, hidden_size, num_heads = SIZES[match["size"]]
     kwargs = dict(depth=depth, hidden_size=hidden_size, num_heads=num_heads, patch_size=int(match["patch"]))
     return BACKBONES[match["backbone"]](**{**kwargs, **overrides})
+
+
+def model_kwargs(section: dict[str, Any]) -> dict[str, Any]:
+    """``create_model`` keywords of a ``model`` config section: every key but ``name``. None is passed
+    through (it means "off" for switches such as ``layer_scale_init``), except for data-derived keys
+    still unset."""
+    return {k: v for k, v in section.items()
+            if k != "name" and not (v is None and k in DATA_DERIVED_KEYS)}
+
+
+def model_from_config(section: dict[str, Any]) -> SiT:
+    """``create_model(name, **overrides)`` from a (resolved) ``model`` config section."""
+    return create_model(section["name"], **model_kwargs(section))
 
 
 def count_params(model: nn.Module, trainable_only: bool = False) -> int:
