@@ -6,37 +6,50 @@ import argparse
 import shlex
 import sys
 
-from .digits import plan, sweep, write_report
-from .imagenet import add_arguments, run
-
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="python -m sit_vit5.experiments", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    d = sub.add_parser("digits", help="small-scale ViT-5 vs SiT reproduction + ablation on 8x8 digits (CPU)")
-    d.add_argument("--seeds", type=int, default=3, help="seeds per backbone")
-    d.add_argument("--ablation-seeds", type=int, default=1, help="seeds per ablation variant")
+    d = sub.add_parser("digits", help="the digits proxy: ViT-5 vs SiT curves + ablations (CPU; see "
+                                      "results/digits/PROTOCOL.md)")
+    d.add_argument("--seeds", type=int, default=3, help="seeds per main variant")
+    d.add_argument("--ablation-seeds", type=int, default=2, help="seeds per ablation variant")
     d.add_argument("--steps", type=int, default=2000, help="training steps per run")
-    d.add_argument("--num-samples", type=int, default=1000, help="samples scored per run")
-    d.add_argument("--no-ablations", action="store_true", help="only the two backbones")
-    d.add_argument("--jobs", type=int, default=2, help="runs in parallel (processes)")
-    d.add_argument("--runs-dir", default="runs/digits-repro", help="run directories (checkpoints, cached results)")
-    d.add_argument("--out", default="results/digits", help="where the table, CSV and plots go")
+    d.add_argument("--num-samples", type=int, default=1000, help="samples scored per checkpoint")
+    d.add_argument("--datasets", nargs="+", default=None, help="subset of: digits8 digits16")
+    d.add_argument("--variants", nargs="+", default=None, help="subset of the variant names (default: all)")
+    d.add_argument("--jobs", type=int, default=2, help="runs in parallel (processes of one thread each)")
+    d.add_argument("--runs-dir", default="runs/digits-proxy", help="run directories (checkpoints)")
+    d.add_argument("--out", default=None, help="report and cached results (default: results/digits)")
+    d.add_argument("--report-only", action="store_true", help="rewrite the report from the cached runs")
     d.add_argument("overrides", nargs="*", metavar="section.key=value", help="extra config overrides for every run")
 
     i = sub.add_parser("imagenet", help="evaluate ImageNet runs under a protocol; table + FID-vs-step plot")
+    from .imagenet import add_arguments
+
     add_arguments(i)
     args = parser.parse_args(argv)
     command = "python -m sit_vit5.experiments " + shlex.join(argv)
 
     if args.command == "digits":
-        specs = plan(args.seeds, args.ablation_seeds, args.steps, args.runs_dir, args.num_samples,
-                     not args.no_ablations, args.overrides)
-        results = sweep(specs, args.jobs)
-        print(f"wrote {write_report(results, args.out, command)}")
+        from .digits import DATASETS, RESULTS, load_results, plan, sweep, write_report
+
+        out = args.out or str(RESULTS)
+        if not args.report_only:
+            specs = plan(args.seeds, args.ablation_seeds, args.datasets or tuple(DATASETS), args.variants,
+                         steps=args.steps, runs_dir=args.runs_dir, results_dir=out, num_samples=args.num_samples,
+                         extra_overrides=list(args.overrides))
+            sweep(specs, args.jobs)
+        results = load_results(out)
+        if not results:
+            print(f"no complete runs under {out}/runs", file=sys.stderr)
+            return 1
+        print(f"wrote {write_report(results, out, command)}")
         return 0
+    from .imagenet import run
+
     return run(args, command)
 
 

@@ -1,16 +1,21 @@
-"""Small-scale reproduction of the ViT-5 vs SiT comparison on the embedded 8x8 digits (CPU, minutes a run).
+"""The digits proxy for "ViT-5 vs SiT": small backbones on scikit-learn's digits, CPU, minutes a run.
 
-Every run trains one variant of ``configs/digits/repro.yaml`` (same recipe, steps and data for all), then
-draws ``num_samples`` images from its EMA weights (labels i mod 10, per-sample seeds) and scores them with the
-digits feature network of ``fid.digits``: digits-FID against the 1,797 real digits and class accuracy.
-Loss spikes are counted on the per-step training loss (see ``count_spikes``). Results are cached per run
-(``result.json`` in its run directory), so an interrupted sweep continues where it stopped.
+The protocol (datasets, variants, seeds, checkpoints, metrics, decision rules) is fixed in
+``results/digits/PROTOCOL.md``, written before any result was read. In short: every variant trains on the
+train split of the digits at 8×8 (16 tokens) and upsampled to 16×16 (64 tokens) with the recipe of
+``configs/digits/repro.yaml``; at 25/50/75/100 % of the run its EMA weights are scored by
+
+* the held-out flow-matching loss: the run's own transport loss on the test split, on a fixed grid of
+  ``HELDOUT_TIMES`` times per image with noise from a fixed seed (the same draws for every run), and
+* digits-FID and class accuracy of ``num_samples`` samples (ODE Euler, labels i mod 10, fixed noise seed).
+
+Every run is cached as one JSON file under ``results/digits/runs/`` (committed: a later session continues a
+sweep where the last one stopped); checkpoints live in the run directory under ``runs/``.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import statistics
@@ -24,35 +29,56 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor, nn
 from tqdm import tqdm
 
 from fid.digits import digits_metrics
 
 from .. import training
 from ..config import load_config
-from ..models import count_params, flops, load_model
+from ..data import DigitsDataset, build_dataset
+from ..models import count_params, flops, load_model, model_from_config
 from ..sampling import SampleSpec, SamplingPipeline
-from ..training.checkpoint import latest_checkpoint
+from ..training.checkpoint import checkpoint_name, latest_checkpoint
+from ..transport import create_transport
 from . import report
 
 REPO = Path(__file__).resolve().parents[2]
 BASE_CONFIG = REPO / "configs" / "digits" / "repro.yaml"
+RESULTS = REPO / "results" / "digits"
 
-#: The two backbones compared at matched size (the base config shrinks both identically).
-BACKBONES: dict[str, dict[str, Any]] = {"SiT": {"name": "SiT-S/2"}, "ViT-5": {"name": "ViT5-S/2"}}
+#: The two datasets: dotted overrides of the base config.
+DATASETS: dict[str, list[str]] = {"digits8": ["data.image_size=8"], "digits16": ["data.image_size=16"]}
+CHECKPOINT_FRACTIONS = (0.25, 0.5, 0.75, 1.0)
+HELDOUT_TIMES, HELDOUT_SEED = 8, 20261130  # t_k = (k + 1/2) / 8 on the transport's interval
+SAMPLE_SEED = 0  # the same initial noise for every run: paired comparisons between variants
 
-#: The paper's leave-one-out ablation: ViT-5 minus each of its 7 components, and the LayerScale x SwiGLU pair.
-ABLATIONS: dict[str, dict[str, Any]] = {
-    "ViT-5 − LayerScale": {"layer_scale_init": None},
-    "ViT-5 − RMSNorm (LayerNorm)": {"norm": "layernorm"},
-    "ViT-5 − QK-Norm": {"qk_norm": False},
-    "ViT-5 + qkv bias": {"qkv_bias": True},
-    "ViT-5 − APE (RoPE only)": {"pos_embed": "none"},
-    "ViT-5 − RoPE (APE only)": {"rope": False, "register_rope_theta": None},
-    "ViT-5 − registers": {"num_registers": 0},
-    "ViT-5 + SwiGLU": {"mlp": "swiglu"},
-    "ViT-5 + SwiGLU − LayerScale": {"mlp": "swiglu", "layer_scale_init": None},
+_VIT5 = {"model.name": "ViT5-S/2"}
+_NEW = {**_VIT5, "model.layer_scale_init": 1.0}
+#: Every variant as dotted config overrides of the base config (the runs spell γ0 out, so that changing the
+#: ViT5 default cannot change a cached run).
+VARIANTS: dict[str, dict[str, Any]] = {
+    "SiT": {"model.name": "SiT-S/2"},
+    "ViT-5 (γ0=1)": _NEW,
+    "ViT-5 (γ0=1e-4)": {**_VIT5, "model.layer_scale_init": 1e-4},
+    "ViT-5 − LayerScale": {**_VIT5, "model.layer_scale_init": None},
+    # leave-one-out on ViT-5 (γ0=1); "− LayerScale" above is the seventh component
+    "ViT-5 − RMSNorm": {**_NEW, "model.norm": "layernorm"},
+    "ViT-5 − QK-Norm": {**_NEW, "model.qk_norm": False},
+    "ViT-5 + qkv bias": {**_NEW, "model.qkv_bias": True},
+    "ViT-5 − APE": {**_NEW, "model.pos_embed": "none"},
+    "ViT-5 − RoPE": {**_NEW, "model.rope": False, "model.register_rope_theta": None},
+    "ViT-5 − registers": {**_NEW, "model.num_registers": 0},
+    # LayerScale x SwiGLU: our FLOP-matched SwiGLU and the official one (4·D hidden, bias-free)
+    "ViT-5 + SwiGLU": {**_NEW, "model.mlp": "swiglu"},
+    "ViT-5 + SwiGLU − LayerScale": {**_NEW, "model.mlp": "swiglu", "model.layer_scale_init": None},
+    "ViT-5 + SwiGLU-official": {**_NEW, "model.mlp": "swiglu_vit5"},
+    "ViT-5 + SwiGLU-official − LayerScale": {**_NEW, "model.mlp": "swiglu_vit5", "model.layer_scale_init": None},
+    "ViT-5 (γ0=1e-4) + SwiGLU-official": {**_VIT5, "model.mlp": "swiglu_vit5", "model.layer_scale_init": 1e-4},
 }
+MAIN = ("SiT", "ViT-5 (γ0=1)", "ViT-5 (γ0=1e-4)", "ViT-5 − LayerScale")
+LAYER_SCALE_CANDIDATES = ("ViT-5 (γ0=1)", "ViT-5 (γ0=1e-4)", "ViT-5 − LayerScale")
+ABLATIONS = tuple(v for v in VARIANTS if v not in MAIN)
 
 
 def count_spikes(losses: Sequence[float], window: int = 100, factor: float = 2.0, skip: int = 100) -> int:
@@ -64,80 +90,155 @@ def count_spikes(losses: Sequence[float], window: int = 100, factor: float = 2.0
     return spikes
 
 
+def slug(text: str) -> str:
+    """File-name form of a variant name: ``ViT-5 − QK-Norm`` -> ``vit-5-minus-qk-norm``."""
+    text = text.lower().replace("−", "minus").replace("+", "plus").replace("γ0", "g")
+    return "-".join(filter(None, "".join(c if c.isalnum() or c == "." else "-" for c in text).split("-")))
+
+
 @dataclass
 class RunSpec:
-    """One training run of the sweep."""
+    """One training run of the sweep: a variant on a dataset with a seed."""
 
+    dataset: str
     variant: str
-    model: dict[str, Any]
     seed: int
-    steps: int
-    runs_dir: str
+    steps: int = 2000
+    runs_dir: str = "runs/digits-proxy"
+    results_dir: str = str(RESULTS)
     num_samples: int = 1000
-    sample_steps: int = 50
+    sample_steps: int = 25
     base_config: str = str(BASE_CONFIG)
     extra_overrides: list[str] = field(default_factory=list)
 
     @property
     def run_dir(self) -> Path:
-        slug = "".join(c if c.isalnum() else "-" for c in self.variant.lower().replace("−", "minus"))
-        return Path(self.runs_dir) / f"{'-'.join(filter(None, slug.split('-')))}" / f"seed{self.seed}"
+        return Path(self.runs_dir) / self.dataset / slug(self.variant) / f"seed{self.seed}"
+
+    @property
+    def result_path(self) -> Path:
+        return Path(self.results_dir) / "runs" / self.dataset / f"{slug(self.variant)}-seed{self.seed}.json"
+
+    @property
+    def checkpoint_steps(self) -> list[int]:
+        return [round(f * self.steps) for f in CHECKPOINT_FRACTIONS]
 
     def overrides(self) -> list[str]:
-        model = [f"model.{k}={'null' if v is None else v}" for k, v in self.model.items()]
-        return [*model, f"train.seed={self.seed}", f"train.steps={self.steps}", f"train.ckpt_every={self.steps}",
-                f"train.sample_every={self.steps}", "train.log_every=1", f"train.out_dir={self.run_dir}",
-                *self.extra_overrides]
+        every = self.checkpoint_steps[0]
+        variant = [f"{k}={'null' if v is None else v}" for k, v in VARIANTS[self.variant].items()]
+        return [*DATASETS[self.dataset], *variant, "data.split=train", f"train.seed={self.seed}",
+                f"train.steps={self.steps}", f"train.ckpt_every={every}",
+                f"train.keep_last={len(CHECKPOINT_FRACTIONS)}", f"train.sample_every={self.steps}",
+                "train.log_every=1", f"train.out_dir={self.run_dir}", *self.extra_overrides]
 
 
-def _read_losses(run_dir: Path) -> list[float]:
+def _read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return [row["loss"] for row in sorted(rows, key=lambda r: r["step"]) if "loss" in row]
+    return sorted(rows, key=lambda r: r["step"])
+
+
+def _curve(rows: Sequence[dict[str, Any]], key: str, every: int = 20) -> list[list[float]]:
+    """``[[step, mean of key over the last `every` steps], ...]``: a compact training curve."""
+    points = []
+    for end in range(every, len(rows) + 1, every):
+        values = [r[key] for r in rows[end - every : end] if r.get(key) is not None]
+        if values:
+            points.append([rows[end - 1]["step"], statistics.fmean(values)])
+    return points
+
+
+def test_split(cfg: dict[str, Any]) -> tuple[Tensor, Tensor]:
+    """All test-split images (N, C, H, W) in [-1, 1] and labels (N,) of the run's data section."""
+    dataset = build_dataset({**cfg["data"], "split": "test", "random_flip": False, "seed": 0})
+    images, labels = zip(*(dataset[i] for i in range(len(dataset))))
+    return torch.stack(images), torch.tensor(labels)
+
+
+@torch.no_grad()
+def heldout_loss(model: nn.Module, transport, x1: Tensor, y: Tensor, num_times: int = HELDOUT_TIMES,
+                 seed: int = HELDOUT_SEED) -> float:
+    """Mean transport loss on ``(x1, y)`` over the fixed grid t_k = t0 + (t1 − t0)(k + ½)/num_times, with
+    noise from generators seeded ``seed + k``: deterministic, and the same draws for every model."""
+    model.eval()
+    t0, t1 = transport.check_interval(transport.train_eps, transport.sample_eps)
+    total = 0.0
+    for k in range(num_times):
+        x0 = torch.randn(x1.shape, generator=torch.Generator().manual_seed(seed + k))
+        t = torch.full((len(x1),), t0 + (t1 - t0) * (k + 0.5) / num_times)
+        total += transport.losses_at(model, t, x0, x1, dict(y=y))["loss"].mean().item()
+    return total / num_times
+
+
+def evaluate_checkpoint(path: Path, spec: RunSpec, test_data: tuple[Tensor, Tensor]) -> dict[str, float]:
+    """Held-out loss, digits-FID and accuracy of the EMA weights in checkpoint ``path``."""
+    loaded = load_model(path)
+    model, transport = loaded.model, create_transport(**loaded.transport)
+    loss = heldout_loss(model, transport, *test_data)
+    pipeline = SamplingPipeline(
+        model, transport, SampleSpec(method="ode", sampling_method="euler", num_steps=spec.sample_steps),
+        (model.in_channels, model.input_size, model.input_size), model.num_classes,
+    )
+    pixels, labels = [], []
+    for start in range(0, spec.num_samples, 250):
+        indices = list(range(start, min(start + 250, spec.num_samples)))
+        batch = pipeline.generate(indices, global_seed=SAMPLE_SEED, labels=[i % model.num_classes for i in indices])
+        pixels.append(batch.pixels)
+        labels.append(torch.as_tensor(batch.labels))
+    metrics = digits_metrics(torch.cat(pixels).clamp(-1, 1), torch.cat(labels))
+    return {"heldout_loss": loss, "digits_fid": metrics["digits_fid"], "accuracy": metrics["digits_accuracy"]}
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
 
 
 def run_one(spec: RunSpec, threads: int | None = None) -> dict[str, Any]:
-    """Train (or resume) one run, evaluate it and return its result dict (cached in ``result.json``)."""
+    """Train (or resume) one run, evaluate its checkpoints and return its result (cached, see module doc)."""
     if threads:
         torch.set_num_threads(threads)
-    run_dir = spec.run_dir
-    cached = run_dir / "result.json"
     cfg = load_config(spec.base_config, spec.overrides())
     requested = json.loads(json.dumps(cfg))  # the request as JSON (tuples -> lists), to compare
-    if cached.is_file():
-        result = json.loads(cached.read_text())
-        if result.get("config") == requested:
+    result: dict[str, Any] = {}
+    if spec.result_path.is_file():
+        result = json.loads(spec.result_path.read_text())
+        if result.get("config") != requested:
+            result = {}  # settings changed: start over
+        elif result.get("complete"):
             return result
-        shutil.rmtree(run_dir)  # settings changed: start over
-    resume = "latest" if latest_checkpoint(run_dir / "checkpoints") is not None else None
-    start = time.perf_counter()
-    trained = training.train(cfg, resume=resume)  # looked up at call time (tests patch it)
-    train_seconds = time.perf_counter() - start
-
-    loaded = load_model(trained.checkpoint)
-    model = loaded.model
-    sample_spec = SampleSpec(method="ode", sampling_method="euler", num_steps=spec.sample_steps)
-    pipeline = SamplingPipeline.for_model(loaded, sample_spec)
-    indices = list(range(spec.num_samples))
-    labels = [i % model.num_classes for i in indices]
-    pixels, all_labels = [], []
-    for start_i in range(0, spec.num_samples, 250):
-        batch = pipeline.generate(indices[start_i : start_i + 250], global_seed=spec.seed,
-                                  labels=labels[start_i : start_i + 250])
-        pixels.append(batch.pixels)
-        all_labels.append(torch.as_tensor(batch.labels))
-    metrics = digits_metrics(torch.cat(pixels).clamp(-1, 1), torch.cat(all_labels))
-    losses = _read_losses(run_dir)
-    tail = losses[-100:]
-    result = {
-        "variant": spec.variant, "seed": spec.seed, "steps": spec.steps, "model": cfg["model"]["name"],
-        "num_samples": spec.num_samples,
+    ckpt_dir = spec.run_dir / "checkpoints"
+    if not result and spec.run_dir.exists():
+        shutil.rmtree(spec.run_dir)
+    if not (ckpt_dir / checkpoint_name(spec.steps, False)).is_file():
+        resume = "latest" if latest_checkpoint(ckpt_dir) is not None else None
+        start = time.perf_counter()
+        training.train(cfg, resume=resume)  # looked up at call time: tests replace it
+        result["train_seconds"] = result.get("train_seconds", 0.0) + time.perf_counter() - start
+    rows = _read_metrics(spec.run_dir)
+    losses = [r["loss"] for r in rows]
+    resolved = load_config(spec.run_dir / "config.yaml")  # train() saved it with the data-derived keys
+    model = model_from_config(resolved["model"])
+    result.update({
+        "dataset": spec.dataset, "variant": spec.variant, "seed": spec.seed, "steps": spec.steps,
+        "num_samples": spec.num_samples, "sample_steps": spec.sample_steps, "config": requested,
         "params": count_params(model), "mflops": flops(model) * 1e3,
-        "digits_fid": metrics["digits_fid"], "accuracy": metrics["digits_accuracy"],
-        "loss_spikes": count_spikes(losses), "final_loss": sum(tail) / max(1, len(tail)),
-        "train_seconds": train_seconds, "sample_grid": str(trained.sample_grid), "run_dir": str(run_dir),
-        "config": requested,
-    }
-    cached.write_text(json.dumps(result, indent=1))
+        "loss_spikes": count_spikes(losses), "final_loss": statistics.fmean(losses[-100:]),
+        "loss_curve": _curve(rows, "loss"), "gate_attn_curve": _curve(rows, "gate/attn/mean"),
+        "gate_mlp_curve": _curve(rows, "gate/mlp/mean"),
+    })
+    grid = spec.run_dir / "samples" / f"{spec.steps:07d}.png"
+    if grid.is_file():
+        result["sample_grid"] = str(grid)
+    evaluations = result.setdefault("checkpoints", {})
+    test_data = test_split(cfg)
+    for step in spec.checkpoint_steps:
+        if str(step) not in evaluations:
+            evaluations[str(step)] = evaluate_checkpoint(ckpt_dir / checkpoint_name(step, False), spec, test_data)
+            _write_json(spec.result_path, result)
+    result["complete"] = True
+    _write_json(spec.result_path, result)
     return result
 
 
@@ -147,60 +248,155 @@ def _worker(spec: RunSpec, threads: int) -> dict[str, Any]:
 
 
 def sweep(specs: Sequence[RunSpec], jobs: int = 1) -> list[dict[str, Any]]:
-    """Run every spec (``jobs`` processes with ``ceil(cores / jobs)`` threads each); results in spec order."""
-    threads = max(1, math.ceil((os.cpu_count() or 1) / jobs))
+    """Run every spec in ``jobs`` processes of one thread each (tiny models: more threads only spin)."""
     results: dict[int, dict[str, Any]] = {}
     bar = tqdm(total=len(specs), desc="digits runs", unit="run")
-    if jobs <= 1:
-        for i, spec in enumerate(specs):
-            results[i] = run_one(spec, threads)
+    with ProcessPoolExecutor(max(1, jobs), mp_context=get_context("spawn")) as pool:
+        futures = {pool.submit(_worker, spec, 1): i for i, spec in enumerate(specs)}
+        for future in as_completed(futures):
+            r = results[futures[future]] = future.result()
+            final = r["checkpoints"][str(r["steps"])]
+            bar.set_postfix_str(f"{r['dataset']} {r['variant']} s{r['seed']}: loss {final['heldout_loss']:.4f} "
+                                f"FID {final['digits_fid']:.2f}")
             bar.update()
-    else:
-        with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
-            futures = {pool.submit(_worker, spec, threads): i for i, spec in enumerate(specs)}
-            for future in as_completed(futures):
-                results[futures[future]] = future.result()
-                r = results[futures[future]]
-                bar.set_postfix_str(f"{r['variant']} s{r['seed']}: FID {r['digits_fid']:.2f}")
-                bar.update()
     bar.close()
     return [results[i] for i in range(len(specs))]
 
 
-def plan(seeds: int = 3, ablation_seeds: int = 1, steps: int = 2000, runs_dir: str = "runs/digits-repro",
-         num_samples: int = 1000, ablations: bool = True, extra_overrides: Sequence[str] = ()) -> list[RunSpec]:
-    """The runs of the reproduction: both backbones x ``seeds``, then each ablation x ``ablation_seeds``."""
-    common = dict(steps=steps, runs_dir=runs_dir, num_samples=num_samples, extra_overrides=list(extra_overrides))
-    specs = [RunSpec(v, m, s, **common) for s in range(seeds) for v, m in BACKBONES.items()]
-    if ablations:
-        vit5 = BACKBONES["ViT-5"]
-        specs += [RunSpec(v, {**vit5, **sw}, s, **common) for s in range(ablation_seeds) for v, sw in ABLATIONS.items()]
+def plan(seeds: int = 3, ablation_seeds: int = 2, datasets: Sequence[str] = tuple(DATASETS),
+         variants: Sequence[str] | None = None, **common: Any) -> list[RunSpec]:
+    """The sweep in priority order: the main variants x ``seeds`` on each dataset, then the ablations x
+    ``ablation_seeds`` on each dataset (``variants`` restricts to those names)."""
+    chosen = set(variants or VARIANTS)
+    specs = [RunSpec(d, v, s, **common) for d in datasets for s in range(seeds) for v in MAIN if v in chosen]
+    specs += [RunSpec(d, v, s, **common)
+              for d in datasets for s in range(ablation_seeds) for v in ABLATIONS if v in chosen]
     return specs
 
 
-def summarize(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per variant: mean ± std over seeds of FID, accuracy, spikes, final loss; params and MFLOPs."""
-    rows = []
-    for variant in dict.fromkeys(r["variant"] for r in results):
-        runs = [r for r in results if r["variant"] == variant]
+def load_results(results_dir: str | os.PathLike = RESULTS) -> list[dict[str, Any]]:
+    """Every complete cached run under ``results_dir/runs``."""
+    found = [json.loads(p.read_text()) for p in sorted(Path(results_dir).glob("runs/*/*.json"))]
+    return [r for r in found if r.get("complete")]
 
-        def ms(key: str, runs: list[dict[str, Any]] = runs) -> tuple[float, float]:
-            values = [float(r[key]) for r in runs]
-            return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else float("nan")
 
-        fid, fid_sd = ms("digits_fid")
-        acc, acc_sd = ms("accuracy")
-        spikes, _ = ms("loss_spikes")
-        loss, _ = ms("final_loss")
-        rows.append({
-            "variant": variant, "seeds": len(runs), "params": runs[0]["params"], "MFLOPs": runs[0]["mflops"],
-            "digits_fid": fid, "digits_fid_std": fid_sd, "accuracy": acc, "accuracy_std": acc_sd,
-            "loss_spikes": spikes, "final_loss": loss,
-            "digits-FID": f"{fid:.3f} ± {fid_sd:.3f}" if len(runs) > 1 else f"{fid:.3f}",
-            "class acc.": f"{acc:.3f} ± {acc_sd:.3f}" if len(runs) > 1 else f"{acc:.3f}",
-            "train s": statistics.fmean(r["train_seconds"] for r in runs),
-        })
-    return rows
+# ----------------------------------------------------------------------------- report
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (nan for n < 2)."""
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else float("nan")
+
+
+def fmt(values: Sequence[float], digits: int = 4) -> str:
+    """``mean ± std`` (std only where n >= 2)."""
+    m, s = mean_std(values)
+    return f"{m:.{digits}f} ± {s:.{digits}f}" if len(values) > 1 else f"{m:.{digits}f}"
+
+
+def _by(results: Sequence[dict[str, Any]], dataset: str, variant: str) -> list[dict[str, Any]]:
+    return [r for r in results if r["dataset"] == dataset and r["variant"] == variant]
+
+
+def _final(runs: Sequence[dict[str, Any]], key: str) -> list[float]:
+    return [r["checkpoints"][str(r["steps"])][key] for r in runs]
+
+
+def compare(a: Sequence[float], b: Sequence[float]) -> dict[str, Any]:
+    """a vs b: difference of means, Welch's t-test p (n >= 2 each) and whether |Δ| exceeds the seed spread
+    (the larger of the two standard deviations), the protocol's significance rule."""
+    from scipy import stats
+
+    delta = statistics.fmean(a) - statistics.fmean(b)
+    if len(a) < 2 or len(b) < 2:
+        return {"delta": delta, "p": float("nan"), "exceeds_spread": None}
+    spread = max(statistics.stdev(a), statistics.stdev(b))
+    p = float(stats.ttest_ind(a, b, equal_var=False).pvalue)
+    return {"delta": delta, "p": p, "exceeds_spread": abs(delta) > spread}
+
+
+def fid_floor(image_size: int, num_samples: int, repeats: int = 5) -> tuple[float, float]:
+    """Real-vs-real digits-FID: random ``num_samples``-subsets of the real digits (at ``image_size``, as the
+    models see them) against all real digits; mean and std over ``repeats`` subsets."""
+    real = DigitsDataset(image_size=image_size)
+    labels = torch.as_tensor(real.labels)
+    fids = []
+    for r in range(repeats):
+        idx = torch.randperm(len(real), generator=torch.Generator().manual_seed(r))[:num_samples]
+        fids.append(digits_metrics(real.images[idx], labels[idx])["digits_fid"])
+    return mean_std(fids)
+
+
+def decide_default(results: Sequence[dict[str, Any]]) -> tuple[str | None, str]:
+    """The protocol's rule for ViT-5's LayerScale default (see PROTOCOL.md): lowest held-out loss relative to
+    SiT, averaged over the datasets; within the seed spread of the runner-up -> keep γ0=1."""
+    scores: dict[str, float] = {}
+    for cand in LAYER_SCALE_CANDIDATES:
+        ratios = []
+        for d in DATASETS:
+            sit, runs = _final(_by(results, d, "SiT"), "heldout_loss"), _final(_by(results, d, cand), "heldout_loss")
+            if len(sit) < 3 or len(runs) < 3:
+                return None, f"undecided: {cand} or SiT has fewer than 3 seeds on {d}"
+            ratios.append(statistics.fmean(runs) / statistics.fmean(sit))
+        scores[cand] = statistics.fmean(ratios)
+    ranked = sorted(scores, key=scores.get)
+    best, second = ranked[0], ranked[1]
+    within = all(not compare(_final(_by(results, d, best), "heldout_loss"),
+                             _final(_by(results, d, second), "heldout_loss"))["exceeds_spread"] for d in DATASETS)
+    text = ", ".join(f"{c}: {scores[c]:.4f}" for c in ranked)
+    if within and "ViT-5 (γ0=1)" in (best, second):
+        return "ViT-5 (γ0=1)", f"held-out loss / SiT's (mean of datasets): {text}; best two within seed spread"
+    return best, f"held-out loss / SiT's (mean of datasets): {text}"
+
+
+def _plot_metric(results: Sequence[dict[str, Any]], variants: Sequence[str], key: str, ylabel: str,
+                 path: Path, floors: dict[str, tuple[float, float]] | None = None) -> None:
+    """Fig. 6 style: one panel per dataset, metric vs training step, mean line ± std band over seeds."""
+    plt = report._pyplot()
+    fig, axes = plt.subplots(1, len(DATASETS), figsize=(5.5 * len(DATASETS), 4))
+    for ax, d in zip(axes, DATASETS):
+        for v in variants:
+            runs = _by(results, d, v)
+            if not runs:
+                continue
+            steps = sorted(int(s) for s in runs[0]["checkpoints"])
+            values = [[r["checkpoints"][str(s)][key] for r in runs] for s in steps]
+            means = [statistics.fmean(x) for x in values]
+            line, = ax.plot(steps, means, marker="o", label=f"{v} (n={len(runs)})")
+            if len(runs) > 1:
+                sds = [statistics.stdev(x) for x in values]
+                ax.fill_between(steps, [m - s for m, s in zip(means, sds)], [m + s for m, s in zip(means, sds)],
+                                color=line.get_color(), alpha=0.2)
+        if floors and d in floors:
+            ax.axhline(floors[d][0], color="grey", linestyle="--", label="real-vs-real floor")
+        ax.set_title(d)
+        ax.set_xlabel("training step")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    report._save(fig, path)
+
+
+def _plot_training(results: Sequence[dict[str, Any]], variants: Sequence[str], key: str, ylabel: str,
+                   path: Path, logy: bool = False) -> None:
+    """Seed-mean training curves (stored every 20 steps) per dataset."""
+    plt = report._pyplot()
+    fig, axes = plt.subplots(1, len(DATASETS), figsize=(5.5 * len(DATASETS), 4))
+    for ax, d in zip(axes, DATASETS):
+        for v in variants:
+            curves = [r[key] for r in _by(results, d, v) if r.get(key)]
+            if curves:
+                n = min(len(c) for c in curves)
+                ax.plot([c[0] for c in curves[0][:n]], [statistics.fmean(c[i][1] for c in curves) for i in range(n)],
+                        label=f"{v} (n={len(curves)})")
+        ax.set_title(d)
+        ax.set_xlabel("training step")
+        ax.set_ylabel(ylabel)
+        if logy:
+            ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    report._save(fig, path)
 
 
 def _git_commit() -> str:
@@ -213,46 +409,81 @@ def _git_commit() -> str:
         return "unknown"
 
 
+def summary_rows(results: Sequence[dict[str, Any]], dataset: str, variants: Sequence[str]) -> list[dict[str, Any]]:
+    """One table row per variant with results on ``dataset``: n, metrics at every checkpoint, Δ vs SiT."""
+    rows = []
+    sit = _by(results, dataset, "SiT")
+    for v in variants:
+        runs = _by(results, dataset, v)
+        if not runs:
+            continue
+        steps = sorted(int(s) for s in runs[0]["checkpoints"])
+        row: dict[str, Any] = {"variant": v, "n": len(runs), "params": runs[0]["params"],
+                               "MFLOPs": f"{runs[0]['mflops']:.3f}"}
+        for s in steps:
+            row[f"FID@{s}"] = fmt([r["checkpoints"][str(s)]["digits_fid"] for r in runs], 2)
+        row["held-out loss"] = fmt(_final(runs, "heldout_loss"))
+        row["acc."] = fmt(_final(runs, "accuracy"), 3)
+        row["train loss"] = fmt([r["final_loss"] for r in runs])
+        row["|gate·γ| attn/mlp"] = (f"{statistics.fmean(r['gate_attn_curve'][-1][1] for r in runs):.3f} / "
+                                    f"{statistics.fmean(r['gate_mlp_curve'][-1][1] for r in runs):.3f}")
+        if sit and v != "SiT":
+            c = compare(_final(runs, "heldout_loss"), _final(sit, "heldout_loss"))
+            rel = 100 * c["delta"] / statistics.fmean(_final(sit, "heldout_loss"))
+            verdict = {True: "yes", False: "no", None: "n<2"}[c["exceeds_spread"]]
+            row["Δ loss vs SiT"] = f"{rel:+.2f} % (p={c['p']:.2g}, beyond spread: {verdict})"
+        row["spikes"] = sum(r["loss_spikes"] for r in runs)
+        rows.append(row)
+    return rows
+
+
 def write_report(results: Sequence[dict[str, Any]], out_dir: str | os.PathLike, command: str) -> Path:
-    """results/digits: README.md (table, command, commit), results.csv, runs.csv, fid.png, loss.png, grids."""
+    """results/digits/README.md (tables per dataset, decision, plots) + results.csv, from cached runs."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    rows = summarize(results)
-    columns = ["variant", "seeds", "params", "MFLOPs", "digits-FID", "class acc.", "loss_spikes", "final_loss",
-               "train s"]
-    report.write_csv(rows, ["variant", "seeds", "params", "MFLOPs", "digits_fid", "digits_fid_std", "accuracy",
-                            "accuracy_std", "loss_spikes", "final_loss"], out / "results.csv")
-    report.write_csv(results, ["variant", "seed", "steps", "params", "mflops", "digits_fid", "accuracy",
-                               "loss_spikes", "final_loss", "train_seconds"], out / "runs.csv")
-    report.plot_bars([r["variant"] for r in rows], [r["digits_fid"] for r in rows],
-                     [0.0 if math.isnan(r["digits_fid_std"]) else r["digits_fid_std"] for r in rows],
-                     out / "fid.png", "digits-FID (lower is better)", "8x8 digits, same recipe and steps",
-                     highlight=list(BACKBONES))
-    curves = {}
-    for variant in BACKBONES:
-        run = next((r for r in results if r["variant"] == variant and r["seed"] == 0), None)
-        if run is None:
-            continue
-        losses = _read_losses(Path(run["run_dir"]))
-        k = 50  # moving average over 50 steps
-        smooth = [statistics.fmean(losses[max(0, i - k) : i + 1]) for i in range(len(losses))]
-        curves[variant] = (list(range(1, len(losses) + 1)), smooth)
-        if run.get("sample_grid") and Path(run["sample_grid"]).is_file():
-            shutil.copy(run["sample_grid"], out / f"samples-{variant.lower().replace('-', '')}.png")
-    if curves:
-        report.plot_curves(curves, out / "loss.png", "step", "training loss (50-step mean)", "seed 0", logy=True)
-    baseline = {r["variant"]: r for r in rows}
-    verdict = ""
-    if {"SiT", "ViT-5"} <= baseline.keys():
-        sit, vit5 = baseline["SiT"], baseline["ViT-5"]
-        better = "lower (better)" if vit5["digits_fid"] < sit["digits_fid"] else "higher (worse)"
-        verdict = (f"ViT-5 digits-FID {vit5['digits-FID']} vs SiT {sit['digits-FID']}: ViT-5 is {better} at "
-                   f"this scale.\n")
-    text = (f"# Digits reproduction: ViT-5 vs SiT\n\nCommand: `{command}`  \nCommit: `{_git_commit()}`  \n"
-            f"Base config: `configs/digits/repro.yaml`; {results[0]['steps']} steps per run; metrics from "
-            f"`fid.digits` on {results[0]['num_samples']} samples of the EMA weights (ODE Euler, labels i mod 10)."
-            "\n\n"
-            f"{verdict}\n{report.markdown_table(rows, columns)}\n"
-            "![digits-FID](fid.png)\n\n![loss](loss.png)\n")
-    (out / "README.md").write_text(text)
-    return out / "README.md"
+    results = sorted(results, key=lambda r: (list(DATASETS).index(r["dataset"]), list(VARIANTS).index(r["variant"]),
+                                             r["seed"]))
+    num_samples = results[0]["num_samples"]
+    floors = {d: fid_floor(int(DATASETS[d][0].split("=")[1]), num_samples) for d in DATASETS}
+    _plot_metric(results, MAIN, "digits_fid", f"digits-FID ({num_samples} samples, lower is better)",
+                 out / "fid_curves.png", floors)
+    _plot_metric(results, MAIN, "heldout_loss", "held-out flow-matching loss (EMA)", out / "loss_curves.png")
+    _plot_training(results, MAIN, "loss_curve", "training loss (20-step mean)", out / "train_loss.png", logy=True)
+    _plot_training(results, MAIN, "gate_attn_curve", "mean |gate·γ| (attention branches)", out / "gates.png")
+    flat = [{"dataset": r["dataset"], "variant": r["variant"], "seed": r["seed"], "step": int(s), **m}
+            for r in results for s, m in r["checkpoints"].items()]
+    report.write_csv(flat, ["dataset", "variant", "seed", "step", "heldout_loss", "digits_fid", "accuracy"],
+                     out / "results.csv")
+    for d in DATASETS:
+        for v in MAIN:
+            run = next((r for r in _by(results, d, v) if r["seed"] == 0 and r.get("sample_grid")), None)
+            if run and Path(run["sample_grid"]).is_file():
+                shutil.copy(run["sample_grid"], out / f"samples-{d}-{slug(v)}.png")
+    default, reason = decide_default(results)
+    lines = [
+        "# Digits proxy: ViT-5 vs SiT\n",
+        "Protocol (fixed before any result was read): [PROTOCOL.md](PROTOCOL.md)  ",
+        f"Command: `{command}`  ",
+        f"Commit: `{_git_commit()}`  ",
+        f"Runs: {len(results)} complete; base config `configs/digits/repro.yaml`.\n",
+        f"**LayerScale default by the protocol's rule:** {default or 'not decided yet'} ({reason}).\n",
+        "Real-vs-real digits-FID floor at the same sample count: "
+        + "; ".join(f"{d}: {m:.2f} ± {s:.2f} (5 subsets)" for d, (m, s) in floors.items()) + ".\n",
+    ]
+    for d in DATASETS:
+        for title, variants in (("main comparison", MAIN), ("ablations (on ViT-5 γ0=1 unless named)", ABLATIONS)):
+            rows = summary_rows(results, d, variants)
+            if rows:
+                columns = list(dict.fromkeys(k for row in rows for k in row))
+                lines += [f"## {d}: {title}\n", report.markdown_table(rows, columns)]
+    lines += ["FID at each checkpoint and the held-out loss (final checkpoint) are mean ± std over n seeds; "
+              "'beyond spread' = |Δ| larger than the larger seed std; p = Welch's t-test (small n: indicative "
+              "only). |gate·γ| = mean over blocks, batch and channels at the end of training.\n",
+              "![digits-FID vs step](fid_curves.png)\n", "![held-out loss vs step](loss_curves.png)\n",
+              "![mean |gate·γ|](gates.png)\n", "![training loss](train_loss.png)\n"]
+    analysis = out / "analysis.md"
+    if analysis.is_file():
+        lines += [analysis.read_text()]
+    path = out / "README.md"
+    path.write_text("\n".join(lines))
+    return path

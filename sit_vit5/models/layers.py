@@ -172,20 +172,33 @@ class Mlp(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    """fc1 -> (SiLU(a) * b) -> fc2. Ablation only (ViT-5: SwiGLU + LayerScale over-gates)."""
+    """fc1 -> (SiLU(a) * b) -> fc2. Ablation only (ViT-5: SwiGLU + LayerScale over-gates).
+
+    Our FLOP-matched variant: hidden = 2/3 of the GELU width, with biases, so parameters and FLOPs match the
+    GELU MLP (8·D² weights).
+    """
+
+    width, bias = 2 / 3, True
 
     def __init__(self, dim: int, hidden: int) -> None:
         super().__init__()
-        # Our choice: hidden = 2/3 of the GELU width so the parameter count and FLOPs match the GELU MLP.
-        hidden = int(2 * hidden / 3)
-        self.fc1, self.fc2 = nn.Linear(dim, 2 * hidden), nn.Linear(hidden, dim)
+        hidden = int(self.width * hidden)
+        # fc1 holds the gate and value matrices side by side: one matmul instead of two
+        self.fc1 = nn.Linear(dim, 2 * hidden, bias=self.bias)
+        self.fc2 = nn.Linear(hidden, dim, bias=self.bias)
 
     def forward(self, x: Tensor) -> Tensor:
         a, b = self.fc1(x).chunk(2, dim=-1)
         return self.fc2(F.silu(a) * b)
 
 
-MLPS = {"gelu": Mlp, "swiglu": SwiGLU}
+class SwiGLUViT5(SwiGLU):
+    """The official ViT-5 SwiGLU: hidden = the full GELU width (4·D), three bias-free matrices (12·D²)."""
+
+    width, bias = 1.0, False
+
+
+MLPS = {"gelu": Mlp, "swiglu": SwiGLU, "swiglu_vit5": SwiGLUViT5}
 
 
 class Block(nn.Module):

@@ -22,7 +22,7 @@ SIT_SWITCHES: dict = dict(
     qk_norm=False,  # per-head RMSNorm on q and k
     qkv_bias=True,
     layer_scale_init=None,  # LayerScale gamma init; None = off
-    mlp="gelu",  # gelu | swiglu
+    mlp="gelu",  # gelu | swiglu (FLOP-matched) | swiglu_vit5 (official: 4·D hidden, no biases)
     pos_embed="fixed",  # fixed (frozen sin-cos) | learned (init sin-cos) | none
     rope=False,  # 2-D RoPE on patch tokens
     rope_theta=10000.0,

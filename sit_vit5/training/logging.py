@@ -24,11 +24,11 @@ def _truncate_jsonl(path: Path, after_step: int) -> None:
     path.write_text("".join(line + "\n" for line in kept))
 
 
-def _truncate_csv(path: Path, after_step: int) -> None:
+def _truncate_csv(path: Path, after_step: int, fields: tuple[str, ...]) -> None:
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
     with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(row for row in rows if int(row["step"]) <= after_step)
 
@@ -38,13 +38,15 @@ class MetricLogger:
     only: pass ``enabled=False`` elsewhere), mirrored to TensorBoard (``runs_dir/tb``) and wandb if asked.
 
     On resume from ``resume_step``, rows after that step (written by the interrupted run after its last
-    checkpoint) are dropped so that the files read as one uninterrupted run.
+    checkpoint) are dropped so that the files read as one uninterrupted run. ``extra_fields`` are CSV columns
+    after the standard ones (e.g. the per-block gate diagnostics).
     """
 
     def __init__(self, run_dir: str | os.PathLike, enabled: bool = True, tensorboard: bool = False,
                  wandb: bool = False, config: dict[str, Any] | None = None, wandb_project: str = "sit-vit5",
-                 resume_step: int | None = None) -> None:
+                 resume_step: int | None = None, extra_fields: tuple[str, ...] = ()) -> None:
         self.enabled = enabled
+        self.fields = (*CSV_FIELDS, *extra_fields)
         self.tb_writer = None
         self.wandb_run = None
         if not enabled:
@@ -56,10 +58,10 @@ class MetricLogger:
             if self.jsonl_path.is_file():
                 _truncate_jsonl(self.jsonl_path, resume_step)
             if self.csv_path.is_file():
-                _truncate_csv(self.csv_path, resume_step)
+                _truncate_csv(self.csv_path, resume_step, self.fields)
         new_csv = not self.csv_path.is_file()
         self.csv_file = open(self.csv_path, "a", newline="")
-        self.csv_writer = csv.DictWriter(self.csv_file, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        self.csv_writer = csv.DictWriter(self.csv_file, fieldnames=self.fields, extrasaction="ignore")
         if new_csv:
             self.csv_writer.writeheader()
         self.jsonl_file = open(self.jsonl_path, "a")

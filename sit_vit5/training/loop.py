@@ -52,8 +52,10 @@ from .checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
+from .diagnostics import GateMonitor
 from .ema import create_ema, update_ema
 from .logging import MetricLogger
+from .optim import param_groups
 
 _SALT_DATA, _SALT_NOISE = 0xDA7A, 0x5EED  # separate the data-order and noise streams of one seed
 
@@ -330,6 +332,7 @@ class Run:
     ema: nn.Module
     optimizer: Any
     transport: Transport
+    gates: GateMonitor
     logger: MetricLogger
     position: Position
     result: TrainResult
@@ -399,8 +402,8 @@ def build(cfg: Config, resume: str | None) -> Run:
         ema.load_state_dict(checkpoint["ema"])
     model.train()
     model = accelerator.prepare(model)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=o["lr"],
-                                  betas=tuple(o["betas"]), weight_decay=o["weight_decay"], eps=o["eps"])
+    optimizer = torch.optim.AdamW(param_groups(model, o["weight_decay"]), lr=o["lr"],
+                                  betas=tuple(o["betas"]), eps=o["eps"])
     if checkpoint is not None:
         _load_optimizer_state(accelerator, model, optimizer, checkpoint["opt"])
     optimizer = accelerator.prepare(optimizer)
@@ -413,12 +416,14 @@ def build(cfg: Config, resume: str | None) -> Run:
     if main:
         run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, run_dir / "config.yaml")
+    unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
+    gates = GateMonitor(unwrapped)  # residual-branch strength, read from the logged step's own forward
     logger = MetricLogger(run_dir, enabled=main, tensorboard=t["tensorboard"], wandb=t["wandb"],
-                          config=cfg, wandb_project=t["wandb_project"], resume_step=position.step)
+                          config=cfg, wandb_project=t["wandb_project"], resume_step=position.step,
+                          extra_fields=tuple(gates.keys))
     result = TrainResult(run_dir, position.step, latest_checkpoint(run_dir / CKPT_DIR), None, config=cfg)
-    return Run(cfg, accelerator, run_dir, dataset, batches, loader, vae, model,
-               accelerator.unwrap_model(model, keep_torch_compile=False), ema, optimizer,
-               create_transport(**cfg["transport"]), logger, position, result)
+    return Run(cfg, accelerator, run_dir, dataset, batches, loader, vae, model, unwrapped, ema,
+               optimizer, create_transport(**cfg["transport"]), gates, logger, position, result)
 
 
 def describe(run: Run) -> str:
@@ -476,15 +481,18 @@ def train_step(run: Run, x: Tensor, y: Tensor, lr: float) -> tuple[float, float]
 
 
 def log(run: Run, window: _MetricWindow, lr: float, bar: tqdm) -> None:
-    """Flush the metric window to the loggers, the progress bar and (main process) the console."""
+    """Flush the metric window and the gate statistics of the step's forward to the loggers, the
+    progress bar and (main process) the console."""
     step = run.position.step
-    metrics = window.flush(run.position.epoch, lr)
+    metrics = {**window.flush(run.position.epoch, lr), **run.gates.metrics()}
     run.logger.log(step, metrics)
     bar.set_postfix(loss=f"{metrics['loss']:.4f}", img_s=f"{metrics['img_per_s']:.0f}")
     if run.main:
+        gate = (f" | gate attn/mlp {metrics['gate/attn/mean']:.3f}/{metrics['gate/mlp/mean']:.3f}"
+                if "gate/attn/mean" in metrics else "")
         tqdm.write(f"step {step:07d} | loss {metrics['loss']:.4f} | grad {metrics['grad_norm']:.3f} "
                    f"| lr {lr:.2e} | {metrics['steps_per_s']:.2f} steps/s | "
-                   f"{metrics['img_per_s']:.0f} img/s")
+                   f"{metrics['img_per_s']:.0f} img/s{gate}")
 
 
 def checkpoint(run: Run) -> None:
@@ -538,14 +546,16 @@ def train(cfg: Config, resume: str | None = None) -> TrainResult:
     try:
         for x, y in batches(run) if pos.step < t["steps"] else ():
             lr = learning_rate(run.cfg["optim"], pos.step)
-            loss, grad_norm = train_step(run, x, y, lr)
+            log_now = pos.step + 1 == t["steps"] or _due(pos.step + 1, t["log_every"])
+            with run.gates.capture() if log_now else nullcontext():  # read by log() below
+                loss, grad_norm = train_step(run, x, y, lr)
             pos.advance(run.batches.batches_per_epoch)
             run.result.step = pos.step
             run.result.losses.append(loss)
             window.add(loss, grad_norm)
             bar.update(1)
             final = pos.step == t["steps"]
-            if final or _due(pos.step, t["log_every"]):
+            if log_now:
                 log(run, window, lr, bar)
             with window.paused():  # checkpoint and sampling time stay out of the throughput
                 if final or _due(pos.step, t["ckpt_every"]) or _due(pos.step, t["milestone_every"]):

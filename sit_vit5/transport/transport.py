@@ -206,6 +206,13 @@ class Transport:
         ``loss_weight``. Draws from the global RNG unless ``generator`` is given.
         """
         t, x0, x1 = self.sample(x1, generator)
+        return self.losses_at(model, t, x0, x1, model_kwargs)
+
+    def losses_at(
+        self, model: Callable[..., Tensor], t: Tensor, x0: Tensor, x1: Tensor, model_kwargs: dict | None = None
+    ) -> dict[str, Tensor]:
+        """The training loss of :meth:`training_losses` at given times ``t`` (B,) and noise ``x0`` (shape of
+        ``x1``): a deterministic evaluation, e.g. a held-out loss on a fixed grid of draws."""
         t, xt, ut = self.path_sampler.plan(t, x0, x1)
         out = self.model_output(model, xt, t, **(model_kwargs or {}))
         sigma_t = self.path_sampler.compute_sigma_t(expand_t_like_x(t, xt))[0]

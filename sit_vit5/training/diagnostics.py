@@ -1,0 +1,81 @@
+"""Residual-branch diagnostics: how open each block's adaLN gate (times LayerScale) is.
+
+A block adds ``gate · γ · f(x)`` to the residual stream (``γ`` = 1 without LayerScale). If ``|gate · γ|``
+stays small the branches barely contribute and the backbone is handicapped; the spread of the gate across the
+batch measures how much of it depends on the class and time step. :class:`GateMonitor` reads the adaLN output
+of the training forward itself (forward hooks armed for one step), so it costs no extra forward pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import Tensor, nn
+
+from ..models.layers import Block
+
+#: Position of the attention and MLP gates among the six adaLN chunks (shift, scale, gate) × (attn, mlp).
+_GATES = {"attn": (2, "gamma_1"), "mlp": (5, "gamma_2")}
+
+
+class GateMonitor:
+    """Per-block gate statistics of the last forward run inside :meth:`capture`.
+
+    ``metrics()`` returns, for block i (two-digit index) and branch b in {attn, mlp}:
+    ``gate/b/i`` = mean over batch and channels of ``|gate · γ|``, and ``gate_spread/b/i`` = the standard
+    deviation of ``gate · γ`` across the batch, averaged over channels; plus ``gate/b/mean`` over blocks.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self.blocks = [m for m in model.modules() if isinstance(m, Block)]
+        self._outputs: dict[int, Tensor] = {}
+
+    @property
+    def keys(self) -> list[str]:
+        """Metric names ``metrics()`` produces (fixed for a model: usable as CSV columns)."""
+        names = [f"gate/{b}/mean" for b in _GATES]
+        for i in range(len(self.blocks)):
+            names += [f"{kind}/{b}/{i:02d}" for kind in ("gate", "gate_spread") for b in _GATES]
+        return names
+
+    @contextmanager
+    def capture(self) -> Iterator[None]:
+        """Record each block's adaLN output (detached) during the forward passes run inside this context."""
+        handles = [block.adaLN_modulation.register_forward_hook(self._hook(i))
+                   for i, block in enumerate(self.blocks)]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def _hook(self, index: int):
+        def store(module: nn.Module, args: tuple, output: Tensor) -> None:
+            self._outputs[index] = output.detach()
+
+        return store
+
+    @torch.no_grad()
+    def metrics(self) -> dict[str, float]:
+        """Statistics of the captured forward (empty if nothing was captured); clears the capture."""
+        if len(self._outputs) != len(self.blocks):
+            self._outputs.clear()
+            return {}
+        out: dict[str, float] = {}
+        sums = dict.fromkeys(_GATES, 0.0)
+        for i, block in enumerate(self.blocks):
+            chunks = self._outputs[i].float().chunk(6, dim=1)
+            for branch, (chunk, gamma_name) in _GATES.items():
+                gate = chunks[chunk]  # (B, D)
+                gamma = getattr(block, gamma_name)
+                if gamma is not None:
+                    gate = gate * gamma.detach().float()
+                out[f"gate/{branch}/{i:02d}"] = gate.abs().mean().item()
+                out[f"gate_spread/{branch}/{i:02d}"] = gate.std(dim=0, unbiased=False).mean().item()
+                sums[branch] += out[f"gate/{branch}/{i:02d}"]
+        for branch, total in sums.items():
+            out[f"gate/{branch}/mean"] = total / max(1, len(self.blocks))
+        self._outputs.clear()
+        return out
