@@ -55,7 +55,7 @@ DEFAULTS: Config = {
     },
     "vae": {
         "name": "stabilityai/sd-vae-ft-ema",  # none (pixel space) | hub id | local diffusers directory
-        "scaling_factor": SD_VAE_SCALING_FACTOR,  # latents = posterior sample × this (SD-VAE: 0.18215)
+        "scaling_factor": SD_VAE_SCALING_FACTOR,  # latents = posterior sample × this (SD-VAE)
     },
     "optim": {
         "lr": 1e-4,  # AdamW learning rate (constant after warmup)
@@ -85,19 +85,19 @@ DEFAULTS: Config = {
         "wandb": False,  # log to Weights & Biases (warns if wandb is not installed)
         "wandb_project": "sit-vit5",  # wandb project name
     },
-    # Sample grids during training, and sample.py's starting point for this run's checkpoints. Sampler
-    # keys are sit_vit5.sampling.SampleSpec's fields; None = the SampleSpec default (its one home).
+    # Sample grids during training, and sample.py's starting point for this run's checkpoints.
+    # Sampler keys are sit_vit5.sampling.SampleSpec's fields; None = the SampleSpec default.
     "sample": {
         "method": "ode",  # ode | sde
-        "sampling_method": "euler",  # a cheap fixed-step preset (ode: euler | heun2 | dopri5 ...; sde: Euler | Heun)
+        "sampling_method": "euler",  # cheap fixed step; ode: euler | heun2 | dopri5 ...; sde: Euler
         "num_steps": 50,  # time-grid points (fixed-step ODE: num_steps - 1 steps)
         "atol": None,  # adaptive ODE tolerances
         "rtol": None,
-        "diffusion_form": None,  # SDE diffusion coefficient D(t): sigma | SBDM | constant | linear | ...
+        "diffusion_form": None,  # SDE diffusion coefficient D(t): sigma | SBDM | linear | ...
         "diffusion_norm": None,  # SDE diffusion scale
         "last_step": None,  # SDE final step: Mean | Tweedie | Euler | none
         "last_step_size": None,  # SDE final step size
-        "cfg_scale": None,  # classifier-free guidance scale (1 = off); needs model.class_dropout_prob > 0
+        "cfg_scale": None,  # classifier-free guidance scale (1 = off); needs class_dropout_prob > 0
         "cfg_channels": None,  # guided channels: None = all, 3 = the SiT/DiT legacy mode
         "cfg_interval": None,  # [t_lo, t_hi]: guide only there (t = 0 noise, 1 data)
         "num_images": 16,  # images in the grid

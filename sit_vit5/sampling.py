@@ -1,14 +1,15 @@
-"""Image generation from trained models: checkpoint loading, per-index deterministic sampling, grids and bulk
-(FID) sampling into an ADM-compatible ``.npz``.
+"""Image generation from trained models: checkpoint loading, per-index deterministic sampling, grids
+and bulk (FID) sampling into an ADM-compatible ``.npz``.
 
-Determinism: sample ``i`` of a run with global seed ``s`` draws its initial noise, its SDE noise and (when
-labels are random) its label from its own generators, seeded by ``sample_seed(s, i, stream)``. Its image
-therefore does not depend on which process made it, on the batch it was in, or on what was sampled before;
-bulk sampling can be sharded over any number of processes, batched at any size, and resumed. Two caveats:
-(1) a model's float numerics can differ by ~1e-7 between batch sizes (CPU and GPU matmul kernels depend on
-the batch shape), which can move a pixel across a uint8 boundary (±1) in rare cases; (2) adaptive ODE solvers
-(dopri5, ...) choose their steps from the error of the whole batch, so their images depend on the batch
-composition within the solver tolerance. Fixed-step ODE solvers and all SDE samplers have no such coupling.
+Determinism: sample ``i`` of a run with global seed ``s`` draws its initial noise, its SDE noise and
+(when labels are random) its label from its own generators, seeded by ``sample_seed(s, i, stream)``.
+Its image therefore does not depend on which process made it, on the batch it was in, or on what was
+sampled before; bulk sampling can be sharded over any number of processes, batched at any size, and
+resumed. Two caveats: (1) a model's float numerics can differ by ~1e-7 between batch sizes (CPU and
+GPU matmul kernels depend on the batch shape), which can move a pixel across a uint8 boundary (±1)
+in rare cases; (2) adaptive ODE solvers (dopri5, ...) choose their steps from the error of the whole
+batch, so their images depend on the batch composition within the solver tolerance. Fixed-step ODE
+solvers and all SDE samplers have no such coupling.
 
 Bulk layout (``out_dir``)::
 
@@ -53,8 +54,10 @@ DEFAULT_SAMPLING_METHOD = {"ode": "dopri5", "sde": "Euler"}  # SiT's sample.py d
 def random_labels(indices: Sequence[int], global_seed: int, num_classes: int) -> np.ndarray:
     """Uniform labels in ``[0, num_classes)`` (int64, one per index), each from its sample's own
     generator."""
-    gens = (torch.Generator().manual_seed(sample_seed(global_seed, i, LABEL_STREAM)) for i in indices)
-    return np.array([int(torch.randint(num_classes, (1,), generator=g)) for g in gens], dtype=np.int64)
+    seeds = [sample_seed(global_seed, i, LABEL_STREAM) for i in indices]
+    labels = [int(torch.randint(num_classes, (1,), generator=torch.Generator().manual_seed(s)))
+              for s in seeds]
+    return np.array(labels, dtype=np.int64)
 
 
 # ----------------------------------------------------------------------------- sampling settings
@@ -64,14 +67,15 @@ def random_labels(indices: Sequence[int], global_seed: int, num_classes: int) ->
 class SampleSpec:
     """How to integrate from noise to data, and how to guide: the one home of every sampler default.
 
-    Field names are the config's ``sample`` keys and sample.py's flags (``--num-steps`` = num_steps).
-    Defaults are SiT's sample.py defaults. ``method``: ode | sde. ``sampling_method``: ODE: a
-    torchdiffeq method (dopri5, euler, heun2, midpoint, rk4, ...); SDE: Euler | Heun; None = dopri5 /
-    Euler. ``num_steps``: grid points (fixed-step ODE: num_steps - 1 steps; adaptive ODE: only where the
-    solution is reported). ``atol``/``rtol``: adaptive ODE tolerances. ``diffusion_form``/
-    ``diffusion_norm``/``last_step``/``last_step_size``: SDE only (see
-    ``sit_vit5.transport.Sampler.sample_sde``). ``cfg_scale`` 1 = no guidance; ``cfg_channels`` None =
-    guide all channels, 3 = the SiT/DiT legacy mode; ``cfg_interval`` (t_lo, t_hi) = guide only there.
+    Field names are the config's ``sample`` keys and sample.py's flags (``--num-steps`` =
+    num_steps). Defaults are SiT's sample.py defaults. ``method``: ode | sde. ``sampling_method``:
+    ODE: a torchdiffeq method (dopri5, euler, heun2, midpoint, rk4, ...); SDE: Euler | Heun; None =
+    dopri5 / Euler. ``num_steps``: grid points (fixed-step ODE: num_steps - 1 steps; adaptive ODE:
+    only where the solution is reported). ``atol``/``rtol``: adaptive ODE tolerances.
+    ``diffusion_form``/ ``diffusion_norm``/``last_step``/``last_step_size``: SDE only (see
+    ``sit_vit5.transport.Sampler.sample_sde``). ``cfg_scale`` 1 = no guidance; ``cfg_channels`` None
+    = guide all channels, 3 = the SiT/DiT legacy mode; ``cfg_interval`` (t_lo, t_hi) = guide only
+    there.
     """
 
     method: str = "ode"
@@ -91,11 +95,12 @@ class SampleSpec:
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ValueError(f"method={self.method!r}; valid: {', '.join(METHODS)}")
-        for name, kind in (("num_steps", int), ("atol", float), ("rtol", float),
-                           ("diffusion_norm", float), ("last_step_size", float), ("cfg_scale", float)):
+        numbers = ("atol", "rtol", "diffusion_norm", "last_step_size", "cfg_scale")
+        for name, kinds in (("num_steps", int), *((n, (int, float)) for n in numbers)):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int if kind is int else (int, float)):
-                raise ValueError(f"{name}={value!r}: expected a{'n int' if kind is int else ' number'}")
+            if isinstance(value, bool) or not isinstance(value, kinds):
+                raise ValueError(f"{name}={value!r}: expected "
+                                 + ("an int" if kinds is int else "a number"))
         if self.sampling_method is None:  # frozen: fill the default through object.__setattr__
             object.__setattr__(self, "sampling_method", DEFAULT_SAMPLING_METHOD[self.method])
         if self.last_step == "none":
@@ -106,7 +111,8 @@ class SampleSpec:
                 raise ValueError(f"cfg_interval=({lo}, {hi}): need 0 <= t_lo <= t_hi <= 1")
             object.__setattr__(self, "cfg_interval", (lo, hi))
         if self.cfg_channels is not None and self.cfg_channels < 1:
-            raise ValueError(f"cfg_channels={self.cfg_channels}: must be >= 1 (or None for all channels)")
+            raise ValueError(f"cfg_channels={self.cfg_channels}: must be >= 1 (or None for all "
+                             "channels)")
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
@@ -116,7 +122,8 @@ class SampleSpec:
     @classmethod
     def resolve(cls, *layers: Mapping[str, Any]) -> SampleSpec:
         """The spec from ``layers`` of settings, highest priority first (e.g. CLI flags, then a
-        checkpoint's ``sample`` section): each field takes its first non-None value, else the default.
+        checkpoint's ``sample`` section): each field takes its first non-None value, else the
+        default.
 
         Keys that are not fields (a config section's ``num_images``, ...) are ignored. A layer's
         ``sampling_method`` is used only with the method it was written for: the layer's own
@@ -144,8 +151,8 @@ class SampleSpec:
     def build(self, sampler: Sampler) -> Callable[..., Any]:
         """The transport's sampling function ``fn(z, model_fn, *, generator, **model_kwargs)``."""
         if self.method == "ode":
-            return sampler.sample_ode(sampling_method=self.sampling_method, num_steps=self.num_steps,
-                                      atol=self.atol, rtol=self.rtol)
+            return sampler.sample_ode(sampling_method=self.sampling_method,
+                                      num_steps=self.num_steps, atol=self.atol, rtol=self.rtol)
         return sampler.sample_sde(
             sampling_method=self.sampling_method,
             diffusion_form=self.diffusion_form,
@@ -158,9 +165,9 @@ class SampleSpec:
 
 @dataclass
 class Generated:
-    """One generated batch: ``images`` uint8 ``(B, H, W, C)`` (C = 1 or 3), ``labels`` int64 ``(B,)``,
-    ``pixels`` float ``(B, C, H, W)`` before quantization (CPU), ``nfe`` model evaluations of the
-    sampler."""
+    """One generated batch: ``images`` uint8 ``(B, H, W, C)`` (C = 1 or 3), ``labels`` int64
+    ``(B,)``, ``pixels`` float ``(B, C, H, W)`` before quantization (CPU), ``nfe`` model evaluations
+    of the sampler."""
 
     indices: np.ndarray
     images: np.ndarray
@@ -173,10 +180,11 @@ class Generated:
 class SamplingPipeline:
     """Model + transport + sampler settings + decoder: ``generate(indices, global_seed)`` -> images.
 
-    ``latent_shape`` is ``(C, h, w)`` of the model input; ``decode`` maps samples to images in [-1, 1]
-    ``(B, 3 or C, H, W)`` (None: pixel-space model, identity). ``precision`` bf16 runs the model under
-    autocast (the integrator stays fp32). The initial noise is drawn on the CPU from per-sample
-    generators, so it is the same on every device. The model is moved to ``device`` in eval mode.
+    ``latent_shape`` is ``(C, h, w)`` of the model input; ``decode`` maps samples to images in [-1,
+    1] ``(B, 3 or C, H, W)`` (None: pixel-space model, identity). ``precision`` bf16 runs the model
+    under autocast (the integrator stays fp32). The initial noise is drawn on the CPU from
+    per-sample generators, so it is the same on every device. The model is moved to ``device`` in
+    eval mode.
     """
 
     model: nn.Module
@@ -195,11 +203,13 @@ class SamplingPipeline:
         check_precision(self.precision)
         spec, channels = self.spec, self.latent_shape[0]
         if spec.cfg_channels is not None and spec.cfg_channels > channels:
-            raise ValueError(f"cfg_channels={spec.cfg_channels} but the model has {channels} channels")
+            raise ValueError(f"cfg_channels={spec.cfg_channels} but the model has {channels} "
+                             "channels")
         table = getattr(getattr(self.model, "y_embedder", None), "embedding_table", None)
         if spec.cfg_scale != 1.0 and table is not None and table.num_embeddings <= self.num_classes:
-            raise ValueError(f"cfg_scale={spec.cfg_scale} needs a null class, but the model was built "
-                             "with class_dropout_prob=0 (no null row in its label table); use cfg_scale 1")
+            raise ValueError(f"cfg_scale={spec.cfg_scale} needs a null class, but the model was "
+                             "built with class_dropout_prob=0 (no null row in its label table); "
+                             "use cfg_scale 1")
         self.device = torch.device(self.device)
         self.model = self.model.to(self.device).eval()  # eval: no label dropout
         self.sampler = Sampler(self.transport)
@@ -227,8 +237,8 @@ class SamplingPipeline:
     def generate(
         self, indices: Sequence[int], global_seed: int, labels: Sequence[int] | None = None
     ) -> Generated:
-        """Images of samples ``indices``; ``labels`` None = uniform random labels from the per-sample
-        seeds."""
+        """Images of samples ``indices``; ``labels`` None = uniform random labels from the
+        per-sample seeds."""
         indices = np.asarray(indices, dtype=np.int64)
         if labels is None:
             labels = random_labels(indices.tolist(), global_seed, self.num_classes)
@@ -244,7 +254,8 @@ class SamplingPipeline:
         # the same generators go on to draw the SDE noise
         x = self.sample_fn(z, self.model_fn, generator=gens, y=y)[-1]
         pixels = self.decode(x) if self.decode is not None else x
-        return Generated(indices, to_uint8(pixels), labels, pixels.float().cpu(), self.sampler.last_nfe)
+        return Generated(indices, to_uint8(pixels), labels, pixels.float().cpu(),
+                         self.sampler.last_nfe)
 
 
 # ----------------------------------------------------------------------------- grid
@@ -275,7 +286,8 @@ def generate_first(
     if labels is not None and len(labels) != num_images:
         raise ValueError(f"{len(labels)} labels for {num_images} images")
     batches = []
-    for lo in tqdm(range(0, num_images, batch_size), disable=not progress, desc="grid", unit="batch"):
+    starts = range(0, num_images, batch_size)
+    for lo in tqdm(starts, disable=not progress, desc="grid", unit="batch"):
         idx = list(range(lo, min(lo + batch_size, num_images)))
         batches.append(pipe.generate(idx, global_seed,
                                      None if labels is None else labels[lo : lo + len(idx)]))
@@ -292,10 +304,12 @@ def sample_grid(
     nrow: int | None = None,
     progress: bool = True,
 ) -> GridResult:
-    """Generate samples ``0 .. num_images-1`` and write ``out_dir/grid.png`` and ``out_dir/{i:06d}.png``.
+    """Generate samples ``0 .. num_images-1`` and write ``out_dir/grid.png`` and
+    ``out_dir/{i:06d}.png``.
 
-    ``labels`` None = random labels (image i is then bulk sample i of the same seed); otherwise one label per
-    image. Tiny images are upscaled (nearest) to >= 64 px in the grid only; the single PNGs keep their size.
+    ``labels`` None = random labels (image i is then bulk sample i of the same seed); otherwise one
+    label per image. Tiny images are upscaled (nearest) to >= 64 px in the grid only; the single
+    PNGs keep their size.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -322,8 +336,8 @@ class ResumeError(ValueError):
 
 @dataclass
 class BulkResult:
-    """What one ``sample_bulk`` call did: ``npz`` is the merged file (None if this process did not merge or
-    samples are still missing); ``generated``/``skipped`` count this process's indices."""
+    """What one ``sample_bulk`` call did: ``npz`` is the merged file (None if this process did not
+    merge or samples are still missing); ``generated``/``skipped`` count this process's indices."""
 
     npz: Path | None
     generated: int
@@ -338,15 +352,18 @@ def _part_name(indices: np.ndarray) -> str:
 
 
 def _save_part(parts_dir: Path, batch: Generated) -> Path:
-    """Write one batch as ``parts/{first:07d}-{last:07d}.npz`` atomically (resume trusts complete files only)."""
+    """Write one batch as ``parts/{first:07d}-{last:07d}.npz`` atomically (resume trusts complete
+    files only)."""
 
     path = parts_dir / _part_name(batch.indices)
-    atomic_write(path, lambda f: np.savez(f, indices=batch.indices, images=batch.images, labels=batch.labels))
+    atomic_write(path, lambda f: np.savez(f, indices=batch.indices, images=batch.images,
+                                          labels=batch.labels))
     return path
 
 
 def scan_parts(parts_dir: str | os.PathLike) -> dict[int, tuple[Path, int]]:
-    """Map each finished sample index to ``(part file, row)``; temporary files (``.tmp-*``) are ignored."""
+    """Map each finished sample index to ``(part file, row)``; temporary files (``.tmp-*``) are
+    ignored."""
     found: dict[int, tuple[Path, int]] = {}
     parts_dir = Path(parts_dir)
     if not parts_dir.is_dir():
@@ -356,7 +373,8 @@ def scan_parts(parts_dir: str | os.PathLike) -> dict[int, tuple[Path, int]]:
             with np.load(part, allow_pickle=False) as f:
                 indices = f["indices"]
         except (OSError, ValueError, KeyError, zipfile.BadZipFile) as err:
-            warnings.warn(f"ignoring unreadable part {part} ({err}); its samples will be regenerated", stacklevel=2)
+            warnings.warn(f"ignoring unreadable part {part} ({err}); its samples will be "
+                          "regenerated", stacklevel=2)
             continue
         for row, i in enumerate(indices.tolist()):
             found.setdefault(i, (part, row))
@@ -364,15 +382,18 @@ def scan_parts(parts_dir: str | os.PathLike) -> dict[int, tuple[Path, int]]:
 
 
 def _check_settings(out: Path, settings: dict[str, Any]) -> None:
-    """Record ``settings`` in ``out/settings.json`` on first use; on resume, raise if any key differs."""
+    """Record ``settings`` in ``out/settings.json`` on first use; on resume, raise if any key
+    differs."""
     path = out / "settings.json"
-    settings = json.loads(json.dumps(settings, default=str))  # tuples -> lists, paths -> str, as stored
+    # tuples -> lists, paths -> str: compare what would be stored
+    settings = json.loads(json.dumps(settings, default=str))
     if path.is_file():
         saved = json.loads(path.read_text())
         diffs = [f"{k}: {saved.get(k)!r} (in {path}) != {settings.get(k)!r} (now)"
                  for k in sorted(set(saved) | set(settings)) if saved.get(k) != settings.get(k)]
         if diffs:
-            raise ResumeError(f"{out} holds samples made with other settings:\n  " + "\n  ".join(diffs)
+            raise ResumeError(f"{out} holds samples made with other settings:\n  "
+                              + "\n  ".join(diffs)
                               + "\nUse another output directory (or delete it) to start over.")
         return
     text = json.dumps(settings, indent=2, sort_keys=True) + "\n"
@@ -380,10 +401,12 @@ def _check_settings(out: Path, settings: dict[str, Any]) -> None:
 
 
 def _write_npz_streamed(
-    path: Path, num: int, done: dict[int, tuple[Path, int]], progress: bool = True, cache_size: int = 64
+    path: Path, num: int, done: dict[int, tuple[Path, int]], progress: bool = True,
+    cache_size: int = 64,
 ) -> None:
-    """Write ``arr_0`` uint8 [num, H, W, 3] and ``arr_1`` labels in index order, streaming rows from the parts
-    (an uncompressed zip of .npy members, as ``np.savez`` writes) so the whole array is never in memory."""
+    """Write ``arr_0`` uint8 [num, H, W, 3] and ``arr_1`` labels in index order, streaming rows from
+    the parts (an uncompressed zip of .npy members, as ``np.savez`` writes) so the whole array is
+    never in memory."""
     cache: OrderedDict[Path, tuple[np.ndarray, np.ndarray]] = OrderedDict()
 
     def row(i: int) -> tuple[np.ndarray, int]:
@@ -407,12 +430,14 @@ def _write_npz_streamed(
         with zipfile.ZipFile(file, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
             with zf.open("arr_0.npy", "w", force_zip64=True) as f:
                 np.lib.format.write_array_header_1_0(f, header)
-                for lo in tqdm(range(0, num, 1024), desc="merge", unit="chunk", leave=False, disable=not progress):
+                for lo in tqdm(range(0, num, 1024), desc="merge", unit="chunk", leave=False,
+                               disable=not progress):
                     chunk = []
                     for i in range(lo, min(lo + 1024, num)):
                         image, labels[i] = row(i)
                         if image.shape[:2] != (height, width):
-                            raise ValueError(f"{done[i][0]}: image {i} is {image.shape}, others {first.shape}")
+                            raise ValueError(f"{done[i][0]}: image {i} is {image.shape}, "
+                                             f"others {first.shape}")
                         chunk.append(image)
                     f.write(to_rgb(np.stack(chunk)).tobytes())
             with zf.open("arr_1.npy", "w", force_zip64=True) as f:
@@ -422,13 +447,14 @@ def _write_npz_streamed(
 
 
 def merge_parts(out_dir: str | os.PathLike, num_samples: int, progress: bool = True) -> Path:
-    """Merge ``out_dir/parts`` into ``out_dir/samples_{N}x{H}x{W}x3.npz`` (arr_0 uint8 NHWC RGB, arr_1 int64
-    labels, samples 0..N-1 in index order); raises if any of them is missing."""
+    """Merge ``out_dir/parts`` into ``out_dir/samples_{N}x{H}x{W}x3.npz`` (arr_0 uint8 NHWC RGB,
+    arr_1 int64 labels, samples 0..N-1 in index order); raises if any of them is missing."""
     out = Path(out_dir)
     done = scan_parts(out / "parts")
     missing = [i for i in range(num_samples) if i not in done]
     if missing:
-        raise ValueError(f"{out}: {len(missing)} of {num_samples} samples are missing (first: {missing[:5]}); "
+        raise ValueError(f"{out}: {len(missing)} of {num_samples} samples are missing "
+                         f"(first: {missing[:5]}); "
                          "run the sampler again to finish them")
     with np.load(done[0][0], allow_pickle=False) as f:
         _, height, width, _ = f["images"].shape
@@ -457,21 +483,25 @@ def sample_bulk(
     barrier: Callable[[], None] | None = None,
     progress: bool = True,
 ) -> BulkResult:
-    """Generate samples ``0 .. num_samples-1`` with uniform random labels; this process does ``i % world_size
-    == rank``, in batches of ``batch_size``, skipping indices already in ``out_dir/parts`` (resume).
+    """Generate samples ``0 .. num_samples-1`` with uniform random labels; this process does ``i %
+    world_size == rank``, in batches of ``batch_size``, skipping indices already in
+    ``out_dir/parts`` (resume).
 
-    ``settings`` (JSON-able: checkpoint, image size, ...) is recorded with the sampler settings and the seed
-    in ``settings.json``; resuming with different ones raises ResumeError (``num_samples`` may grow: samples
-    are per-index). After a barrier (``barrier``, default torch.distributed's when initialised) rank 0
-    merges all parts into the npz; without a barrier, whichever process finds all samples done merges.
+    ``settings`` (JSON-able: checkpoint, image size, ...) is recorded with the sampler settings and
+    the seed in ``settings.json``; resuming with different ones raises ResumeError (``num_samples``
+    may grow: samples are per-index). After a barrier (``barrier``, default torch.distributed's when
+    initialised) rank 0 merges all parts into the npz; without a barrier, whichever process finds
+    all samples done merges.
     """
     if num_samples < 1 or batch_size < 1 or world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"need num_samples, batch_size, world_size >= 1 and 0 <= rank < world_size; got "
+        raise ValueError("need num_samples, batch_size, world_size >= 1 and 0 <= rank < "
+                         "world_size; got "
                          f"{num_samples}, {batch_size}, {world_size}, rank {rank}")
     if pipe.spec.batch_coupled:
-        warnings.warn(f"sampling_method={pipe.spec.sampling_method!r} is adaptive: each batch shares its step "
-                      "sizes, so images depend on batch composition (within the solver tolerance); use a fixed-"
-                      "step method (euler, heun2, rk4) or the SDE for index-exact reproducibility", stacklevel=2)
+        warnings.warn(f"sampling_method={pipe.spec.sampling_method!r} is adaptive: each batch "
+                      "shares its step sizes, so images depend on batch composition (within the "
+                      "solver tolerance); use a fixed-step method (euler, heun2, rk4) or the SDE "
+                      "for index-exact reproducibility", stacklevel=2)
     barrier = barrier or _default_barrier()
     out = Path(out_dir)
     parts = out / "parts"
@@ -501,7 +531,8 @@ def sample_bulk(
         done = scan_parts(parts)
         if all(i in done for i in range(num_samples)):
             npz = merge_parts(out, num_samples, progress)
-    return BulkResult(npz, len(todo), len(mine) - len(todo), nfe, seconds, len(todo) / max(seconds, 1e-9))
+    return BulkResult(npz, len(todo), len(mine) - len(todo), nfe, seconds,
+                      len(todo) / max(seconds, 1e-9))
 
 
 __all__ = [

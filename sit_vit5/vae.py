@@ -1,8 +1,9 @@
-"""SD-VAE (diffusers AutoencoderKL): loading, batched encode to scaled latents, decode back to pixels,
-and the VAE facts the rest of the code asks about (is one configured? its downsampling factor).
+"""SD-VAE (diffusers AutoencoderKL): loading, batched encode to scaled latents, decode back to
+pixels, and the VAE facts the rest of the code asks about (is one configured? its downsampling
+factor).
 
-Convention (DiT/SiT): latents = posterior sample × SD_VAE_SCALING_FACTOR; decode divides by it first.
-Images are float tensors in [-1, 1], shape [N, 3, H, W]; SD-VAE latents are [N, 4, H/8, W/8].
+Convention (DiT/SiT): latents = posterior sample × SD_VAE_SCALING_FACTOR; decode divides by it
+first. Images are float tensors in [-1, 1], shape [N, 3, H, W]; SD-VAE latents are [N, 4, H/8, W/8].
 diffusers is imported on first load, so asking the facts costs no heavy import.
 """
 
@@ -35,7 +36,8 @@ def downsampling_factor(vae: AutoencoderKL) -> int:
 
 def decoder(vae: AutoencoderKL, scaling_factor: float = SD_VAE_SCALING_FACTOR
             ) -> Callable[[torch.Tensor], torch.Tensor]:
-    """``decode(latents)`` bound to ``vae`` and ``scaling_factor`` (the sampling pipeline's decoder)."""
+    """``decode(latents)`` bound to ``vae`` and ``scaling_factor`` (the sampling pipeline's
+    decoder)."""
     return lambda latents: decode(vae, latents, scaling_factor=scaling_factor)
 
 
@@ -53,8 +55,9 @@ def load_vae(name_or_path: str | os.PathLike, device: str | torch.device = "cpu"
              dtype: torch.dtype = torch.float32, *, subfolder: str | None = None,
              local_files_only: bool | None = None,
              cache_dir: str | os.PathLike | None = None) -> AutoencoderKL:
-    """An AutoencoderKL in eval mode without gradients, from a local diffusers directory (config.json +
-    weights, e.g. written by `save_pretrained`) or a hub id such as "stabilityai/sd-vae-ft-ema".
+    """An AutoencoderKL in eval mode without gradients, from a local diffusers directory
+    (config.json + weights, e.g. written by `save_pretrained`) or a hub id such as
+    "stabilityai/sd-vae-ft-ema".
 
     A hub id is looked up in the Hugging Face cache (`cache_dir`, default HF_HUB_CACHE) first, then
     downloaded unless `local_files_only` (default: the HF_HUB_OFFLINE setting). On failure the error
@@ -109,8 +112,9 @@ def _vae_input(vae: AutoencoderKL, x: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def encode_moments(vae: AutoencoderKL, images: torch.Tensor, scaling_factor: float = SD_VAE_SCALING_FACTOR,
                    batch_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Posterior (mean, std) of images [N, 3, H, W] in [-1, 1], both multiplied by `scaling_factor`, so that
-    mean + std·ε is a training latent. float32 on the VAE's device, each [N, C, H/f, W/f]."""
+    """Posterior (mean, std) of images [N, 3, H, W] in [-1, 1], both multiplied by `scaling_factor`,
+    so that mean + std·ε is a training latent. float32 on the VAE's device, each [N, C, H/f, W/f].
+    """
     means, stds = [], []
     for chunk in _batches(images, batch_size):
         posterior = vae.encode(_vae_input(vae, chunk)).latent_dist
@@ -123,8 +127,8 @@ def encode_moments(vae: AutoencoderKL, images: torch.Tensor, scaling_factor: flo
 def encode(vae: AutoencoderKL, images: torch.Tensor, sample: bool = True,
            generator: torch.Generator | None = None, scaling_factor: float = SD_VAE_SCALING_FACTOR,
            batch_size: int | None = None) -> torch.Tensor:
-    """Training latents [N, C, H/f, W/f] (float32) of images [N, 3, H, W] in [-1, 1]:
-    (mean + std·ε)·scaling_factor if `sample` (ε from `generator`, which must live on the VAE's device),
+    """Training latents [N, C, H/f, W/f] (float32) of images [N, 3, H, W] in [-1, 1]: (mean +
+    std·ε)·scaling_factor if `sample` (ε from `generator`, which must live on the VAE's device),
     else mean·scaling_factor."""
     mean, std = encode_moments(vae, images, scaling_factor, batch_size)
     if not sample:
@@ -135,7 +139,8 @@ def encode(vae: AutoencoderKL, images: torch.Tensor, sample: bool = True,
 @torch.no_grad()
 def decode(vae: AutoencoderKL, latents: torch.Tensor, scaling_factor: float = SD_VAE_SCALING_FACTOR,
            batch_size: int | None = None) -> torch.Tensor:
-    """Images [N, 3, H, W] (float32, nominally [-1, 1], not clamped) from scaled latents [N, C, h, w]."""
+    """Images [N, 3, H, W] (float32, nominally [-1, 1], not clamped) from scaled latents [N, C, h,
+    w]."""
     out = [vae.decode(_vae_input(vae, chunk) / scaling_factor).sample.float()
            for chunk in _batches(latents, batch_size)]
     return torch.cat(out)

@@ -1,5 +1,5 @@
-"""The import graph read from the sources: every project-internal import points down the layer table,
-sits at module top, and fid/ stays standalone."""
+"""The import graph read from the sources: every project-internal import points down the layer
+table, sits at module top, and fid/ stays standalone."""
 
 from __future__ import annotations
 

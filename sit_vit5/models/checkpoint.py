@@ -1,9 +1,11 @@
-"""Loading model weights: our training checkpoints and the official SiT/DiT files, and ``load_model``,
-the one way from a checkpoint file to a ready model plus what it says about sampling from it.
+"""Loading model weights: our training checkpoints and the official SiT/DiT files, and
+``load_model``, the one way from a checkpoint file to a ready model plus what it says about sampling
+from it.
 
-Accepted layouts: a bare state dict (the released ``SiT-XL-2-256.pt`` is the EMA weights), a training
-checkpoint ``{model, ema, opt, args, ...}`` (DiT/SiT and ours), or a ``.safetensors`` file. Pickles are
-opened with ``weights_only=True``; when a ``<file>.sha256`` sidecar exists it is verified first.
+Accepted layouts: a bare state dict (the released ``SiT-XL-2-256.pt`` is the EMA weights), a
+training checkpoint ``{model, ema, opt, args, ...}`` (DiT/SiT and ours), or a ``.safetensors`` file.
+Pickles are opened with ``weights_only=True``; when a ``<file>.sha256`` sidecar exists it is
+verified first.
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ def read_checkpoint(path: str | os.PathLike, sha256: str | None = None) -> dict:
 
 
 def load_state_dict(path: str | os.PathLike, which: str = "ema", sha256: str | None = None) -> dict[str, Tensor]:
-    """The model state dict stored in ``path``: ``which`` = "ema" (default) or "model" of a training checkpoint."""
+    """The model state dict stored in ``path``: ``which`` = "ema" (default) or "model" of a training
+    checkpoint."""
     obj = read_checkpoint(path, sha256)
     if which not in ("ema", "model"):
         raise ValueError(f"which must be 'ema' or 'model', got {which!r}")
@@ -93,7 +96,8 @@ def _hints(model: nn.Module, shapes: dict[str, tuple[tuple, tuple]]) -> list[str
 
 
 def check_state_dict(model: nn.Module, state: dict[str, Tensor], source: str = "checkpoint") -> None:
-    """Raise CheckpointError listing missing / unexpected keys and shape mismatches, with likely causes."""
+    """Raise CheckpointError listing missing / unexpected keys and shape mismatches, with likely
+    causes."""
     own = model.state_dict()
     missing = sorted(set(own) - set(state))
     unexpected = sorted(set(state) - set(own))
@@ -126,14 +130,16 @@ def load_checkpoint(
 
 @dataclass
 class LoadedModel:
-    """A model built and loaded from a checkpoint, and what the checkpoint says about sampling from it.
+    """A model built and loaded from a checkpoint, and what the checkpoint says about sampling from
+    it.
 
-    ``source``: "ours" (training checkpoint of this codebase, config in ``args``) or "official" (bare
-    state dict such as SiT-XL-2-256.pt, or a DiT/SiT training checkpoint with argparse ``args``).
-    ``input_size``: the model's training input side (latent side for latent models). ``transport``:
-    ``create_transport`` kwargs. ``vae``: ``{"name": hub id | directory | "none", "scaling_factor"}``.
-    ``sample``: the checkpoint's ``sample`` config section (ours) or {}. ``step``: the training step
-    if recorded; ``which``: "ema" | "model" for training checkpoints, None for bare state dicts.
+    ``source``: "ours" (training checkpoint of this codebase, config in ``args``) or "official"
+    (bare state dict such as SiT-XL-2-256.pt, or a DiT/SiT training checkpoint with argparse
+    ``args``). ``input_size``: the model's training input side (latent side for latent models).
+    ``transport``: ``create_transport`` kwargs. ``vae``: ``{"name": hub id | directory | "none",
+    "scaling_factor"}``. ``sample``: the checkpoint's ``sample`` config section (ours) or {}.
+    ``step``: the training step if recorded; ``which``: "ema" | "model" for training checkpoints,
+    None for bare state dicts.
     """
 
     model: nn.Module
@@ -150,10 +156,12 @@ class LoadedModel:
 
 
 def _is_our_config(args: Any) -> bool:
-    return isinstance(args, dict) and isinstance(args.get("model"), dict) and "name" in args["model"]
+    return (isinstance(args, dict) and isinstance(args.get("model"), dict)
+            and "name" in args["model"])
 
 
-def _infer_architecture(state: dict[str, Tensor], input_size: int | None, path: str) -> dict[str, Any]:
+def _infer_architecture(state: dict[str, Tensor], input_size: int | None, path: str
+                        ) -> dict[str, Any]:
     """create_model overrides read off a DiT/SiT state dict: in_channels, learn_sigma, num_classes,
     input_size."""
     for key in ("x_embedder.proj.weight", "final_layer.linear.weight",
@@ -167,19 +175,21 @@ def _infer_architecture(state: dict[str, Tensor], input_size: int | None, path: 
     arch = dict(
         in_channels=in_channels,
         learn_sigma=out_channels == 2 * in_channels,
-        num_classes=state["y_embedder.embedding_table.weight"].shape[0] - 1,  # last row = null class
+        # the table's last row is the null class
+        num_classes=state["y_embedder.embedding_table.weight"].shape[0] - 1,
     )
     if "pos_embed" in state:
         trained = math.isqrt(state["pos_embed"].shape[1]) * patch
         if input_size is not None and input_size != trained:
-            warnings.warn(f"{path}: pos_embed was trained at input side {trained}, not {input_size}; "
-                          f"using {trained} (sampling at another size interpolates the table)",
-                          stacklevel=3)
+            warnings.warn(f"{path}: pos_embed was trained at input side {trained}, not "
+                          f"{input_size}; using {trained} (sampling at another size interpolates "
+                          "the table)", stacklevel=3)
         arch["input_size"] = trained
     elif input_size is not None:
         arch["input_size"] = input_size
     else:
-        raise CheckpointError(f"{path}: no pos_embed to read the training size from; pass the image size")
+        raise CheckpointError(f"{path}: no pos_embed to read the training size from; pass the "
+                              "image size")
     return arch
 
 
@@ -191,18 +201,18 @@ def load_model(
     sha256: str | None = None,
     overrides: dict[str, Any] | None = None,
 ) -> LoadedModel:
-    """Build the model stored in ``ckpt`` and load its weights (``which``: ema | model), on the CPU, in
-    eval mode without gradients.
+    """Build the model stored in ``ckpt`` and load its weights (``which``: ema | model), on the CPU,
+    in eval mode without gradients.
 
-    Our training checkpoints rebuild the model, transport and VAE settings from their ``args`` config;
-    ``model_name`` must then be None or equal to the trained name. Any other layout (the released bare
-    EMA state dict, a DiT/SiT training checkpoint, .safetensors) needs ``model_name`` (e.g. "SiT-XL/2",
-    or the ``args.model`` of an official training checkpoint); in_channels, learn_sigma, num_classes and
-    the training input size are read off the tensors. Official defaults: Linear path, velocity
-    prediction, and the SD-VAE ft-EMA decoder for 4-channel models (pixel space otherwise).
-    ``input_size`` (model input side) is only needed when the state dict has no ``pos_embed``.
-    ``overrides``: ``create_model`` keywords for a bare state dict whose architecture is not the
-    registry's (depth, hidden_size, num_heads, switches).
+    Our training checkpoints rebuild the model, transport and VAE settings from their ``args``
+    config; ``model_name`` must then be None or equal to the trained name. Any other layout (the
+    released bare EMA state dict, a DiT/SiT training checkpoint, .safetensors) needs ``model_name``
+    (e.g. "SiT-XL/2", or the ``args.model`` of an official training checkpoint); in_channels,
+    learn_sigma, num_classes and the training input size are read off the tensors. Official
+    defaults: Linear path, velocity prediction, and the SD-VAE ft-EMA decoder for 4-channel models
+    (pixel space otherwise). ``input_size`` (model input side) is only needed when the state dict
+    has no ``pos_embed``. ``overrides``: ``create_model`` keywords for a bare state dict whose
+    architecture is not the registry's (depth, hidden_size, num_heads, switches).
     """
     path = os.fspath(ckpt)
     if which not in ("ema", "model"):
@@ -217,8 +227,8 @@ def load_model(
     if _is_our_config(args):
         section = args["model"]
         if model_name is not None and model_name != section["name"]:
-            raise ValueError(f"{path} was trained as {section['name']!r}, not {model_name!r}; drop the "
-                             "model name (our checkpoints carry their architecture)")
+            raise ValueError(f"{path} was trained as {section['name']!r}, not {model_name!r}; "
+                             "drop the model name (our checkpoints carry their architecture)")
         model = create_model(section["name"], **model_kwargs(section))
         loaded = LoadedModel(
             model, section["name"], "ours", model.input_size, model.in_channels, model.num_classes,
@@ -229,14 +239,16 @@ def load_model(
         official = vars(args) if isinstance(args, argparse.Namespace) else {}
         model_name = model_name or official.get("model")
         if model_name is None:
-            raise ValueError(f"{path} is a bare state dict without a config: name its architecture "
-                             f"(model_name / --model), e.g. SiT-XL/2; valid: {', '.join(list_models())}")
+            raise ValueError(f"{path} is a bare state dict without a config: name its "
+                             "architecture (model_name / --model), e.g. SiT-XL/2; valid: "
+                             + ", ".join(list_models()))
         arch = _infer_architecture(state, input_size, path)
         model = create_model(model_name, **{**arch, **(overrides or {})})
         transport_keys = ("path_type", "prediction", "loss_weight", "train_eps", "sample_eps")
         vae_name = f"stabilityai/sd-vae-ft-{official['vae']}" if official.get("vae") else SD_VAE_EMA
         loaded = LoadedModel(
-            model, model_name, "official", arch["input_size"], arch["in_channels"], arch["num_classes"],
+            model, model_name, "official", arch["input_size"], arch["in_channels"],
+            arch["num_classes"],
             transport={k: official[k] for k in transport_keys if official.get(k) is not None},
             vae={"name": vae_name if arch["in_channels"] == 4 else "none",
                  "scaling_factor": SD_VAE_SCALING_FACTOR},

@@ -4,15 +4,16 @@
 Reproducibility. All randomness is a pure function of ``train.seed`` and the position in training:
 
 * model init: the global RNG seeded with ``seed`` (same on every process);
-* data order: a permutation per epoch from a generator seeded by (seed, epoch) (:class:`StepBatchSampler`);
-  augmentation: per (seed, epoch, item) inside the dataset;
-* noise, t, class dropout, VAE posterior samples: before each micro-batch the global RNG is re-seeded from
-  (seed, step, chunk) with ``chunk = accumulation index × world size + rank``.
+* data order: a permutation per epoch from a generator seeded by (seed, epoch)
+  (:class:`StepBatchSampler`); augmentation: per (seed, epoch, item) inside the dataset;
+* noise, t, class dropout, VAE posterior samples: before each micro-batch the global RNG is
+  re-seeded from (seed, step, chunk) with ``chunk = accumulation index × world size + rank``.
 
-So a run resumed at step k continues exactly as the uninterrupted run (bit-identical on CPU), and the same
-global batch cut into the same number of micro-batches gives the same update however those are spread over
-processes and accumulation steps (e.g. 2 processes × 1 = 1 process × 2 accumulation steps, up to the order of
-the gradient sums). The saved RNG states are restored too, for anything outside this scheme.
+So a run resumed at step k continues exactly as the uninterrupted run (bit-identical on CPU), and
+the same global batch cut into the same number of micro-batches gives the same update however those
+are spread over processes and accumulation steps (e.g. 2 processes × 1 = 1 process × 2 accumulation
+steps, up to the order of the gradient sums). The saved RNG states are restored too, for anything
+outside this scheme.
 """
 
 from __future__ import annotations
@@ -74,20 +75,22 @@ class NonFiniteLossError(RuntimeError):
 class StepBatchSampler(Sampler[list[int]]):
     """Yields, for one process, the dataset indices of each optimizer step of an epoch.
 
-    The epoch's order is ``randperm(len)`` from a generator seeded by (seed, epoch); global batch b is
-    ``perm[b·G:(b+1)·G]``, cut into ``world × accum`` chunks of ``G / (world × accum)``; this process gets chunks
-    ``a·world + rank`` for a = 0..accum−1, concatenated in that order (its ``accum`` micro-batches). The last
-    partial global batch of an epoch is dropped. ``set_epoch(epoch, start_batch)`` skips the first batches,
-    which is how a resumed run continues mid-epoch.
+    The epoch's order is ``randperm(len)`` from a generator seeded by (seed, epoch); global batch b
+    is ``perm[b·G:(b+1)·G]``, cut into ``world × accum`` chunks of ``G / (world × accum)``; this
+    process gets chunks ``a·world + rank`` for a = 0..accum−1, concatenated in that order (its
+    ``accum`` micro-batches). The last partial global batch of an epoch is dropped.
+    ``set_epoch(epoch, start_batch)`` skips the first batches, which is how a resumed run continues
+    mid-epoch.
     """
 
     def __init__(self, num_items: int, global_batch: int, world_size: int = 1, rank: int = 0,
                  grad_accum: int = 1, seed: int = 0) -> None:
         if global_batch % (world_size * grad_accum):
-            raise ConfigError(f"data.global_batch_size={global_batch} is not divisible by processes ({world_size}) "
-                              f"× train.grad_accum ({grad_accum})")
+            raise ConfigError(f"data.global_batch_size={global_batch} is not divisible by "
+                              f"processes ({world_size}) × train.grad_accum ({grad_accum})")
         if num_items < global_batch:
-            raise ConfigError(f"the dataset has {num_items} items, fewer than data.global_batch_size={global_batch}")
+            raise ConfigError(f"the dataset has {num_items} items, fewer than "
+                              f"data.global_batch_size={global_batch}")
         self.num_items, self.global_batch = num_items, global_batch
         self.world_size, self.rank, self.grad_accum, self.seed = world_size, rank, grad_accum, seed
         self.micro_batch = global_batch // (world_size * grad_accum)
@@ -131,13 +134,13 @@ def resolve_data_dependent(cfg: Config, dataset: Dataset, vae: nn.Module | None)
     kind, vae_name = cfg["data"]["kind"], cfg["vae"]["name"]
     if vae is not None and kind != "latents":  # images encoded on the fly
         if channels != 3:
-            raise ConfigError(f"vae.name={vae_name!r} encodes RGB images, but data.kind={kind!r} gives "
-                              f"{channels}-channel images; set vae.name=none")
+            raise ConfigError(f"vae.name={vae_name!r} encodes RGB images, but data.kind={kind!r} "
+                              f"gives {channels}-channel images; set vae.name=none")
         channels, height = vae.config.latent_channels, height // downsampling_factor(vae)
     if kind == "latents" and vae_enabled(vae_name):
         if not math.isclose(dataset.scaling_factor, cfg["vae"]["scaling_factor"], rel_tol=1e-6):
-            raise ConfigError(f"vae.scaling_factor={cfg['vae']['scaling_factor']} but the latent cache "
-                              f"was made with {dataset.scaling_factor}")
+            raise ConfigError(f"vae.scaling_factor={cfg['vae']['scaling_factor']} but the latent "
+                              f"cache was made with {dataset.scaling_factor}")
     resolved = copy.deepcopy(cfg)
     derived = {"input_size": height, "in_channels": channels, "num_classes": dataset.num_classes}
     for key, value in derived.items():
@@ -147,8 +150,8 @@ def resolve_data_dependent(cfg: Config, dataset: Dataset, vae: nn.Module | None)
         elif key == "num_classes" and given < value:
             raise ConfigError(f"model.num_classes={given} but the dataset has {value} classes")
         elif key != "num_classes" and given != value:
-            raise ConfigError(f"model.{key}={given} but the data gives {value}; leave it unset (null) "
-                              "to derive it")
+            raise ConfigError(f"model.{key}={given} but the data gives {value}; leave it unset "
+                              "(null) to derive it")
     return resolved
 
 
@@ -166,7 +169,8 @@ def compute_loss(transport: Transport, model: nn.Module, x: Tensor, y: Tensor) -
 
 
 def learning_rate(cfg_optim: dict[str, Any], step: int) -> float:
-    """lr of optimizer step ``step`` (0-based): linear warmup over ``warmup_steps``, then constant."""
+    """lr of optimizer step ``step`` (0-based): linear warmup over ``warmup_steps``, then constant.
+    """
     warmup = cfg_optim["warmup_steps"]
     return cfg_optim["lr"] * (min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0)
 
@@ -185,15 +189,16 @@ def grid_classes(cfg_sample: dict[str, Any], num_classes: int) -> list[int]:
 def grid_images(ema: nn.Module, transport: Transport, cfg: Config, device: torch.device,
                 vae: nn.Module | None = None) -> Tensor:
     """Grid images (N, C, H, W) in [0, 1] (uint8 steps) from the EMA model: samples 0..N-1 of the
-    sampling pipeline with the ``sample`` section's settings, global seed ``sample.seed`` and classes
-    ``grid_classes`` (so image i equals sample.py's image i for the same checkpoint, seed and class).
-    Latent models are decoded with ``vae``."""
+    sampling pipeline with the ``sample`` section's settings, global seed ``sample.seed`` and
+    classes ``grid_classes`` (so image i equals sample.py's image i for the same checkpoint, seed
+    and class). Latent models are decoded with ``vae``."""
     s, m = cfg["sample"], cfg["model"]
     decode = decoder(vae, cfg["vae"]["scaling_factor"]) if vae is not None else None
     shape = (m["in_channels"], m["input_size"], m["input_size"])
     was_training = ema.training
     pipe = SamplingPipeline(ema, transport, sample_spec(s), shape, m["num_classes"], decode, device)
-    images = pipe.generate(range(s["num_images"]), s["seed"], grid_classes(s, m["num_classes"])).images
+    labels = grid_classes(s, m["num_classes"])
+    images = pipe.generate(range(s["num_images"]), s["seed"], labels).images
     ema.train(was_training)
     return torch.from_numpy(images).permute(0, 3, 1, 2).float() / 255
 
@@ -202,16 +207,16 @@ def grid_images(ema: nn.Module, transport: Transport, cfg: Config, device: torch
 
 
 def _make_accelerator(cfg: Config) -> Accelerator:
-    # accelerate keeps one process-wide state; forget the previous train() call's precision/plugins so
-    # that several runs with different settings can share a process (tests, notebooks).
+    # accelerate keeps one process-wide state; forget the previous train() call's precision and
+    # plugins so that several runs with different settings can share a process (tests, notebooks).
     AcceleratorState._reset_state(reset_partial_state=False)
     t = cfg["train"]
     fsdp_plugin = None
     if t["distributed"] == "fsdp":  # minimal FSDP: full shard per transformer block; untested here
         fsdp_plugin = FullyShardedDataParallelPlugin(
-            fsdp_version=1, sharding_strategy="FULL_SHARD", auto_wrap_policy="transformer_based_wrap",
-            transformer_cls_names_to_wrap=["Block"], use_orig_params=True,
-            state_dict_type="FULL_STATE_DICT")
+            fsdp_version=1, sharding_strategy="FULL_SHARD",
+            auto_wrap_policy="transformer_based_wrap", transformer_cls_names_to_wrap=["Block"],
+            use_orig_params=True, state_dict_type="FULL_STATE_DICT")
     return Accelerator(cpu=t["cpu"], mixed_precision="bf16" if t["precision"] == "bf16" else "no",
                        fsdp_plugin=fsdp_plugin, dynamo_backend="inductor" if t["compile"] else "no")
 
@@ -262,7 +267,8 @@ class _MetricWindow:
         self.steps, self.start = 0, time.perf_counter()
 
     def add(self, loss: float, grad_norm: float) -> None:
-        self.loss, self.grad_norm, self.steps = self.loss + loss, self.grad_norm + grad_norm, self.steps + 1
+        self.loss, self.grad_norm = self.loss + loss, self.grad_norm + grad_norm
+        self.steps += 1
 
     @contextmanager
     def paused(self):
@@ -285,9 +291,9 @@ class _MetricWindow:
 
 @dataclass
 class TrainResult:
-    """What ``train`` returns: the run directory, the final step, the last checkpoint and grid written,
-    the (all-process mean) loss of every optimizer step this call ran, and the resolved config (the
-    request with the data-dependent model keys filled in)."""
+    """What ``train`` returns: the run directory, the final step, the last checkpoint and grid
+    written, the (all-process mean) loss of every optimizer step this call ran, and the resolved
+    config (the request with the data-dependent model keys filled in)."""
 
     run_dir: Path
     step: int
@@ -314,10 +320,12 @@ class Position:
 
 @dataclass
 class Run:
-    """Everything a ``train`` call builds; the named steps read it and update ``position``/``result``.
+    """Everything a ``train`` call builds; the named steps read it and update
+    ``position``/``result``.
 
     ``cfg`` is the resolved config; ``model`` the accelerate-prepared model, ``unwrapped`` the bare
-    module behind it; ``vae`` is None in pixel space (and on processes that neither encode nor sample).
+    module behind it; ``vae`` is None in pixel space (and on processes that neither encode nor
+    sample).
     """
 
     cfg: Config
@@ -355,8 +363,8 @@ class Run:
 
 
 def build(cfg: Config, resume: str | None) -> Run:
-    """Accelerator, data (and VAE), model, EMA, optimizer and logger for ``cfg``; restores the state of
-    the checkpoint ``resume`` names (model, EMA, optimizer, position, RNG)."""
+    """Accelerator, data (and VAE), model, EMA, optimizer and logger for ``cfg``; restores the state
+    of the checkpoint ``resume`` names (model, EMA, optimizer, position, RNG)."""
     t, o = cfg["train"], cfg["optim"]
     accelerator = _make_accelerator(cfg)
     device, main = accelerator.device, accelerator.is_main_process
@@ -366,16 +374,16 @@ def build(cfg: Config, resume: str | None) -> Run:
     run_dir = Path(t["out_dir"])
     ckpt_path = resolve_resume(resume, run_dir) if resume else None
     if ckpt_path is None and latest_checkpoint(run_dir / CKPT_DIR) is not None:
-        raise ConfigError(f"{run_dir} already holds checkpoints: pass --resume latest to continue that "
-                          "run, or choose another train.out_dir")
+        raise ConfigError(f"{run_dir} already holds checkpoints: pass --resume latest to continue "
+                          "that run, or choose another train.out_dir")
 
     # data (and the VAE when images are encoded on the fly or grids need decoding)
     dataset = build_dataset_from_config(cfg)
     with_vae = vae_enabled(cfg["vae"]["name"])
     sampling = t["sample_every"] > 0
     if cfg["data"]["kind"] == "latents" and not with_vae and sampling:
-        raise ConfigError("data.kind=latents with vae.name=none cannot decode sample grids: name the "
-                          "VAE (vae.name) or set train.sample_every=0")
+        raise ConfigError("data.kind=latents with vae.name=none cannot decode sample grids: name "
+                          "the VAE (vae.name) or set train.sample_every=0")
     needs_vae = with_vae and (cfg["data"]["kind"] != "latents" or (sampling and main))
     vae = load_vae(cfg["vae"]["name"], device=device) if needs_vae else None
     cfg = resolve_data_dependent(cfg, dataset, vae)
@@ -417,11 +425,12 @@ def build(cfg: Config, resume: str | None) -> Run:
         run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, run_dir / "config.yaml")
     unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
-    gates = GateMonitor(unwrapped)  # residual-branch strength, read from the logged step's own forward
+    gates = GateMonitor(unwrapped)  # residual-branch strength, read from the logged step's forward
     logger = MetricLogger(run_dir, enabled=main, tensorboard=t["tensorboard"], wandb=t["wandb"],
                           config=cfg, wandb_project=t["wandb_project"], resume_step=position.step,
                           extra_fields=tuple(gates.keys))
-    result = TrainResult(run_dir, position.step, latest_checkpoint(run_dir / CKPT_DIR), None, config=cfg)
+    last = latest_checkpoint(run_dir / CKPT_DIR)
+    result = TrainResult(run_dir, position.step, last, None, config=cfg)
     return Run(cfg, accelerator, run_dir, dataset, batches, loader, vae, model, unwrapped, ema,
                optimizer, create_transport(**cfg["transport"]), gates, logger, position, result)
 
@@ -446,9 +455,9 @@ def batches(run: Run) -> Iterator[tuple[Tensor, Tensor]]:
 
 
 def train_step(run: Run, x: Tensor, y: Tensor, lr: float) -> tuple[float, float]:
-    """One optimizer step on this process's share (x, y) of the global batch; returns the all-process
-    mean loss and the global gradient norm (before clipping). Raises NonFiniteLossError before
-    stepping."""
+    """One optimizer step on this process's share (x, y) of the global batch; returns the
+    all-process mean loss and the global gradient norm (before clipping). Raises NonFiniteLossError
+    before stepping."""
     accelerator, model, optimizer = run.accelerator, run.model, run.optimizer
     t, o, step = run.cfg["train"], run.cfg["optim"], run.position.step
     for group in optimizer.param_groups:
@@ -462,7 +471,8 @@ def train_step(run: Run, x: Tensor, y: Tensor, lr: float) -> tuple[float, float]
         xs, ys = xs.to(run.device, non_blocking=True), ys.to(run.device, non_blocking=True)
         if run.encode_on_the_fly:
             xs = encode(run.vae, xs, scaling_factor=run.cfg["vae"]["scaling_factor"])
-        with accelerator.no_sync(model) if a < accum - 1 else nullcontext():  # all-reduce once per step
+        # all-reduce the gradients once per step, on the last micro-batch
+        with accelerator.no_sync(model) if a < accum - 1 else nullcontext():
             loss = compute_loss(run.transport, model, xs, ys).mean()
             accelerator.backward(loss / accum)
         loss_sum += loss.detach()
@@ -471,9 +481,10 @@ def train_step(run: Run, x: Tensor, y: Tensor, lr: float) -> tuple[float, float]
     if not (math.isfinite(loss_value) and math.isfinite(grad_norm)):
         last = latest_checkpoint(run.ckpt_dir)
         raise NonFiniteLossError(
-            f"non-finite loss {loss_value} (grad norm {grad_norm}) at step {step + 1}; stopped before "
-            f"the optimizer step. Last good checkpoint: {last or 'none written yet'}. Try a lower "
-            "optim.lr, optim.grad_clip, optim.warmup_steps or train.precision=fp32.", step + 1)
+            f"non-finite loss {loss_value} (grad norm {grad_norm}) at step {step + 1}; stopped "
+            f"before the optimizer step. Last good checkpoint: {last or 'none written yet'}. Try a "
+            "lower optim.lr, optim.grad_clip, optim.warmup_steps or train.precision=fp32.",
+            step + 1)
     optimizer.step()
     with _full_params(accelerator, model):
         update_ema(run.ema, run.unwrapped, o["ema_decay"])
@@ -490,9 +501,9 @@ def log(run: Run, window: _MetricWindow, lr: float, bar: tqdm) -> None:
     if run.main:
         gate = (f" | gate attn/mlp {metrics['gate/attn/mean']:.3f}/{metrics['gate/mlp/mean']:.3f}"
                 if "gate/attn/mean" in metrics else "")
-        tqdm.write(f"step {step:07d} | loss {metrics['loss']:.4f} | grad {metrics['grad_norm']:.3f} "
-                   f"| lr {lr:.2e} | {metrics['steps_per_s']:.2f} steps/s | "
-                   f"{metrics['img_per_s']:.0f} img/s{gate}")
+        tqdm.write(f"step {step:07d} | loss {metrics['loss']:.4f} | grad "
+                   f"{metrics['grad_norm']:.3f} | lr {lr:.2e} | "
+                   f"{metrics['steps_per_s']:.2f} steps/s | {metrics['img_per_s']:.0f} img/s{gate}")
 
 
 def checkpoint(run: Run) -> None:
@@ -504,11 +515,12 @@ def checkpoint(run: Run) -> None:
     opt_state = _optimizer_state(accelerator, run.model, run.optimizer)
     if run.main:
         milestone = t["milestone_every"] > 0 and pos.step % t["milestone_every"] == 0
-        state = {"model": model_state, "ema": run.ema.state_dict(), "opt": opt_state, "args": run.cfg,
-                 "step": pos.step, "epoch": pos.epoch, "batch_in_epoch": pos.batch_in_epoch,
-                 "rng": rng_state(), "versions": package_versions(),
-                 "model_name": run.cfg["model"]["name"]}
-        run.result.checkpoint = save_checkpoint(state, run.ckpt_dir, pos.step, milestone, t["keep_last"])
+        state = {"model": model_state, "ema": run.ema.state_dict(), "opt": opt_state,
+                 "args": run.cfg, "step": pos.step, "epoch": pos.epoch,
+                 "batch_in_epoch": pos.batch_in_epoch, "rng": rng_state(),
+                 "versions": package_versions(), "model_name": run.cfg["model"]["name"]}
+        run.result.checkpoint = save_checkpoint(state, run.ckpt_dir, pos.step, milestone,
+                                                t["keep_last"])
         tqdm.write(f"saved checkpoint {run.result.checkpoint}")
     accelerator.wait_for_everyone()
 
@@ -530,11 +542,12 @@ def _due(step: int, every: int) -> bool:
 
 def train(cfg: Config, resume: str | None = None) -> TrainResult:
     """Train as ``cfg`` says (a config from ``load_config``; not modified); ``resume`` = "latest" |
-    checkpoint path | run directory restores model, EMA, optimizer, step, data position and RNG states.
+    checkpoint path | run directory restores model, EMA, optimizer, step, data position and RNG
+    states.
 
     Writes ``<train.out_dir>/{config.yaml, checkpoints/, samples/, metrics.jsonl, metrics.csv}``.
-    Raises NonFiniteLossError (the last good checkpoint stays ``latest``), IncompatibleCheckpointError
-    (resume from another model/config) or ConfigError.
+    Raises NonFiniteLossError (the last good checkpoint stays ``latest``),
+    IncompatibleCheckpointError (resume from another model/config) or ConfigError.
     """
     run = build(cfg, resume)
     t, pos, start_step = run.cfg["train"], run.position, run.position.step

@@ -1,10 +1,10 @@
 """Numerical integrators: torchdiffeq for ODEs, Euler-Maruyama / Heun for SDEs, and an NFE counter.
 
 ODE method names are torchdiffeq 0.2.x's, listed in two fixed tables (its registry is private API):
-``FIXED_STEP_METHODS`` take one step per interval of the output grid; ``ADAPTIVE_METHODS`` choose their
-own steps (the grid only says where the solution is reported). tests/test_transport_ode.py checks the
-tables against torchdiffeq's behaviour. ``heun`` is accepted as an alias of ``heun2`` (explicit
-trapezoid, 2 evaluations per step).
+``FIXED_STEP_METHODS`` take one step per interval of the output grid; ``ADAPTIVE_METHODS`` choose
+their own steps (the grid only says where the solution is reported). tests/test_transport_ode.py
+checks the tables against torchdiffeq's behaviour. ``heun`` is accepted as an alias of ``heun2``
+(explicit trapezoid, 2 evaluations per step).
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ def ode_method(name: str) -> str:
 
 
 def is_adaptive(method: str) -> bool:
-    """True when the torchdiffeq method picks its own steps (the output grid does not set the NFE)."""
+    """True when the torchdiffeq method picks its own steps (the output grid does not set the NFE).
+    """
     return ode_method(method) in ADAPTIVE_METHODS
 
 
@@ -52,7 +53,8 @@ class CountingModel:
 
 
 def time_grid(t0: float, t1: float, num_steps: int, like: Tensor) -> Tensor:
-    """``linspace(t0, t1, num_steps)`` in float64 for float64 data, else float32, on ``like``'s device."""
+    """``linspace(t0, t1, num_steps)`` in float64 for float64 data, else float32, on ``like``'s
+    device."""
     if num_steps < 2:
         raise ValueError(f"num_steps must be >= 2 (grid points including both ends), got {num_steps}")
     dtype = torch.float64 if like.dtype == torch.float64 else torch.float32
@@ -72,7 +74,8 @@ def solve_ode(
     atol: float,
     rtol: float,
 ) -> Tensor | tuple[Tensor, ...]:
-    """Integrate ``dy/dt = drift(y, t_batch)`` over ``grid``; returns the states on the grid (time first)."""
+    """Integrate ``dy/dt = drift(y, t_batch)`` over ``grid``; returns the states on the grid (time
+    first)."""
     first = y0[0] if isinstance(y0, tuple) else y0
 
     def func(t: Tensor, y):
@@ -101,7 +104,8 @@ def euler_maruyama_step(
 
 
 def heun_step(x: Tensor, t: float, dt: float, noise: Tensor, drift: SDEDrift, diffusion: SDEDiffusion) -> Tensor:
-    """SiT's stochastic Heun step: add the noise first, then a Heun (trapezoid) drift step (2 evaluations)."""
+    """SiT's stochastic Heun step: add the noise first, then a Heun (trapezoid) drift step (2
+    evaluations)."""
     t_b = batch_time(t, x)
     x_hat = x + torch.sqrt(2 * diffusion(x, t_b)) * noise * math.sqrt(dt)
     k1 = drift(x_hat, t_b)
