@@ -138,7 +138,9 @@ def _read_metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def _curve(rows: Sequence[dict[str, Any]], key: str, every: int = 20) -> list[list[float]]:
-    """``[[step, mean of key over the last `every` steps], ...]``: a compact training curve."""
+    """``[[step, mean of key over the last `every` steps], ...]``: a compact training curve (short runs: at
+    least four points)."""
+    every = max(1, min(every, len(rows) // 4))
     points = []
     for end in range(every, len(rows) + 1, every):
         values = [r[key] for r in rows[end - every : end] if r.get(key) is not None]
@@ -251,14 +253,22 @@ def sweep(specs: Sequence[RunSpec], jobs: int = 1) -> list[dict[str, Any]]:
     """Run every spec in ``jobs`` processes of one thread each (tiny models: more threads only spin)."""
     results: dict[int, dict[str, Any]] = {}
     bar = tqdm(total=len(specs), desc="digits runs", unit="run")
-    with ProcessPoolExecutor(max(1, jobs), mp_context=get_context("spawn")) as pool:
-        futures = {pool.submit(_worker, spec, 1): i for i, spec in enumerate(specs)}
-        for future in as_completed(futures):
-            r = results[futures[future]] = future.result()
-            final = r["checkpoints"][str(r["steps"])]
-            bar.set_postfix_str(f"{r['dataset']} {r['variant']} s{r['seed']}: loss {final['heldout_loss']:.4f} "
-                                f"FID {final['digits_fid']:.2f}")
-            bar.update()
+
+    def done(i: int, r: dict[str, Any]) -> None:
+        results[i] = r
+        final = r["checkpoints"][str(r["steps"])]
+        bar.set_postfix_str(f"{r['dataset']} {r['variant']} s{r['seed']}: loss {final['heldout_loss']:.4f} "
+                            f"FID {final['digits_fid']:.2f}")
+        bar.update()
+
+    if jobs <= 1:  # in this process (tests, debugging)
+        for i, spec in enumerate(specs):
+            done(i, run_one(spec, 1))
+    else:
+        with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
+            futures = {pool.submit(_worker, spec, 1): i for i, spec in enumerate(specs)}
+            for future in as_completed(futures):
+                done(futures[future], future.result())
     bar.close()
     return [results[i] for i in range(len(specs))]
 
