@@ -107,8 +107,8 @@ def test_plan_covers_main_variants_seeds_datasets_and_the_ablations():
     ablations = specs[len(main):]
     assert len(ablations) == 2 * 2 * len(digits.ABLATIONS) and {s.seed for s in ablations} == {0, 1}
     assert len({s.run_dir for s in specs}) == len(specs) == len({s.result_path for s in specs})
-    from sit_vit5.config import model_kwargs
     from sit_vit5.models import create_model
+    from sit_vit5.models.registry import model_kwargs
 
     for variant in digits.VARIANTS:  # every variant spells out LayerScale (or is SiT) and builds
         spec = digits.RunSpec("digits16", variant, 0)
