@@ -72,7 +72,7 @@ class SampleSpec:
     ODE: a torchdiffeq method (dopri5, euler, heun2, midpoint, rk4, ...); SDE: Euler | Heun; None =
     dopri5 / Euler. ``num_steps``: grid points (fixed-step ODE: num_steps - 1 steps; adaptive ODE:
     only where the solution is reported). ``atol``/``rtol``: adaptive ODE tolerances.
-    ``diffusion_form``/ ``diffusion_norm``/``last_step``/``last_step_size``: SDE only (see
+    ``diffusion_form``/``diffusion_norm``/``last_step``/``last_step_size``: SDE only (see
     ``sit_vit5.transport.Sampler.sample_sde``). ``cfg_scale`` 1 = no guidance; ``cfg_channels`` None
     = guide all channels, 3 = the SiT/DiT legacy mode; ``cfg_interval`` (t_lo, t_hi) = guide only
     there.
@@ -83,7 +83,8 @@ class SampleSpec:
     num_steps: int = 250
     atol: float = 1e-6
     rtol: float = 1e-3
-    # SiT's sample.py SDE default and the published FID 2.06 protocol; SiT's Sampler API says SBDM
+    # sigma, not SiT's Sampler-API default SBDM: it is SiT's sample.py default, the setting
+    # behind the published FID 2.06 (DESIGN §4)
     diffusion_form: str = "sigma"
     diffusion_norm: float = 1.0
     last_step: str | None = "Mean"
