@@ -22,6 +22,11 @@ from typing import Any, NamedTuple
 
 import yaml
 
+from .models import list_models, valid_overrides
+from .precision import PRECISIONS
+from .transport.sampler import METHODS
+from .vae import SD_VAE_SCALING_FACTOR
+
 Config = dict[str, dict[str, Any]]
 
 DEFAULTS: Config = {
@@ -52,7 +57,7 @@ DEFAULTS: Config = {
     },
     "vae": {
         "name": "stabilityai/sd-vae-ft-ema",  # none (pixel space) | hub id | local diffusers directory
-        "scaling_factor": 0.18215,  # latents = posterior sample × this (SD-VAE)
+        "scaling_factor": SD_VAE_SCALING_FACTOR,  # latents = posterior sample × this (SD-VAE)
     },
     "optim": {
         "lr": 1e-4,  # AdamW learning rate (constant after warmup)
@@ -83,28 +88,27 @@ DEFAULTS: Config = {
         "wandb": False,  # log to Weights & Biases (warns if wandb is not installed)
         "wandb_project": "sit-vit5",  # wandb project name
     },
+    # Sample grids during training, and sample.py's starting point for this run's checkpoints.
+    # Sampler keys are sit_vit5.sampling.SampleSpec's fields; None = the SampleSpec default.
     "sample": {
         "method": "ode",  # ode | sde
-        "sampling_method": "euler",  # ode: euler | heun2 | dopri5 ...; sde: Euler | Heun
-        "num_steps": 50,  # integration steps
-        "cfg_scale": 1.0,  # classifier-free guidance scale (1 = off)
+        "sampling_method": "euler",  # cheap fixed step; ode: euler | heun2 | dopri5 ...; sde: Euler
+        "num_steps": 50,  # time-grid points (fixed-step ODE: num_steps - 1 steps)
+        "atol": None,  # adaptive ODE tolerances
+        "rtol": None,
+        "diffusion_form": None,  # SDE diffusion coefficient D(t): sigma | SBDM | linear | ...
+        "diffusion_norm": None,  # SDE diffusion scale
+        "last_step": None,  # SDE final step: Mean | Tweedie | Euler | none
+        "last_step_size": None,  # SDE final step size
+        "cfg_scale": None,  # classifier-free guidance scale (1 = off); needs class_dropout_prob > 0
+        "cfg_channels": None,  # guided channels: None = all, 3 = the SiT/DiT legacy mode
+        "cfg_interval": None,  # [t_lo, t_hi]: guide only there (t = 0 noise, 1 data)
         "num_images": 16,  # images in the grid
         "classes": None,  # class of each image; None = 0, 1, 2, ... repeated over the classes
-        "seed": 0,  # seed of the fixed grid noise
+        "seed": 0,  # global seed of the grid: image i is sample i of sample.py with this seed
         "nrow": None,  # images per grid row; None = ceil(sqrt(num_images))
     },
 }
-
-#: ``model`` keys whose None means "take it from the data" (the training loop fills them before building).
-DATA_DERIVED_MODEL_KEYS = ("input_size", "in_channels", "num_classes")
-
-
-def model_kwargs(cfg_model: dict[str, Any]) -> dict[str, Any]:
-    """``create_model`` keywords of a ``model`` section: every key but ``name``. None is passed through (it
-    means "off" for switches such as ``layer_scale_init``), except for data-derived keys still unset."""
-    return {k: v for k, v in cfg_model.items()
-            if k != "name" and not (v is None and k in DATA_DERIVED_MODEL_KEYS)}
-
 
 #: Sections whose extra keys are allowed (validated elsewhere) rather than errors.
 OPEN_SECTIONS = ("model",)
@@ -239,7 +243,7 @@ RANGES: dict[str, Range] = {
     "train.milestone_every": _COUNT0,
     "train.sample_every": _COUNT0,
     "sample.num_steps": Range(2, integer=True),  # a 1-point time grid integrates nothing
-    "sample.cfg_scale": Range(0),  # negative guidance pushes towards the other classes: not a grid setting
+    "sample.cfg_scale": Range(0, nullable=True),  # < 0 steers away from the class: sample.py only, by flag
     "sample.num_images": _COUNT,
     "sample.seed": _COUNT0,
     "sample.nrow": Range(1, integer=True, nullable=True),
@@ -267,6 +271,7 @@ MODEL_RANGES: dict[str, Range] = {
 def model_key_types() -> dict[str, tuple[type, bool]]:
     """``model`` key → (type, nullable), read from the defaults of SiT, the SiT switches and the ViT-5
     switches (a key is nullable when any of them defaults to None, or when it is derived from the data)."""
+    from .models.registry import DATA_DERIVED_KEYS
     from .models.sit import SIT_SWITCHES, SiT
     from .models.vit5 import VIT5_SWITCHES
 
@@ -280,7 +285,7 @@ def model_key_types() -> dict[str, tuple[type, bool]]:
     types = {}
     for name, values in defaults.items():
         given = [v for v in values if v is not None]
-        nullable = len(given) < len(values) or name in DATA_DERIVED_MODEL_KEYS
+        nullable = len(given) < len(values) or name in DATA_DERIVED_KEYS
         types[name] = (type(given[0]) if given else object, nullable)
     return types
 
@@ -296,8 +301,6 @@ def validate_model_section(cfg: Config) -> None:
     """Check the ``model`` keys against ``create_model``'s accepted overrides, their types, ranges and
     choices (raises ConfigError naming ``model.<key>=<value>``). Sizes that do not fit together are checked
     when the model is built (``validate_architecture``): a config may still be edited after loading."""
-    from .models import list_models, valid_overrides
-
     m = cfg["model"]
     valid = ["name", *valid_overrides()]
     unknown = sorted(set(m) - set(valid))
@@ -367,8 +370,8 @@ def _switches_of(cfg_model: dict[str, Any]) -> dict[str, Any]:
 def validate(cfg: Config) -> None:
     """Cross-key checks that need no data: choices, numeric ranges (``RANGES``), the model section
     (raises ConfigError naming the dotted key and its value)."""
-    choices = {("train", "precision"): ("fp32", "bf16"), ("train", "distributed"): ("ddp", "fsdp"),
-               ("sample", "method"): ("ode", "sde")}
+    choices = {("train", "precision"): tuple(PRECISIONS), ("train", "distributed"): ("ddp", "fsdp"),
+               ("sample", "method"): METHODS}
     for (section, key), valid in choices.items():
         if cfg[section][key] not in valid:
             raise ConfigError(f"{section}.{key}={cfg[section][key]!r}; valid: {', '.join(valid)}")

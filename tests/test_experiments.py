@@ -63,7 +63,8 @@ def test_imagenet_config_two_step_smoke_run(config, tiny_imagenet, tmp_path):
     result = train(cfg)
     assert result.step == 2 and result.checkpoint.is_file()
     assert len(result.losses) == 2 and all(np.isfinite(result.losses))
-    assert cfg["model"]["input_size"] == 8 and cfg["model"]["in_channels"] == 4  # latents of the tiny VAE
+    resolved = result.config  # train() resolves a copy; the request stays as given
+    assert resolved["model"]["input_size"] == 8 and resolved["model"]["in_channels"] == 4  # tiny-VAE latents
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS, ids=lambda p: p.stem)
@@ -72,7 +73,8 @@ def test_eval_protocols_parse_into_sample_specs(protocol):
     spec = imagenet.sample_spec(p["sample"])
     assert p["eval"]["num_samples"] == 50_000 and set(p["eval"]["metrics"]) == {"fid", "sfid", "is", "pr"}
     if protocol.stem == "headline":  # the published SiT protocol
-        assert (spec.mode, spec.sampling_method, spec.diffusion_form, spec.num_steps) == ("sde", "Euler", "sigma", 250)
+        got = (spec.method, spec.sampling_method, spec.diffusion_form, spec.num_steps)
+        assert got == ("sde", "Euler", "sigma", 250)
         assert (spec.cfg_scale, spec.cfg_channels) == (1.5, 3) and p["paper"] == {"SiT-XL/2": 2.06, "ViT5-XL/2": 1.84}
     if protocol.stem == "scaling":
         assert spec.cfg_scale == 1.0 and p["eval"]["steps"] == list(range(50_000, 400_001, 50_000))
@@ -105,8 +107,8 @@ def test_plan_covers_main_variants_seeds_datasets_and_the_ablations():
     ablations = specs[len(main):]
     assert len(ablations) == 2 * 2 * len(digits.ABLATIONS) and {s.seed for s in ablations} == {0, 1}
     assert len({s.run_dir for s in specs}) == len(specs) == len({s.result_path for s in specs})
-    from sit_vit5.config import model_kwargs
     from sit_vit5.models import create_model
+    from sit_vit5.models.registry import model_kwargs
 
     for variant in digits.VARIANTS:  # every variant spells out LayerScale (or is SiT) and builds
         spec = digits.RunSpec("digits16", variant, 0)

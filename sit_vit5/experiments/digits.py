@@ -32,6 +32,15 @@ import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 
+from fid.digits import digits_metrics
+
+from .. import training
+from ..config import load_config
+from ..data import DigitsDataset, build_dataset
+from ..models import count_params, flops, load_model, model_from_config
+from ..sampling import SampleSpec, SamplingPipeline
+from ..training.checkpoint import checkpoint_name, latest_checkpoint
+from ..transport import create_transport
 from . import report
 
 REPO = Path(__file__).resolve().parents[2]
@@ -142,8 +151,6 @@ def _curve(rows: Sequence[dict[str, Any]], key: str, every: int = 20) -> list[li
 
 def test_split(cfg: dict[str, Any]) -> tuple[Tensor, Tensor]:
     """All test-split images (N, C, H, W) in [-1, 1] and labels (N,) of the run's data section."""
-    from ..data import build_dataset
-
     dataset = build_dataset({**cfg["data"], "split": "test", "random_flip": False, "seed": 0})
     images, labels = zip(*(dataset[i] for i in range(len(dataset))))
     return torch.stack(images), torch.tensor(labels)
@@ -166,16 +173,11 @@ def heldout_loss(model: nn.Module, transport, x1: Tensor, y: Tensor, num_times: 
 
 def evaluate_checkpoint(path: Path, spec: RunSpec, test_data: tuple[Tensor, Tensor]) -> dict[str, float]:
     """Held-out loss, digits-FID and accuracy of the EMA weights in checkpoint ``path``."""
-    from fid.digits import digits_metrics
-
-    from ..sampling import SampleSpec, SamplingPipeline, load_model_for_sampling
-    from ..transport import create_transport
-
-    model, info = load_model_for_sampling(path)
-    transport = create_transport(**info.transport)
+    loaded = load_model(path)
+    model, transport = loaded.model, create_transport(**loaded.transport)
     loss = heldout_loss(model, transport, *test_data)
     pipeline = SamplingPipeline(
-        model, transport, SampleSpec(mode="ode", sampling_method="euler", num_steps=spec.sample_steps),
+        model, transport, SampleSpec(method="ode", sampling_method="euler", num_steps=spec.sample_steps),
         (model.in_channels, model.input_size, model.input_size), model.num_classes,
     )
     pixels, labels = [], []
@@ -197,15 +199,10 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
 
 def run_one(spec: RunSpec, threads: int | None = None) -> dict[str, Any]:
     """Train (or resume) one run, evaluate its checkpoints and return its result (cached, see module doc)."""
-    from ..config import load_config
-    from ..models import count_params, create_model, flops
-    from ..training import train
-    from ..training.checkpoint import checkpoint_name, latest_checkpoint
-
     if threads:
         torch.set_num_threads(threads)
     cfg = load_config(spec.base_config, spec.overrides())
-    requested = json.loads(json.dumps(cfg))  # train() fills data-dependent keys in place: compare the request
+    requested = json.loads(json.dumps(cfg))  # the request as JSON (tuples -> lists), to compare
     result: dict[str, Any] = {}
     if spec.result_path.is_file():
         result = json.loads(spec.result_path.read_text())
@@ -219,11 +216,12 @@ def run_one(spec: RunSpec, threads: int | None = None) -> dict[str, Any]:
     if not (ckpt_dir / checkpoint_name(spec.steps, False)).is_file():
         resume = "latest" if latest_checkpoint(ckpt_dir) is not None else None
         start = time.perf_counter()
-        train(cfg, resume=resume)
+        training.train(cfg, resume=resume)  # looked up at call time: tests replace it
         result["train_seconds"] = result.get("train_seconds", 0.0) + time.perf_counter() - start
     rows = _read_metrics(spec.run_dir)
     losses = [r["loss"] for r in rows]
-    model = create_model(cfg["model"]["name"], **{k: v for k, v in cfg["model"].items() if k != "name"})
+    resolved = load_config(spec.run_dir / "config.yaml")  # train() saved it with the data-derived keys
+    model = model_from_config(resolved["model"])
     result.update({
         "dataset": spec.dataset, "variant": spec.variant, "seed": spec.seed, "steps": spec.steps,
         "num_samples": spec.num_samples, "sample_steps": spec.sample_steps, "config": requested,
@@ -330,10 +328,6 @@ def compare(a: Sequence[float], b: Sequence[float]) -> dict[str, Any]:
 def fid_floor(image_size: int, num_samples: int, repeats: int = 5) -> tuple[float, float]:
     """Real-vs-real digits-FID: random ``num_samples``-subsets of the real digits (at ``image_size``, as the
     models see them) against all real digits; mean and std over ``repeats`` subsets."""
-    from fid.digits import digits_metrics
-
-    from ..data import DigitsDataset
-
     real = DigitsDataset(image_size=image_size)
     labels = torch.as_tensor(real.labels)
     fids = []

@@ -1,7 +1,16 @@
 """Backbones: the SiT/DiT baseline and the ViT-5 diffusion transformer, one registry for both."""
 
-from .checkpoint import CheckpointError, load_checkpoint, load_state_dict
-from .registry import BACKBONES, SIZES, count_params, create_model, flops, list_models, valid_overrides
+from .checkpoint import CheckpointError, LoadedModel, load_checkpoint, load_model, load_state_dict
+from .registry import (
+    BACKBONES,
+    SIZES,
+    count_params,
+    create_model,
+    flops,
+    list_models,
+    model_from_config,
+    valid_overrides,
+)
 from .sit import SIT_SWITCHES, SiT
 from .vit5 import VIT5_SWITCHES, ViT5
 
@@ -11,6 +20,7 @@ __all__ = [
     "SIT_SWITCHES",
     "VIT5_SWITCHES",
     "CheckpointError",
+    "LoadedModel",
     "SiT",
     "ViT5",
     "count_params",
@@ -18,6 +28,8 @@ __all__ = [
     "flops",
     "list_models",
     "load_checkpoint",
+    "load_model",
+    "model_from_config",
     "load_state_dict",
     "valid_overrides",
 ]
