@@ -17,10 +17,12 @@ from pathlib import Path
 import torch
 from accelerate import PartialState
 
+from sit_vit5.errors import debug_enabled, one_line
 from sit_vit5.models import CheckpointError, LoadedModel, load_model
 from sit_vit5.precision import PRECISIONS
 from sit_vit5.sampling import (
     DEFAULT_SAMPLING_METHOD,
+    NonFiniteSampleError,
     ResumeError,
     SampleSpec,
     SamplingPipeline,
@@ -127,7 +129,10 @@ def _common_parser() -> argparse.ArgumentParser:
     g.add_argument("--last-step-size", type=float,
                    help=f"SDE final step size (default {SPEC.last_step_size})")
     g.add_argument("--cfg-scale", type=float,
-                   help=f"classifier-free guidance scale (default {SPEC.cfg_scale:g} = off)")
+                   help=f"classifier-free guidance scale (default {SPEC.cfg_scale:g} = off; < 0 "
+                   "needs --allow-negative-cfg)")
+    g.add_argument("--allow-negative-cfg", action="store_true",
+                   help="accept --cfg-scale < 0 (steers samples away from their class)")
     g.add_argument("--cfg-channels", type=_cfg_channels, help="guided channels: all (default) or 3 "
                    "for the SiT/DiT legacy mode behind the published numbers")
     g.add_argument("--cfg-interval", type=float, nargs=2, metavar=("T_LO", "T_HI"),
@@ -226,6 +231,10 @@ def build_pipeline(args: argparse.Namespace, device: torch.device
     side)."""
     loaded = load_model(args.ckpt, args.model, args.which)
     spec = resolve_spec(args, loaded.sample)
+    if spec.cfg_scale < 0 and not args.allow_negative_cfg:
+        raise UsageError(f"--cfg-scale {spec.cfg_scale:g}: a negative scale steers samples away from "
+                         "their class (1 = no guidance, > 1 = stronger); pass --allow-negative-cfg "
+                         "if that is meant")
     transport = create_transport(**resolve_transport(args, loaded))
     vae_cfg, decode, factor = resolve_vae(args, loaded), None, 1
     if vae_enabled(vae_cfg.get("name")):
@@ -246,8 +255,9 @@ def build_pipeline(args: argparse.Namespace, device: torch.device
                       f"{loaded.input_size * factor}; sampling at another size interpolates its "
                       "position embedding", stacklevel=2)
     latent_shape = (loaded.in_channels, latent_side, latent_side)
+    which = f" ({loaded.which})" if loaded.which else ""
     pipe = SamplingPipeline(loaded.model, transport, spec, latent_shape, loaded.num_classes, decode,
-                            device, args.precision)
+                            device, args.precision, source=f"checkpoint {args.ckpt}{which}")
     return pipe, loaded, image_size
 
 
@@ -296,9 +306,10 @@ def _bulk(args: argparse.Namespace) -> int:
                          batch_size=args.batch_size, rank=state.process_index,
                          world_size=state.num_processes, png=args.png, settings=settings,
                          barrier=barrier, progress=not args.no_progress)
-    print(f"[rank {state.process_index}/{state.num_processes}] generated {result.generated}, "
-          f"skipped {result.skipped} (done before); NFE per image: {result.nfe}; "
-          f"{result.images_per_second:.2f} images/s")
+    rank = f"[rank {state.process_index}/{state.num_processes}]"
+    rate = (f"NFE per image: {result.nfe}; {result.images_per_second:.2f} images/s" if result.generated
+            else f"nothing to do: this process's samples were all in {args.out}")
+    print(f"{rank} generated {result.generated}, skipped {result.skipped} (done before); {rate}")
     if result.npz is not None:
         print(f"wrote {result.npz}")
     return 0
@@ -316,8 +327,11 @@ def main(argv: list[str] | None = None) -> int:
         warnings.showwarning = _show_warning  # restored by catch_warnings
         try:
             return _grid(args) if args.command == "grid" else _bulk(args)
-        except (UsageError, ResumeError, CheckpointError, ValueError, OSError) as err:
-            print(f"sample.py {args.command}: error: {err}", file=sys.stderr)
+        except (UsageError, ResumeError, CheckpointError, NonFiniteSampleError, ValueError,
+                OSError) as err:
+            if debug_enabled():
+                raise
+            print(f"sample.py {args.command}: error: {one_line(err)}", file=sys.stderr)
             return 2
 
 

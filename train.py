@@ -11,7 +11,9 @@ Settings: see sit_vit5/config.py (every key documented). The resolved config is 
 <train.out_dir>/config.yaml and inside every checkpoint.
 
 Exit status: 0 done; 2 bad input (config key or value, data root, checkpoint, unreadable image, full disk:
-one line naming the culprit; SIT_VIT5_DEBUG=1 shows the traceback); 1 the loss became NaN/inf.
+one line naming the culprit; SIT_VIT5_DEBUG=1 shows the traceback); 1 the loss became NaN/inf;
+3 pre-empted: SIGTERM, SIGINT or SIGUSR1 arrived, the current step finished and a checkpoint of it was
+written (rerun with --resume latest to continue, bit-identically).
 """
 
 from __future__ import annotations
@@ -20,14 +22,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from sit_vit5.config import ConfigError, load_config, validate_architecture
+from sit_vit5.config import ConfigError, load_config
 from sit_vit5.data import DataRootError, UnreadableImageError
 from sit_vit5.errors import report
-from sit_vit5.io import unwritable_dir_reason
 from sit_vit5.training import CheckpointError, NonFiniteLossError, train
 
 DEMO_CONFIG = Path(__file__).resolve().parent / "configs" / "demo.yaml"
-EXIT_PREEMPTED = 3  # SIGTERM / SIGINT / SIGUSR1: the step finished, a checkpoint written; rerun with --resume
+EXIT_PREEMPTED = 3  # a signal stopped the run after a checkpoint; rerun with --resume latest
 
 
 def default_config(resume: str | None) -> tuple[Path, list[str]]:
@@ -54,17 +55,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config, implied = (args.config, []) if args.config else default_config(args.resume)
         cfg = load_config(config, implied + args.overrides)
-        validate_architecture(cfg["model"])
-        problem = unwritable_dir_reason(cfg["train"]["out_dir"])
-        if problem:
-            raise ConfigError(f"train.out_dir={cfg['train']['out_dir']}: cannot write there ({problem})")
-        train(cfg, resume=args.resume)
+        result = train(cfg, resume=args.resume)
     except (ConfigError, CheckpointError, DataRootError) as err:
         return report(err)
     except UnreadableImageError as err:
         return report(err, hint="set data.skip_bad=true to skip unreadable images")
     except NonFiniteLossError as err:
         return report(err, status=1)
+    if result.preempted:
+        print(f"stopped by {result.preempted} after step {result.step}; checkpoint {result.checkpoint} "
+              "written. Continue with --resume latest", file=sys.stderr)
+        return EXIT_PREEMPTED
     return 0
 
 

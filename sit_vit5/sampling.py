@@ -21,6 +21,7 @@ Bulk layout (``out_dir``)::
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -164,6 +165,11 @@ class SampleSpec:
         )
 
 
+class NonFiniteSampleError(RuntimeError):
+    """Samples with NaN/inf values: the model (e.g. an EMA holding a NaN) produced garbage; the
+    message names the weights' source and the sample indices."""
+
+
 @dataclass
 class Generated:
     """One generated batch: ``images`` uint8 ``(B, H, W, C)`` (C = 1 or 3), ``labels`` int64
@@ -196,6 +202,7 @@ class SamplingPipeline:
     decode: Callable[[Tensor], Tensor] | None = None
     device: torch.device | str = "cpu"
     precision: str = "fp32"
+    source: str = "the model"  # what errors call the weights (sample.py: the checkpoint path)
     sampler: Sampler = field(init=False, repr=False)
     sample_fn: Callable[..., Any] = field(init=False, repr=False)
     model_fn: Callable[..., Tensor] = field(init=False, repr=False)
@@ -211,6 +218,9 @@ class SamplingPipeline:
             raise ValueError(f"cfg_scale={spec.cfg_scale} needs a null class, but the model was "
                              "built with class_dropout_prob=0 (no null row in its label table); "
                              "use cfg_scale 1")
+        if spec.cfg_scale < 0:
+            warnings.warn(f"cfg_scale={spec.cfg_scale} < 0 steers samples away from their class",
+                          stacklevel=2)
         self.device = torch.device(self.device)
         self.model = self.model.to(self.device).eval()  # eval: no label dropout
         self.sampler = Sampler(self.transport)
@@ -254,6 +264,11 @@ class SamplingPipeline:
         y = torch.from_numpy(labels).to(self.device)
         # the same generators go on to draw the SDE noise
         x = self.sample_fn(z, self.model_fn, generator=gens, y=y)[-1]
+        if not bool(torch.isfinite(x).all()):  # one reduction per batch; NaN weights end up here
+            raise NonFiniteSampleError(
+                f"non-finite values (NaN/inf) in samples {int(indices[0])}..{int(indices[-1])} from "
+                f"{self.source}: the model's outputs are not finite (NaN/inf weights?); nothing "
+                "was written for them")
         pixels = self.decode(x) if self.decode is not None else x
         return Generated(indices, to_uint8(pixels), labels, pixels.float().cpu(),
                          self.sampler.last_nfe)
@@ -349,12 +364,21 @@ class BulkResult:
 
 
 def _part_name(indices: np.ndarray) -> str:
-    return f"{int(indices[0]):07d}-{int(indices[-1]):07d}.npz"
+    """``{first:07d}-{last:07d}.npz`` for a contiguous run of indices; ``...-step{k}.npz`` for every
+    k-th index (one process of k); else ``...-{count}-{sha8}.npz`` (a resume's leftovers), so a
+    name never claims indices the part does not hold and two different sets never share one."""
+    first, last = int(indices[0]), int(indices[-1])
+    gaps = np.unique(np.diff(indices)) if len(indices) > 1 else np.array([1])
+    if len(gaps) == 1 and gaps[0] == 1:
+        return f"{first:07d}-{last:07d}.npz"
+    if len(gaps) == 1 and gaps[0] > 1:
+        return f"{first:07d}-{last:07d}-step{int(gaps[0])}.npz"
+    digest = hashlib.sha256(np.asarray(indices, dtype=np.int64).tobytes()).hexdigest()[:8]
+    return f"{first:07d}-{last:07d}-{len(indices)}-{digest}.npz"
 
 
 def _save_part(parts_dir: Path, batch: Generated) -> Path:
-    """Write one batch as ``parts/{first:07d}-{last:07d}.npz`` atomically (resume trusts complete
-    files only)."""
+    """Write one batch as ``parts/<_part_name>`` atomically (resume trusts complete files only)."""
 
     path = parts_dir / _part_name(batch.indices)
     atomic_write(path, lambda f: np.savez(f, indices=batch.indices, images=batch.images,
@@ -362,9 +386,12 @@ def _save_part(parts_dir: Path, batch: Generated) -> Path:
     return path
 
 
-def scan_parts(parts_dir: str | os.PathLike) -> dict[int, tuple[Path, int]]:
+def scan_parts(parts_dir: str | os.PathLike, remove_unreadable: bool = False
+               ) -> dict[int, tuple[Path, int]]:
     """Map each finished sample index to ``(part file, row)``; temporary files (``.tmp-*``) are
-    ignored."""
+    ignored. An unreadable part (truncated or damaged after it was written: parts are written
+    atomically) is skipped with a warning, and with ``remove_unreadable`` deleted, so that its
+    samples are made again and it is not warned about forever."""
     found: dict[int, tuple[Path, int]] = {}
     parts_dir = Path(parts_dir)
     if not parts_dir.is_dir():
@@ -373,9 +400,11 @@ def scan_parts(parts_dir: str | os.PathLike) -> dict[int, tuple[Path, int]]:
         try:
             with np.load(part, allow_pickle=False) as f:
                 indices = f["indices"]
-        except (OSError, ValueError, KeyError, zipfile.BadZipFile) as err:
-            warnings.warn(f"ignoring unreadable part {part} ({err}); its samples will be "
-                          "regenerated", stacklevel=2)
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
+            if remove_unreadable:
+                part.unlink(missing_ok=True)
+            warnings.warn(f"{'removed' if remove_unreadable else 'ignoring'} unreadable part "
+                          f"{part} ({err}); its samples will be regenerated", stacklevel=2)
             continue
         for row, i in enumerate(indices.tolist()):
             found.setdefault(i, (part, row))
@@ -510,7 +539,7 @@ def sample_bulk(
     _check_settings(out, {"global_seed": global_seed, "spec": asdict(pipe.spec),
                           "latent_shape": list(pipe.latent_shape), "num_classes": pipe.num_classes,
                           **(settings or {})})
-    done = scan_parts(parts)
+    done = scan_parts(parts, remove_unreadable=True)
     mine = range(rank, num_samples, world_size)
     todo = [i for i in mine if i not in done]
     nfe, start = None, time.perf_counter()
@@ -540,6 +569,7 @@ __all__ = [
     "BulkResult",
     "Generated",
     "GridResult",
+    "NonFiniteSampleError",
     "ResumeError",
     "SampleSpec",
     "SamplingPipeline",

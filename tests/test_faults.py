@@ -8,7 +8,12 @@ from __future__ import annotations
 import errno
 import importlib.util
 import json
+import os
 import random
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +28,8 @@ from sit_vit5.training import checkpoint as ck
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["model.name=ViT5-S/2", "model.depth=2", "model.hidden_size=32", "model.num_heads=2",
-        "model.learn_sigma=false", "data.kind=digits", "data.num_workers=0", "vae.name=none", "optim.lr=1e-3",
+        "model.learn_sigma=false", "data.kind=digits", "data.image_size=8", "data.num_workers=0",
+        "vae.name=none", "optim.lr=1e-3",
         "optim.ema_decay=0.9", "train.tensorboard=false", "train.sample_every=0", "train.log_every=2",
         "train.milestone_every=0", "data.global_batch_size=16"]
 
@@ -341,3 +347,173 @@ def test_shape_mismatch_hints_fire_only_when_true(tmp_path, change, expected):
         load_checkpoint(path, create_model("SiT-S/2", **HINT_MODEL))
     hints = [line.strip() for line in str(err.value).splitlines() if "hint:" in line]
     assert len(hints) == 1 and expected in hints[0], hints
+
+
+# ----------------------------------------------------------------------------- sampling
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    """A tiny trained run (2 steps) whose checkpoint the sampling tests copy and damage."""
+    run = tmp_path_factory.mktemp("sampling_run") / "run"
+    assert load_cli().main([*TINY, f"train.out_dir={run}", "train.steps=2", "train.ckpt_every=2"]) == 0
+    return run / "checkpoints" / "0000002.pt"
+
+
+def load_sample_cli():
+    spec = importlib.util.spec_from_file_location("sample_cli", ROOT / "sample.py")
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+    return cli
+
+
+def one_sample_error(capsys, command: str) -> str:
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith(f"sample.py {command}: error: ")]
+    assert len(errors) == 1 and "Traceback" not in "\n".join(lines), lines
+    return errors[0]
+
+
+def nan_ema_checkpoint(trained_run: Path, tmp_path: Path) -> Path:
+    """The run's checkpoint with one NaN in its EMA, re-saved properly (valid digests: the damage
+    happened in training, not on disk)."""
+    state = ck.read_checkpoint(trained_run)
+    state["ema"]["final_layer.linear.weight"][0, 0] = float("nan")
+    return ck.save_checkpoint(state, tmp_path / "nan", 2)
+
+
+@pytest.mark.parametrize("command", ["bulk", "grid"])
+def test_nan_ema_stops_sampling_naming_the_checkpoint(trained_run, tmp_path, capsys, command):
+    """Used to exit 0 with all-black images (and FID 1703 on them)."""
+    path = nan_ema_checkpoint(trained_run, tmp_path)
+    out = tmp_path / "samples"
+    extra = ["--num-samples", "6"] if command == "bulk" else ["--num-images", "6"]
+    argv = [command, "--ckpt", str(path), "--out", str(out), "--num-steps", "3", "--batch-size", "3",
+            "--method", "ode", "--sampling-method", "euler", "--no-progress", *extra]
+    assert load_sample_cli().main(argv) == 2
+    line = one_sample_error(capsys, command)
+    assert f"checkpoint {path}" in line and "non-finite" in line and "samples 0..2" in line
+    assert not list(out.rglob("*.npz")) and not list(out.rglob("*.png"))  # nothing written
+
+
+def test_finite_pipeline_is_unaffected(trained_run, tmp_path):
+    """The isfinite check passes on a healthy checkpoint (the same command exits 0)."""
+    argv = ["bulk", "--ckpt", str(trained_run), "--out", str(tmp_path / "ok"), "--num-samples", "3",
+            "--num-steps", "3", "--batch-size", "3", "--method", "ode", "--sampling-method", "euler",
+            "--no-progress"]
+    assert load_sample_cli().main(argv) == 0
+
+
+def test_negative_cfg_scale_needs_the_flag(trained_run, tmp_path, capsys):
+    argv = ["grid", "--ckpt", str(trained_run), "--out", str(tmp_path / "g"), "--num-images", "2",
+            "--num-steps", "3", "--method", "ode", "--sampling-method", "euler", "--no-progress",
+            "--cfg-scale", "-1"]
+    cli = load_sample_cli()
+    assert cli.main(argv) == 2
+    assert "--allow-negative-cfg" in one_sample_error(capsys, "grid")
+    assert cli.main([*argv, "--allow-negative-cfg"]) == 0
+    assert "cfg_scale=-1.0 < 0" in capsys.readouterr().err  # still warned about
+
+
+def test_bulk_resume_with_nothing_to_do_says_so(trained_run, tmp_path, capsys):
+    argv = ["bulk", "--ckpt", str(trained_run), "--out", str(tmp_path / "b"), "--num-samples", "3",
+            "--num-steps", "3", "--batch-size", "3", "--method", "ode", "--sampling-method", "euler",
+            "--no-progress"]
+    cli = load_sample_cli()
+    assert cli.main(argv) == 0 and cli.main(argv) == 0
+    out = capsys.readouterr().out.splitlines()
+    second = [line for line in out if "generated 0" in line]
+    assert len(second) == 1 and "nothing to do" in second[0] and "None" not in second[0]
+    assert "0.00 images/s" not in second[0]
+
+
+def test_part_names_say_which_indices_they_hold():
+    from sit_vit5.sampling import _part_name
+
+    assert _part_name(np.arange(0, 32)) == "0000000-0000031.npz"
+    assert _part_name(np.arange(48, 384, 8)) == "0000048-0000376-step8.npz"  # one of 8 processes
+    odd = _part_name(np.array([48, 50, 383]))
+    assert odd.startswith("0000048-0000383-3-") and odd != _part_name(np.array([48, 51, 383]))
+
+
+def test_truncated_part_is_removed_and_remade(tmp_path):
+    """A part cut short after it was written (disk trouble, a copy): removed and regenerated once,
+    not warned about forever; the merged samples equal an undamaged run's."""
+    from sit_vit5.models import create_model
+    from sit_vit5.sampling import SampleSpec, SamplingPipeline, sample_bulk
+    from sit_vit5.transport import create_transport
+
+    torch.manual_seed(0)
+    model = create_model("SiT-S/2", input_size=8, in_channels=1, num_classes=10, depth=1, hidden_size=32,
+                         num_heads=2, learn_sigma=False)
+
+    def pipe():
+        return SamplingPipeline(model, create_transport(), SampleSpec(method="ode", sampling_method="euler",
+                                                                      num_steps=3), (1, 8, 8), 10)
+
+    reference = sample_bulk(pipe(), 6, tmp_path / "ref", batch_size=3, progress=False).npz
+    run = tmp_path / "run"
+    sample_bulk(pipe(), 6, run, batch_size=3, progress=False)
+    part = run / "parts" / "0000003-0000005.npz"
+    part.write_bytes(part.read_bytes()[:100])
+    with pytest.warns(UserWarning, match="removed unreadable part"):
+        result = sample_bulk(pipe(), 6, run, batch_size=3, progress=False)
+    assert result.generated == 3 and result.skipped == 3
+    with np.load(result.npz) as a, np.load(reference) as b:
+        assert np.array_equal(a["arr_0"], b["arr_0"]) and np.array_equal(a["arr_1"], b["arr_1"])
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the third run has nothing to warn about
+        assert sample_bulk(pipe(), 6, run, batch_size=3, progress=False).generated == 0
+
+
+# ----------------------------------------------------------------------------- pre-emption
+
+
+def train_command(run: Path, steps: int, *extra: str) -> list[str]:
+    return [sys.executable, str(ROOT / "train.py"), *TINY, f"train.out_dir={run}", f"train.steps={steps}",
+            "train.ckpt_every=1000", "train.log_every=10", *extra]
+
+
+def compared(state: dict) -> dict:
+    """What a resume must reproduce bit for bit (args holds out_dir and steps, which differ)."""
+    return {k: state[k] for k in ("model", "ema", "opt", "step", "epoch", "batch_in_epoch", "rng")}
+
+
+@pytest.mark.parametrize("name", ["SIGTERM", pytest.param("SIGINT", marks=pytest.mark.slow),
+                                  pytest.param("SIGUSR1", marks=pytest.mark.slow)])
+def test_signal_checkpoints_the_step_and_resume_is_bit_identical(tmp_path, name):
+    """A real signal to a real `python train.py`: it finishes the step, writes a checkpoint of it,
+    exits 3; `--resume latest` then ends exactly where an uninterrupted run ends."""
+    steps, run = 400, tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    log = tmp_path / "log.txt"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(train_command(run, steps), env=env, stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while proc.poll() is None and "step 0000010" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, log.read_text()
+    proc.send_signal(getattr(signal, name))
+    assert proc.wait(timeout=120) == 3, log.read_text()
+    ckpt = ck.latest_checkpoint(run / "checkpoints")
+    stopped = ck.read_checkpoint(ckpt)["step"]
+    assert 10 <= stopped < steps and f"stopped by {name} after step {stopped}" in log.read_text()
+
+    # the uninterrupted run, in this process (train.py without --config = the demo config + overrides):
+    # the same states at the pre-emption step and at the end
+    from sit_vit5.config import load_config
+    from sit_vit5.training import train
+
+    for target, other in ((stopped, ckpt), (steps, None)):
+        ref = train(load_config(ROOT / "configs" / "demo.yaml", [*TINY, f"train.out_dir={tmp_path / f'ref{target}'}",
+                                       f"train.steps={target}", "train.ckpt_every=1000"]))
+        assert ref.preempted is None and ref.step == target
+        if other is None:
+            done = subprocess.run(train_command(run, steps, "--resume", "latest"), env=env, capture_output=True,
+                                  text=True, timeout=300)
+            assert done.returncode == 0, done.stderr
+            other = ck.latest_checkpoint(run / "checkpoints")
+        assert sio.payload_sha256(compared(ck.read_checkpoint(other))) == \
+            sio.payload_sha256(compared(ck.read_checkpoint(ref.checkpoint))), target

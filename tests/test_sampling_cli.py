@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -149,10 +150,10 @@ def test_bad_files_exit_2(pixel_ckpt, latent_ckpt, tmp_path, capsys):
         sample.main(["grid", "--ckpt", pixel_ckpt, "--cfg-channels", "0"])
     assert exit_info.value.code == 2
     tampered = tmp_path / "tampered.pt"
-    data = bytearray(open(pixel_ckpt, "rb").read())
+    data = bytearray(Path(pixel_ckpt).read_bytes())
     data[len(data) // 2] ^= 0xFF  # one flipped byte inside the tensor data
     tampered.write_bytes(bytes(data))
-    (tmp_path / "tampered.pt.sha256").write_text(open(pixel_ckpt + ".sha256").read())
+    (tmp_path / "tampered.pt.sha256").write_text(Path(pixel_ckpt + ".sha256").read_text())
     assert sample.main(["grid", "--ckpt", str(tampered), "--out", str(tmp_path)]) == 2
     assert "SHA-256 mismatch" in capsys.readouterr().err
 

@@ -233,7 +233,8 @@ def test_sample_grid_is_saved_and_reproducible(tmp_path):
                       "train.sample_every=2", "sample.num_images=6", "sample.nrow=3", "sample.num_steps=4")
     result = train(cfg)
     assert result.sample_grid == tmp_path / "run" / "samples" / "0000002.png"
-    width, height = Image.open(result.sample_grid).size
+    with Image.open(result.sample_grid) as grid:
+        width, height = grid.size
     pad = 4  # 8×8 digits upscaled ×8 to 64 px, padding max(2, 8 // 2)
     assert (width, height) == (3 * 64 + 4 * pad, 2 * 64 + 3 * pad)
 

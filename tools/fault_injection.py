@@ -42,7 +42,8 @@ from sit_vit5.io import payload_sha256  # noqa: E402
 from sit_vit5.training import checkpoint as ck  # noqa: E402
 
 TINY = ["model.name=ViT5-S/2", "model.depth=2", "model.hidden_size=32", "model.num_heads=2",
-        "model.learn_sigma=false", "data.kind=digits", "data.num_workers=0", "vae.name=none", "optim.lr=1e-3",
+        "model.learn_sigma=false", "data.kind=digits", "data.image_size=8", "data.num_workers=0",
+        "vae.name=none", "optim.lr=1e-3",
         "optim.ema_decay=0.9", "train.tensorboard=false", "train.sample_every=0", "train.log_every=5",
         "train.milestone_every=0", "data.global_batch_size=16"]
 COMPARED = ("model", "ema", "opt", "step", "epoch", "batch_in_epoch", "rng")  # not args (out_dir differs)

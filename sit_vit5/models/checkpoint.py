@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..io import ChecksumError, verify_sha256, verify_sidecar
+from ..io import PAYLOAD_DIGEST_KEY, ChecksumError, verify_payload_digest, verify_sha256, verify_sidecar
 from ..vae import SD_VAE_EMA, SD_VAE_SCALING_FACTOR
 from .registry import create_model, list_models, model_kwargs
 
@@ -31,8 +31,19 @@ class CheckpointError(RuntimeError):
     """A checkpoint that cannot be read or does not fit the model."""
 
 
+#: Top-level keys of the training checkpoints this codebase writes (sit_vit5.training.checkpoint).
+CHECKPOINT_KEYS = frozenset({"model", "ema", "opt", "args", "step", "epoch", "batch_in_epoch", "rng",
+                             "versions", "model_name", PAYLOAD_DIGEST_KEY})
+
+
 def read_checkpoint(path: str | os.PathLike, sha256: str | None = None) -> dict:
-    """Read a checkpoint file into a dict without executing code (weights_only / safetensors)."""
+    """Read a checkpoint file into a dict without executing code (weights_only / safetensors).
+
+    Checked before unpickling: ``sha256`` or the ``.sha256`` sidecar. Checked after: the SHA-256 of
+    the content stored inside the file (``payload_sha256``, written by our training checkpoints), so
+    a damaged ``.pt`` copied without its sidecar is refused too; a checkpoint of ours (``args`` a
+    dict) with a key we never write is refused as well (a damaged key name, of the digest say, must
+    not pass for a file without one)."""
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise CheckpointError(f"checkpoint not found: {path}")
@@ -52,6 +63,13 @@ def read_checkpoint(path: str | os.PathLike, sha256: str | None = None) -> dict:
             raise CheckpointError(f"{path}: cannot be read as a weights-only checkpoint ({err})") from err
     if not isinstance(obj, dict):
         raise CheckpointError(f"{path}: expected a dict of tensors, got {type(obj).__name__}")
+    unknown = sorted(map(str, set(obj) - CHECKPOINT_KEYS))
+    if isinstance(obj.get("args"), dict) and unknown:
+        raise CheckpointError(f"checkpoint {path} is corrupt or was altered: unexpected key(s) {unknown}")
+    try:
+        verify_payload_digest(obj, path)
+    except ChecksumError as err:
+        raise CheckpointError(f"checkpoint {path} is corrupt or was altered: {err}") from None
     return obj
 
 

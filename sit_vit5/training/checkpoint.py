@@ -39,16 +39,13 @@ from ..errors import find_errno
 from ..io import (
     PAYLOAD_DIGEST_KEY,
     TMP_PREFIX,
-    ChecksumError,
     atomic_torch_save,
     atomic_write_text,
     payload_sha256,
     sha256_file,
     sidecar,
-    verify_payload_digest,
 )
-from ..models.checkpoint import CheckpointError
-from ..models.checkpoint import read_checkpoint as read_checkpoint_file
+from ..models.checkpoint import CheckpointError, read_checkpoint
 
 __all__ = ["CheckpointError", "CheckpointWriteError", "IncompatibleCheckpointError", "read_checkpoint",
            "save_checkpoint", "sha256_file"]
@@ -103,27 +100,6 @@ def latest_checkpoint(ckpt_dir: str | os.PathLike) -> Path | None:
         pass
     found = list_checkpoints(ckpt_dir)
     return found[-1][1] if found else None
-
-
-#: Top-level keys of the checkpoints ``save_checkpoint`` writes (anything else means a damaged key name).
-CHECKPOINT_KEYS = frozenset({"model", "ema", "opt", "args", "step", "epoch", "batch_in_epoch", "rng", "versions",
-                             "model_name", PAYLOAD_DIGEST_KEY})
-
-
-def read_checkpoint(path: str | os.PathLike, sha256: str | None = None) -> dict[str, Any]:
-    """Read a checkpoint (sidecar / ``sha256`` checked first, weights-only) and check the digest stored
-    inside it when there is one; raises CheckpointError naming the file when either differs. A checkpoint
-    of this codebase (``args`` a dict) with a key it never writes is refused too: a damaged key name
-    (of the digest itself, say) must not pass as a file without a digest."""
-    state = read_checkpoint_file(path, sha256)
-    unknown = sorted(map(str, set(state) - CHECKPOINT_KEYS))
-    if isinstance(state.get("args"), dict) and unknown:
-        raise CheckpointError(f"checkpoint {path} is corrupt or was altered: unexpected key(s) {unknown}")
-    try:
-        verify_payload_digest(state, path)
-    except ChecksumError as err:
-        raise CheckpointError(f"checkpoint {path} is corrupt or was altered: {err}") from None
-    return state
 
 
 def _sweep(ckpt_dir: Path) -> None:

@@ -105,7 +105,8 @@ class MetricLogger:
         import numpy as np
         from PIL import Image
 
-        image = np.asarray(Image.open(path).convert("RGB"))
+        with Image.open(path) as im:  # closed at once: no ResourceWarning, no handle per grid
+            image = np.asarray(im.convert("RGB"))
         if self.tb_writer is not None:
             self.tb_writer.add_image("samples", image, step, dataformats="HWC")
         if self.wandb_run is not None:

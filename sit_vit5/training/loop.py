@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import math
+import random
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from accelerate import Accelerator, FullyShardedDataParallelPlugin
 from accelerate.state import AcceleratorState
@@ -34,10 +36,12 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, Sampler
 from tqdm.auto import tqdm
 
-from ..config import Config, ConfigError, save_config
+from ..config import Config, ConfigError, save_config, validate_architecture
 from ..data import DATASETS, build_dataset
 from ..images import save_grid
+from ..io import unwritable_dir_reason
 from ..models import model_from_config
+from ..runtime import set_cpu_threads
 from ..sampling import SampleSpec, SamplingPipeline
 from ..transport import Transport, create_transport
 from ..transport.rng import mix_seed
@@ -57,6 +61,7 @@ from .diagnostics import GateMonitor
 from .ema import create_ema, update_ema
 from .logging import MetricLogger
 from .optim import param_groups
+from .preemption import PreemptionGuard
 
 _SALT_DATA, _SALT_NOISE = 0xDA7A, 0x5EED  # separate the data-order and noise streams of one seed
 
@@ -196,7 +201,8 @@ def grid_images(ema: nn.Module, transport: Transport, cfg: Config, device: torch
     decode = decoder(vae, cfg["vae"]["scaling_factor"]) if vae is not None else None
     shape = (m["in_channels"], m["input_size"], m["input_size"])
     was_training = ema.training
-    pipe = SamplingPipeline(ema, transport, sample_spec(s), shape, m["num_classes"], decode, device)
+    pipe = SamplingPipeline(ema, transport, sample_spec(s), shape, m["num_classes"], decode, device,
+                            source=f"the EMA of the run in {cfg['train']['out_dir']}")
     labels = grid_classes(s, m["num_classes"])
     images = pipe.generate(range(s["num_images"]), s["seed"], labels).images
     ema.train(was_training)
@@ -301,6 +307,8 @@ class TrainResult:
     sample_grid: Path | None
     losses: list[float] = field(default_factory=list)
     config: Config = field(default_factory=dict)
+    preempted: str | None = None  # the signal (e.g. "SIGTERM") that stopped the run after a checkpoint
+    cpu_threads: str | None = None  # "N (reason)" on the CPU: the torch thread count chosen
 
 
 @dataclass
@@ -372,6 +380,10 @@ def build(cfg: Config, resume: str | None) -> Run:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     run_dir = Path(t["out_dir"])
+    problem = unwritable_dir_reason(run_dir)
+    if problem:
+        raise ConfigError(f"train.out_dir={t['out_dir']}: cannot write there ({problem})")
+    validate_architecture(cfg["model"])
     ckpt_path = resolve_resume(resume, run_dir) if resume else None
     if ckpt_path is None and latest_checkpoint(run_dir / CKPT_DIR) is not None:
         raise ConfigError(f"{run_dir} already holds checkpoints: pass --resume latest to continue "
@@ -395,9 +407,16 @@ def build(cfg: Config, resume: str | None) -> Run:
     loader = DataLoader(dataset, batch_sampler=batches, num_workers=cfg["data"]["num_workers"],
                         pin_memory=device.type == "cuda", generator=torch.Generator())
 
-    # model, EMA, optimizer
+    # model, EMA, optimizer; Python's and NumPy's global RNGs are seeded too, so that every saved
+    # RNG state is a function of the seed and the step (a resumed run's states equal a fresh run's)
     torch.manual_seed(t["seed"])
+    random.seed(t["seed"])
+    np.random.seed(t["seed"] % 2**32)  # noqa: NPY002  (the legacy global RNG is what others draw from)
     model = model_from_config(cfg["model"])
+    threads = None
+    if device.type == "cpu":
+        count, reason = set_cpu_threads(sum(p.numel() for p in model.parameters()), t["cpu_threads"])
+        threads = f"{count} ({reason})"
     if t["grad_checkpointing"]:
         model.set_grad_checkpointing(True)
     checkpoint = None
@@ -430,7 +449,7 @@ def build(cfg: Config, resume: str | None) -> Run:
                           config=cfg, wandb_project=t["wandb_project"], resume_step=position.step,
                           extra_fields=tuple(gates.keys))
     last = latest_checkpoint(run_dir / CKPT_DIR)
-    result = TrainResult(run_dir, position.step, last, None, config=cfg)
+    result = TrainResult(run_dir, position.step, last, None, config=cfg, cpu_threads=threads)
     return Run(cfg, accelerator, run_dir, dataset, batches, loader, vae, model, unwrapped, ema,
                optimizer, create_transport(**cfg["transport"]), gates, logger, position, result)
 
@@ -439,8 +458,9 @@ def describe(run: Run) -> str:
     """One line: model size, processes, data, batch split, step range, run directory."""
     cfg, t, b = run.cfg, run.cfg["train"], run.batches
     n_params = sum(p.numel() for p in run.unwrapped.parameters())
+    threads = f" ({run.result.cpu_threads} threads)" if run.result.cpu_threads else ""
     return (f"{cfg['model']['name']} ({n_params / 1e6:.2f}M parameters) on {b.world_size} "
-            f"process(es), {run.device}; {len(run.dataset)} items, global batch "
+            f"process(es), {run.device}{threads}; {len(run.dataset)} items, global batch "
             f"{cfg['data']['global_batch_size']} = {b.world_size} × {t['grad_accum']} × "
             f"{b.micro_batch}; steps {run.position.step} → {t['steps']}; run dir {run.run_dir}")
 
@@ -548,6 +568,8 @@ def train(cfg: Config, resume: str | None = None) -> TrainResult:
     Writes ``<train.out_dir>/{config.yaml, checkpoints/, samples/, metrics.jsonl, metrics.csv}``.
     Raises NonFiniteLossError (the last good checkpoint stays ``latest``),
     IncompatibleCheckpointError (resume from another model/config) or ConfigError.
+    SIGTERM / SIGINT / SIGUSR1 finish the current step, write a checkpoint of it and return with
+    ``result.preempted`` set to the signal's name (see ``preemption.PreemptionGuard``).
     """
     run = build(cfg, resume)
     t, pos, start_step = run.cfg["train"], run.position, run.position.step
@@ -556,31 +578,39 @@ def train(cfg: Config, resume: str | None = None) -> TrainResult:
     window = _MetricWindow(run.cfg["data"]["global_batch_size"])
     bar = tqdm(total=t["steps"], initial=pos.step, unit="step", dynamic_ncols=True,
                disable=None if run.main else True)
-    try:
-        for x, y in batches(run) if pos.step < t["steps"] else ():
-            lr = learning_rate(run.cfg["optim"], pos.step)
-            log_now = pos.step + 1 == t["steps"] or _due(pos.step + 1, t["log_every"])
-            with run.gates.capture() if log_now else nullcontext():  # read by log() below
-                loss, grad_norm = train_step(run, x, y, lr)
-            pos.advance(run.batches.batches_per_epoch)
-            run.result.step = pos.step
-            run.result.losses.append(loss)
-            window.add(loss, grad_norm)
-            bar.update(1)
-            final = pos.step == t["steps"]
-            if log_now:
-                log(run, window, lr, bar)
-            with window.paused():  # checkpoint and sampling time stay out of the throughput
-                if final or _due(pos.step, t["ckpt_every"]) or _due(pos.step, t["milestone_every"]):
-                    checkpoint(run)
-                if t["sample_every"] > 0 and (final or _due(pos.step, t["sample_every"])):
-                    sample(run)
-            if final:
-                break
-    finally:
-        bar.close()
-        run.logger.close()
-    if start_step == pos.step and run.main:
+    with PreemptionGuard() as guard:
+        try:
+            for x, y in batches(run) if pos.step < t["steps"] else ():
+                lr = learning_rate(run.cfg["optim"], pos.step)
+                log_now = pos.step + 1 == t["steps"] or _due(pos.step + 1, t["log_every"])
+                with run.gates.capture() if log_now else nullcontext():  # read by log() below
+                    loss, grad_norm = train_step(run, x, y, lr)
+                pos.advance(run.batches.batches_per_epoch)
+                run.result.step = pos.step
+                run.result.losses.append(loss)
+                window.add(loss, grad_norm)
+                bar.update(1)
+                final = pos.step == t["steps"]
+                if log_now:
+                    log(run, window, lr, bar)
+                with window.paused():  # checkpoint and sampling time stay out of the throughput
+                    saved = (final or _due(pos.step, t["ckpt_every"])
+                             or _due(pos.step, t["milestone_every"]))
+                    if saved:
+                        checkpoint(run)
+                    if t["sample_every"] > 0 and (final or _due(pos.step, t["sample_every"])):
+                        sample(run)
+                    if not final and guard.should_stop(run.accelerator):
+                        if not saved:
+                            checkpoint(run)
+                        run.result.preempted = guard.requested or "a signal to another process"
+                        break
+                if final:
+                    break
+        finally:
+            bar.close()
+            run.logger.close()
+    if start_step == pos.step and run.main and run.result.preempted is None:
         print(f"nothing to do: the checkpoint is at step {pos.step} and train.steps={t['steps']}")
     run.accelerator.wait_for_everyone()
     return run.result
