@@ -23,6 +23,10 @@ from typing import Any, NamedTuple
 import yaml
 
 from .models import list_models, valid_overrides
+from .models.layers import MLPS, NORMS
+from .models.registry import _NAME, DATA_DERIVED_KEYS, SIZES
+from .models.sit import POS_EMBED_KINDS, SIT_SWITCHES, SiT
+from .models.vit5 import LAYER_SCALE_INITS, VIT5_SWITCHES
 from .precision import PRECISIONS
 from .transport.sampler import METHODS
 from .vae import SD_VAE_SCALING_FACTOR
@@ -271,10 +275,6 @@ MODEL_RANGES: dict[str, Range] = {
 def model_key_types() -> dict[str, tuple[type, bool]]:
     """``model`` key → (type, nullable), read from the defaults of SiT, the SiT switches and the ViT-5
     switches (a key is nullable when any of them defaults to None, or when it is derived from the data)."""
-    from .models.registry import DATA_DERIVED_KEYS
-    from .models.sit import SIT_SWITCHES, SiT
-    from .models.vit5 import VIT5_SWITCHES
-
     defaults: dict[str, list[Any]] = {}
     for name, param in inspect.signature(SiT.__init__).parameters.items():
         if param.default is not inspect.Parameter.empty:
@@ -291,9 +291,6 @@ def model_key_types() -> dict[str, tuple[type, bool]]:
 
 
 def _model_choices() -> dict[str, tuple[str, ...]]:
-    from .models.layers import MLPS, NORMS
-    from .models.sit import POS_EMBED_KINDS
-
     return {"norm": tuple(NORMS), "mlp": tuple(MLPS), "pos_embed": POS_EMBED_KINDS}
 
 
@@ -309,7 +306,6 @@ def validate_model_section(cfg: Config) -> None:
                           f"{', '.join(valid)}")
     if m["name"] not in list_models():
         raise ConfigError(f"model.name={m['name']!r} is not registered; valid: {', '.join(list_models())}")
-    from .models.vit5 import LAYER_SCALE_INITS
 
     named = {"layer_scale_init": LAYER_SCALE_INITS}  # keys that also take a name for a number
     types = model_key_types()
@@ -341,8 +337,6 @@ def validate_model_section(cfg: Config) -> None:
 def validate_architecture(m: dict[str, Any]) -> None:
     """Raise ConfigError when the sizes of a (type-checked) ``model`` section cannot build a model:
     hidden_size not divisible by num_heads, a head dim RoPE cannot rotate, a non-square register grid."""
-    from .models.registry import _NAME, SIZES
-
     _, hidden, heads = SIZES[_NAME.match(m["name"])["size"]]  # the sizes the name implies, then overrides
     hidden, heads = m.get("hidden_size", hidden), m.get("num_heads", heads)
     if hidden % heads:
@@ -360,9 +354,6 @@ def validate_architecture(m: dict[str, Any]) -> None:
 
 def _switches_of(cfg_model: dict[str, Any]) -> dict[str, Any]:
     """The architecture switches ``cfg_model`` builds with: its backbone's defaults, then the overrides."""
-    from .models.sit import SIT_SWITCHES
-    from .models.vit5 import VIT5_SWITCHES
-
     base = VIT5_SWITCHES if cfg_model["name"].startswith("ViT5") else SIT_SWITCHES
     return {k: cfg_model.get(k, v) for k, v in base.items()}
 

@@ -5,7 +5,7 @@
 
 A reference run (``python train.py`` on a tiny model, a checkpoint every step, all kept) is made first.
 Then the same command (in another out_dir, a checkpoint every ``--ckpt-every`` steps) is started, killed
-with a random signal after a random delay (uniform over the reference run's training time, counted from
+with a random signal after a random delay (uniform over that command's uninterrupted training time, counted from
 train.py's start line, so kills land in steps, checkpoint writes and the exit), and restarted with
 ``--resume latest`` until ``--kills`` kills are done; a last resume runs it to the end.
 After every kill it checks:
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     signals = [s.strip().upper().removeprefix("SIG") for s in args.signals.split(",") if s.strip()]
     rng = random.Random(args.seed)
-    start = time.perf_counter()
+    began = time.perf_counter()
     from train import EXIT_PREEMPTED  # noqa: PLC0415  (train.py's pre-emption exit status)
 
     with tempfile.TemporaryDirectory(prefix="faults-") as tmp:
@@ -87,14 +87,17 @@ def main(argv: list[str] | None = None) -> int:
         proc, ready = start(command(ref_dir, args.steps, args.steps + 1, False, 1), log)
         if proc.wait() != 0:
             raise SystemExit(f"the reference run failed:\n{log.read_text()[-2000:]}")
-        duration = time.perf_counter() - ready  # training time, start-up excluded
         reference = {step: fingerprint(path) for step, path, _ in ck.list_checkpoints(ref_dir / "checkpoints")}
-        print(f"reference: {args.steps} steps in {duration:.1f} s", flush=True)
+        # the kill window: the training time (start-up excluded) of the command that gets killed
+        proc, ready = start(command(Path(tmp) / "timing", args.steps, 2, False, args.ckpt_every), log)
+        proc.wait()
+        duration = time.perf_counter() - ready
+        print(f"reference: {args.steps} steps; the killed command trains for {duration:.1f} s", flush=True)
 
         kills = resumes = identical = lost = graceful_ok = 0
         failures: list[str] = []
         last_step = 0
-        while kills < args.kills and time.perf_counter() - start + duration < args.time_budget:
+        while kills < args.kills and time.perf_counter() - began + duration < args.time_budget:
             resume = ck.latest_checkpoint(run_dir / "checkpoints") is not None
             resumes += resume
             proc, _ = start(command(run_dir, args.steps, 2, resume, args.ckpt_every), log)
@@ -127,7 +130,9 @@ def main(argv: list[str] | None = None) -> int:
                 if reference.get(step) != digest:
                     failures.append(f"{what}: step {step} differs from the uninterrupted run")
                     ok = False
-            if killed and name in GRACEFUL and proc.returncode != -getattr(signal, f"SIG{name}"):
+            finished_anyway = proc.returncode == 0 and latest_step == args.steps  # signal in the last step
+            if killed and name in GRACEFUL and not finished_anyway \
+                    and proc.returncode != -getattr(signal, f"SIG{name}"):
                 # the handler was installed (training had started): it must checkpoint and exit with the status
                 if proc.returncode == EXIT_PREEMPTED and latest_step == last_step_of(output, latest_step):
                     graceful_ok += 1
@@ -138,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             last_step = latest_step
             print(f"{what:<34} -> exit {proc.returncode:4d}, latest step {latest_step:3d}"
                   f"{', resumed' if resume else ''}: {'ok' if ok else 'MISMATCH'}", flush=True)
-            if not killed:  # it reached the end before the kill: start over for more kills
+            if not killed or latest_step == args.steps:  # it reached the end: start over for more kills
                 shutil.rmtree(run_dir, ignore_errors=True)
                 last_step = 0
         if ck.latest_checkpoint(run_dir / "checkpoints") is not None:  # finish the run, compare its end
@@ -151,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 failures.append(f"the last resume (exit {done.returncode}) did not end at the reference state")
     print(f"{kills} kills, {resumes} resumes, {identical} bit-identical resumes, {lost} lost checkpoints, "
-          f"{graceful_ok} graceful pre-emption exits; {time.perf_counter() - start:.0f} s")
+          f"{graceful_ok} graceful pre-emption exits; {time.perf_counter() - began:.0f} s")
     for failure in failures:
         print("FAIL:", failure)
     if args.json:

@@ -572,44 +572,49 @@ def train(cfg: Config, resume: str | None = None) -> TrainResult:
     ``result.preempted`` set to the signal's name (see ``preemption.PreemptionGuard``).
     """
     run = build(cfg, resume)
+    with PreemptionGuard() as guard:  # from the start line on, a signal always ends in a checkpoint
+        return _loop(run, guard)
+
+
+def _loop(run: Run, guard: PreemptionGuard) -> TrainResult:
+    """The steps of ``train`` from the run's position to ``train.steps`` (or to a signal)."""
     t, pos, start_step = run.cfg["train"], run.position, run.position.step
     if run.main:
         print(describe(run))
     window = _MetricWindow(run.cfg["data"]["global_batch_size"])
     bar = tqdm(total=t["steps"], initial=pos.step, unit="step", dynamic_ncols=True,
                disable=None if run.main else True)
-    with PreemptionGuard() as guard:
-        try:
-            for x, y in batches(run) if pos.step < t["steps"] else ():
-                lr = learning_rate(run.cfg["optim"], pos.step)
-                log_now = pos.step + 1 == t["steps"] or _due(pos.step + 1, t["log_every"])
-                with run.gates.capture() if log_now else nullcontext():  # read by log() below
-                    loss, grad_norm = train_step(run, x, y, lr)
-                pos.advance(run.batches.batches_per_epoch)
-                run.result.step = pos.step
-                run.result.losses.append(loss)
-                window.add(loss, grad_norm)
-                bar.update(1)
-                final = pos.step == t["steps"]
-                if log_now:
-                    log(run, window, lr, bar)
-                with window.paused():  # checkpoint and sampling time stay out of the throughput
-                    saved = (final or _due(pos.step, t["ckpt_every"])
-                             or _due(pos.step, t["milestone_every"]))
-                    if saved:
+    try:
+        for x, y in batches(run) if pos.step < t["steps"] else ():
+            lr = learning_rate(run.cfg["optim"], pos.step)
+            log_now = pos.step + 1 == t["steps"] or _due(pos.step + 1, t["log_every"])
+            with run.gates.capture() if log_now else nullcontext():  # read by log() below
+                loss, grad_norm = train_step(run, x, y, lr)
+            pos.advance(run.batches.batches_per_epoch)
+            run.result.step = pos.step
+            run.result.losses.append(loss)
+            window.add(loss, grad_norm)
+            bar.update(1)
+            final = pos.step == t["steps"]
+            if log_now:
+                log(run, window, lr, bar)
+            with window.paused():  # checkpoint and sampling time stay out of the throughput
+                saved = (final or _due(pos.step, t["ckpt_every"])
+                         or _due(pos.step, t["milestone_every"]))
+                if saved:
+                    checkpoint(run)
+                if t["sample_every"] > 0 and (final or _due(pos.step, t["sample_every"])):
+                    sample(run)
+                if not final and guard.should_stop(run.accelerator):
+                    if not saved:
                         checkpoint(run)
-                    if t["sample_every"] > 0 and (final or _due(pos.step, t["sample_every"])):
-                        sample(run)
-                    if not final and guard.should_stop(run.accelerator):
-                        if not saved:
-                            checkpoint(run)
-                        run.result.preempted = guard.requested or "a signal to another process"
-                        break
-                if final:
+                    run.result.preempted = guard.requested or "a signal to another process"
                     break
-        finally:
-            bar.close()
-            run.logger.close()
+            if final:
+                break
+    finally:
+        bar.close()
+        run.logger.close()
     if start_step == pos.step and run.main and run.result.preempted is None:
         print(f"nothing to do: the checkpoint is at step {pos.step} and train.steps={t['steps']}")
     run.accelerator.wait_for_everyone()
