@@ -116,8 +116,7 @@ def test_torchrun_example_names_the_missing_variable(fake_bin):
 
 def test_accelerate_example_launches_what_the_torchrun_example_does(fake_bin):
     from accelerate.commands.launch import _validate_launch_command, launch_command_parser
-    from accelerate.utils.launch import _filter_args
-    from accelerate.utils.launch import prepare_multi_gpu_env
+    from accelerate.utils.launch import _filter_args, prepare_multi_gpu_env
 
     env, log = fake_bin
     env.update(HEAD="node01", NODE_RANK="1", NNODES="2")

@@ -1,0 +1,94 @@
+"""Joining the process group a launcher asked for, or stopping with one line that says why.
+
+torchrun, ``accelerate launch``, ``examples/slurm/task.sh`` and MPI launchers tell each process the world size
+through the environment (``WORLD_SIZE``, or MPI's ``PMI_SIZE`` / ``OMPI_COMM_WORLD_SIZE`` /
+``MV2_COMM_WORLD_SIZE``: the variables accelerate reads). accelerate forms a CPU (gloo) group only when told
+``cpu=True``; on a machine without a visible GPU it otherwise leaves every process alone, and N copies of
+the same run write the same files. Training, latent caching and bulk sampling therefore all go through
+:func:`join_launcher_group`: it picks the CPU path when no GPU is visible (gloo) or when asked (``cpu``),
+NCCL on GPUs, and checks that the group it joined is the one the launcher announced.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import torch
+
+#: Environment variables that announce the world size, in the order accelerate reads them.
+WORLD_SIZE_VARS = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
+
+
+class LaunchError(RuntimeError):
+    """The process group does not match what the launcher announced; the message names the variable and
+    the fix, in one line."""
+
+
+def launcher_world_size(environ: Mapping[str, str] | None = None) -> tuple[int, str | None]:
+    """(world size, the variable that says so) from the launcher's environment; (1, None) when not launched."""
+    environ = os.environ if environ is None else environ
+    for var in WORLD_SIZE_VARS:
+        if var in environ:
+            try:
+                size = int(environ[var])
+            except ValueError:
+                raise LaunchError(f"{var}={environ[var]!r} is not an integer; unset it or fix the launcher") from None
+            if size < 1:
+                raise LaunchError(f"{var}={size} must be >= 1; unset it or fix the launcher")
+            return size, var
+    return 1, None
+
+
+def use_cpu(requested: bool, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this process computes on the CPU: when asked, or when no GPU is visible (then, under a
+    multi-process launcher, the group is a gloo group; accelerate would otherwise not form one)."""
+    return requested or not torch.cuda.is_available()
+
+
+def backend_in_use() -> str:
+    """The torch.distributed backend of the default group, or "none" (a single process, no group)."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return str(dist.get_backend())
+    return "none"
+
+
+def check_group(num_processes: int, cpu: bool, environ: Mapping[str, str] | None = None) -> None:
+    """Raise LaunchError unless the group has the size the launcher announced (and, on GPUs, every local
+    rank has its own GPU)."""
+    environ = os.environ if environ is None else environ
+    size, var = launcher_world_size(environ)
+    local_rank = int(environ.get("LOCAL_RANK", "0") or 0)
+    if not cpu and size > 1 and local_rank >= torch.cuda.device_count():
+        raise LaunchError(f"LOCAL_RANK={local_rank} but {torch.cuda.device_count()} GPU(s) are visible: start at most "
+                          f"{torch.cuda.device_count()} processes per node, or run on the CPU (train.cpu=true / "
+                          "--device cpu / --cpu)")
+    if num_processes == size:
+        return
+    if var is None:
+        raise LaunchError(f"this process is in a group of {num_processes} but no launcher variable "
+                          f"({', '.join(WORLD_SIZE_VARS)}) is set; start it with torchrun or accelerate launch")
+    if var == "WORLD_SIZE" and not ("RANK" in environ or "LOCAL_RANK" in environ):
+        raise LaunchError(f"WORLD_SIZE={size} is set but RANK/LOCAL_RANK are not: start the processes with torchrun "
+                          "or accelerate launch (or examples/slurm/task.sh), or unset WORLD_SIZE for one process")
+    raise LaunchError(f"{var}={size} (set by the launcher) but this process joined a group of {num_processes} "
+                      f"(backend {backend_in_use()}); check the launcher's variables (RANK, LOCAL_RANK, MASTER_ADDR)")
+
+
+def join_launcher_group(cpu: bool = False):
+    """accelerate's PartialState for this process, in the launcher's group (gloo on the CPU, NCCL on GPUs).
+
+    ``cpu`` forces the CPU even when GPUs are visible. Raises LaunchError on a mismatch with the environment.
+    """
+    from accelerate import PartialState
+
+    cpu = use_cpu(cpu)
+    state = PartialState(cpu=cpu)
+    check_group(state.num_processes, cpu)
+    return state
+
+
+def describe_group(num_processes: int, device: torch.device | str) -> str:
+    """"2 process(es) (backend gloo), cpu": what the run headers print."""
+    return f"{num_processes} process(es) (backend {backend_in_use()}), {device}"
