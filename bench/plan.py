@@ -296,7 +296,8 @@ def main(argv: list[str] | None = None) -> dict:
         hours = gpu_hours(result.fwd_gflops, steps, args.global_batch, args.mfu, peak_tflops)
         days = hours / args.gpus / 24
         print(f"  {steps:>9,} steps × {args.global_batch}: {hours:10,.0f} GPU-hours = {days:6.1f} days on "
-              f"{args.gpus} GPU(s)")
+              f"{args.gpus} GPU(s)" + (f"; with the recompute at the same hardware utilisation: "
+                                       f"{hours * 4 / 3:,.0f} GPU-hours" if args.grad_checkpointing else ""))
         out["runs"].append({"steps": steps, "gpu_hours": hours, "days": days})
     if args.measure_cpu:
         if args.precision != "fp32":
