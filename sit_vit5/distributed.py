@@ -16,8 +16,11 @@ from collections.abc import Mapping
 
 import torch
 
-#: Environment variables that announce the world size, in the order accelerate reads them.
-WORLD_SIZE_VARS = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
+#: Environment variables that announce the world size, in the order accelerate reads them, and the
+#: variables that give this process's rank alongside each.
+RANK_VARS = {"WORLD_SIZE": ("RANK", "LOCAL_RANK"), "PMI_SIZE": ("PMI_RANK",),
+             "OMPI_COMM_WORLD_SIZE": ("OMPI_COMM_WORLD_RANK",), "MV2_COMM_WORLD_SIZE": ("MV2_COMM_WORLD_RANK",)}
+WORLD_SIZE_VARS = tuple(RANK_VARS)
 
 
 class LaunchError(RuntimeError):
@@ -40,10 +43,23 @@ def launcher_world_size(environ: Mapping[str, str] | None = None) -> tuple[int, 
     return 1, None
 
 
-def use_cpu(requested: bool, environ: Mapping[str, str] | None = None) -> bool:
-    """Whether this process computes on the CPU: when asked, or when no GPU is visible (then, under a
-    multi-process launcher, the group is a gloo group; accelerate would otherwise not form one)."""
-    return requested or not torch.cuda.is_available()
+def prepare_launch(cpu: bool, environ: Mapping[str, str] | None = None) -> bool:
+    """Check the launcher's variables before any group is formed; returns whether this process computes on
+    the CPU: when asked (``cpu``), or when no GPU is visible (then, under a multi-process launcher, the group
+    is a gloo group; accelerate would otherwise not form one).
+
+    A world size without a rank (``WORLD_SIZE=2 python train.py``) is a LaunchError here: accelerate would
+    otherwise wait forever for the other processes, or fail with a message about ``MASTER_ADDR``.
+    """
+    environ = os.environ if environ is None else environ
+    size, var = launcher_world_size(environ)
+    if size > 1 and not any(rank in environ for rank in RANK_VARS[var]):
+        if var == "WORLD_SIZE":
+            raise LaunchError(f"WORLD_SIZE={size} is set but RANK/LOCAL_RANK are not: start the processes with "
+                              "torchrun or accelerate launch (or examples/slurm/task.sh), or unset WORLD_SIZE")
+        raise LaunchError(f"{var}={size} is set but {RANK_VARS[var][0]} is not: start the processes with your MPI "
+                          f"launcher, torchrun or accelerate launch, or unset {var}")
+    return cpu or not torch.cuda.is_available()
 
 
 def backend_in_use() -> str:
@@ -69,9 +85,7 @@ def check_group(num_processes: int, cpu: bool, environ: Mapping[str, str] | None
     if var is None:
         raise LaunchError(f"this process is in a group of {num_processes} but no launcher variable "
                           f"({', '.join(WORLD_SIZE_VARS)}) is set; start it with torchrun or accelerate launch")
-    if var == "WORLD_SIZE" and not ("RANK" in environ or "LOCAL_RANK" in environ):
-        raise LaunchError(f"WORLD_SIZE={size} is set but RANK/LOCAL_RANK are not: start the processes with torchrun "
-                          "or accelerate launch (or examples/slurm/task.sh), or unset WORLD_SIZE for one process")
+    prepare_launch(cpu, environ)  # a missing rank variable is the likeliest cause: say so
     raise LaunchError(f"{var}={size} (set by the launcher) but this process joined a group of {num_processes} "
                       f"(backend {backend_in_use()}); check the launcher's variables (RANK, LOCAL_RANK, MASTER_ADDR)")
 
@@ -83,7 +97,7 @@ def join_launcher_group(cpu: bool = False):
     """
     from accelerate import PartialState
 
-    cpu = use_cpu(cpu)
+    cpu = prepare_launch(cpu)
     state = PartialState(cpu=cpu)
     check_group(state.num_processes, cpu)
     return state

@@ -18,20 +18,20 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_optimizer_state_dict,
-)
-from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor, distribute_tensor
 
-_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)  # gathered on rank 0 only, on the CPU
+# torch.distributed.{fsdp, tensor, checkpoint} are imported where used: ~1.6 s that non-FSDP runs skip
+
+
+def _full_options(cpu_offload: bool = True):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=cpu_offload)  # offload: rank 0 only, CPU
 
 
 def shard_model(model: nn.Module) -> nn.Module:
     """Shard ``model`` in place with FSDP2: each block of ``model.blocks`` is a unit, the rest is the root."""
+    from torch.distributed.fsdp import fully_shard
+
     for block in model.blocks:
         fully_shard(block)
     fully_shard(model)
@@ -46,14 +46,18 @@ def optimizer_param_names(model: nn.Module, optimizer: torch.optim.Optimizer) ->
 
 def full_model_state(model: nn.Module) -> dict[str, Tensor]:
     """The full state dict on rank 0 (CPU tensors), {} elsewhere. Collective: every rank must call it."""
-    return get_model_state_dict(model, options=_FULL)
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return get_model_state_dict(model, options=_full_options())
 
 
 def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """AdamW's full state in ``optimizer.state_dict()``'s integer-keyed layout on rank 0, {} elsewhere.
     Collective: every rank must call it."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
     optimizer = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper
-    state = get_optimizer_state_dict(model, optimizer, options=_FULL)
+    state = get_optimizer_state_dict(model, optimizer, options=_full_options())
     if not state:
         return {}
     index = {name: i for i, name in enumerate(optimizer_param_names(model, optimizer))}
@@ -63,15 +67,19 @@ def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> 
 
 def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
     """Load a full, integer-keyed optimizer state (from a DDP or FSDP checkpoint) into the sharded optimizer."""
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
     optimizer = getattr(optimizer, "optimizer", optimizer)
     names = optimizer_param_names(model, optimizer)
     groups = [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]]
     by_name = {"state": {names[i]: value for i, value in state["state"].items()}, "param_groups": groups}
-    set_optimizer_state_dict(model, optimizer, by_name, options=StateDictOptions(full_state_dict=True))
+    set_optimizer_state_dict(model, optimizer, by_name, options=_full_options(cpu_offload=False))
 
 
 def clip_grad_norm(model: nn.Module, max_norm: float) -> float:
     """Global gradient norm over all shards (before clipping), clipping to ``max_norm`` (inf: no clipping)."""
+    from torch.distributed.tensor import DTensor
+
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
     return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
 
@@ -85,6 +93,8 @@ class ShardedEMA:
     """
 
     def __init__(self, model: nn.Module, ema: nn.Module) -> None:
+        from torch.distributed.tensor import distribute_tensor
+
         self.params = dict(model.named_parameters())
         start = dict(ema.named_parameters())
         if start.keys() != self.params.keys():
@@ -104,6 +114,8 @@ class ShardedEMA:
     @torch.no_grad()
     def gather_into(self, ema: nn.Module) -> nn.Module:
         """Copy the full EMA into ``ema`` (an unsharded copy of the model) on every rank; returns it."""
+        from torch.distributed.tensor import DTensor
+
         targets = dict(ema.named_parameters())
         for name, shard in self.shards.items():
             p = self.params[name]
