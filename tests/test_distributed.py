@@ -64,7 +64,8 @@ TINY = ["model.name=ViT5-S/2", "model.depth=2", "model.hidden_size=32", "model.n
         "data.num_workers=0", "vae.name=none", "optim.lr=1e-3", "optim.ema_decay=0.9",
         "optim.weight_decay=0.01",  # two AdamW groups: the FSDP optimizer layout must follow them
         "train.tensorboard=false", "train.sample_every=0", "train.log_every=1", "train.milestone_every=0",
-        "train.ckpt_every=1", "train.keep_last=5", "data.global_batch_size=16"]
+        "train.ckpt_every=1", "train.keep_last=5", "data.global_batch_size=16",
+        "train.grad_accum=2"]  # gradient sync on the last micro-batch only (DDP no_sync / FSDP2)
 
 
 def launch(args: list[str], timeout: int = 300) -> subprocess.CompletedProcess:
@@ -125,11 +126,11 @@ def launched(tmp_path_factory):
 
 @pytest.mark.slow
 def test_torchrun_without_cpu_flag_trains_one_gloo_ddp_run(launched, tmp_path):
-    """The issue's command: no train.cpu, no GPU. One 2-process group (gloo), equal to 1 process × 2
-    accumulated micro-batches (the same global batch cut the same way)."""
+    """The issue's command: no train.cpu, no GPU. One 2-process group (gloo), equal to 1 process × 4
+    accumulated micro-batches (2 processes × 2: the same global batch cut the same way)."""
     root, config, runs = launched
     assert re.search(r"on 2 process\(es\) \(backend gloo\), cpu(:0)?, DDP", runs["ddp"].stdout)
-    one = train(load_config(config, [f"train.out_dir={tmp_path / 'one'}", "train.steps=3", "train.grad_accum=2"]))
+    one = train(load_config(config, [f"train.out_dir={tmp_path / 'one'}", "train.steps=3", "train.grad_accum=4"]))
     assert one.losses == pytest.approx(losses(root / "ddp"), abs=1e-6)
     a, b = checkpoint_at(root / "ddp", 3), read_checkpoint(one.checkpoint)
     assert_close_states(a["model"], b["model"], 1e-6, "model")
@@ -165,9 +166,9 @@ def test_fsdp_resume_is_bit_identical(launched):
 
 @pytest.mark.slow
 def test_an_fsdp_checkpoint_resumes_in_one_process(launched, tmp_path):
-    """FSDP (2 processes) at step 2 → one process × 2 accumulation for step 3 = FSDP's own step 3."""
+    """FSDP (2 processes) at step 2 → one process × 4 accumulation for step 3 = FSDP's own step 3."""
     root, config, _ = launched
-    one = train(load_config(config, [f"train.out_dir={tmp_path / 'one'}", "train.steps=3", "train.grad_accum=2"]),
+    one = train(load_config(config, [f"train.out_dir={tmp_path / 'one'}", "train.steps=3", "train.grad_accum=4"]),
                 resume=str(root / "fsdp_2" / "checkpoints" / "0000002.pt"))
     assert one.step == 3 and len(one.losses) == 1
     a, b = read_checkpoint(one.checkpoint), checkpoint_at(root / "fsdp", 3)
