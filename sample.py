@@ -284,7 +284,8 @@ def _grid(args: argparse.Namespace) -> int:
 
 def _bulk(args: argparse.Namespace) -> int:
     # the launcher's group (gloo without a GPU): else every process would draw every sample
-    state = join_launcher_group(cpu=args.device is not None and torch.device(args.device).type == "cpu")
+    on_cpu = args.device is not None and torch.device(args.device).type == "cpu"
+    state = join_launcher_group(cpu=on_cpu)
     device = torch.device(args.device) if args.device else state.device
     pipe, info, image_size = build_pipeline(args, device)
     if state.is_main_process:

@@ -6,7 +6,7 @@
     python train.py --resume runs/X                         # the same, with the run's saved config.yaml
     accelerate launch --multi_gpu --num_processes 8 train.py --config configs/X.yaml
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d ... train.py --config configs/X.yaml
-    sbatch --nodes 4 examples/slurm/train.sbatch             # Slurm; see README "Multi-node training"
+    sbatch --nodes 4 examples/slurm/train.sbatch             # Slurm: README, Multi-node training
 
 Settings: see sit_vit5/config.py (every key documented). The resolved config is saved as
 <train.out_dir>/config.yaml and inside every checkpoint.

@@ -1,6 +1,7 @@
 """The training loop: one function, ``train(cfg, resume)``, that runs unchanged on one CPU, one GPU,
-``accelerate launch`` and ``torchrun`` (DDP by default, FSDP2 as an option: ``training/fsdp.py``). Under a
-multi-process launcher it joins the launcher's group (gloo when no GPU is visible) or stops with an error.
+``accelerate launch`` and ``torchrun`` (DDP by default, FSDP2 as an option: ``training/fsdp.py``).
+Under a multi-process launcher it joins the launcher's group (gloo when no GPU is visible) or stops
+with an error naming the variable.
 
 Reproducibility. All randomness is a pure function of ``train.seed`` and the position in training:
 
@@ -402,7 +403,7 @@ def build(cfg: Config, resume: str | None) -> Run:
     elif checkpoint is not None:
         optimizer.load_state_dict(checkpoint["opt"])
     ema_shards = fsdp.ShardedEMA(model, ema) if sharded else None
-    if not sharded:  # FSDP: the bare optimizer (no scaler in bf16; accelerate's wrapper adds nothing)
+    if not sharded:  # FSDP keeps the bare optimizer: no scaler in bf16, the wrapper adds nothing
         optimizer = accelerator.prepare(optimizer)
     position = Position()
     if checkpoint is not None:
@@ -432,8 +433,8 @@ def describe(run: Run) -> str:
     n_params = sum(p.numel() for p in run.unwrapped.parameters())  # DTensors count their full size
     strategy = "FSDP2" if run.sharded else ("DDP" if b.world_size > 1 else "one process")
     return (f"{cfg['model']['name']} ({n_params / 1e6:.2f}M parameters) on "
-            f"{describe_group(b.world_size, run.device)}, {strategy}; {len(run.dataset)} items, global batch "
-            f"{cfg['data']['global_batch_size']} = {b.world_size} × {t['grad_accum']} × "
+            f"{describe_group(b.world_size, run.device)}, {strategy}; {len(run.dataset)} items, "
+            f"global batch {cfg['data']['global_batch_size']} = {b.world_size} × {t['grad_accum']} × "
             f"{b.micro_batch}; steps {run.position.step} → {t['steps']}; run dir {run.run_dir}")
 
 
