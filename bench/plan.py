@@ -8,7 +8,8 @@
 Per GPU, in bytes: fp32 weights (4 P), gradients (4 P), AdamW moments (8 P), the fp32 EMA that the training
 loop keeps on every process (4 P), DDP's gradient buckets (4 P, accelerate's default
 ``gradient_as_bucket_view=False``) or, under FSDP, weights/gradients/moments divided by the process count plus
-the gathered weights and gradients of two blocks; bf16 autocast adds its cached bf16 weight copies (2 P).
+the gathered weights and gradients of two blocks and the EMA's shards; bf16 autocast adds its cached bf16
+weight copies (2 P).
 Activations are counted from the autograd graph of our blocks (what each op saves for backward), per token per
 block in units of the width D (SiT: 20 D, ViT-5: 22 D fp32; see ``block_saved``), times tokens, batch and depth;
 with gradient checkpointing only each block's input is kept, plus one block recomputed. The peak is the larger
@@ -119,7 +120,8 @@ def plan(model_name: str, batch: int, precision: str = "bf16", strategy: str = "
     largest = max(p.numel() for p in model.parameters())
     shard = gpus if strategy == "fsdp" else 1
     weights, grads, moments = 4 * p_all / shard, 4 * p_train / shard, 8 * p_train / shard
-    ema_bytes = 4 * p_all if ema else 0  # the loop keeps a full fp32 EMA on every process
+    # the loop keeps a full fp32 EMA on every process (under FSDP also its fp32 shards, updated per step)
+    ema_bytes = 4 * p_all * (1 + (1 / gpus if strategy == "fsdp" else 0)) if ema else 0
     extra = 0.0
     if strategy == "ddp" and gpus > 1:
         extra += 4 * p_train  # gradient buckets
