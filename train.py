@@ -5,7 +5,8 @@
     python train.py --config configs/X.yaml --resume latest # continue the run in train.out_dir
     python train.py --resume runs/X                         # the same, with the run's saved config.yaml
     accelerate launch --multi_gpu --num_processes 8 train.py --config configs/X.yaml
-    torchrun --nnodes 2 --nproc_per_node 8 ... train.py --config configs/X.yaml
+    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d ... train.py --config configs/X.yaml
+    sbatch --nodes 4 examples/slurm/train.sbatch             # Slurm: README, Multi-node training
 
 Settings: see sit_vit5/config.py (every key documented). The resolved config is saved as
 <train.out_dir>/config.yaml and inside every checkpoint.
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from sit_vit5.config import ConfigError, load_config
 from sit_vit5.data import DataRootError, UnreadableImageError
+from sit_vit5.distributed import LaunchError
 from sit_vit5.errors import report
 from sit_vit5.training import CheckpointError, NonFiniteLossError, train
 
@@ -56,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         config, implied = (args.config, []) if args.config else default_config(args.resume)
         cfg = load_config(config, implied + args.overrides)
         result = train(cfg, resume=args.resume)
-    except (ConfigError, CheckpointError, DataRootError) as err:
+    except (ConfigError, CheckpointError, DataRootError, LaunchError) as err:
         return report(err)
     except UnreadableImageError as err:
         return report(err, hint="set data.skip_bad=true to skip unreadable images")
