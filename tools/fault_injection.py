@@ -90,8 +90,11 @@ def main(argv: list[str] | None = None) -> int:
         reference = {step: fingerprint(path) for step, path, _ in ck.list_checkpoints(ref_dir / "checkpoints")}
         # the kill window: the training time (start-up excluded) of the command that gets killed
         proc, ready = start(command(Path(tmp) / "timing", args.steps, 2, False, args.ckpt_every), log)
-        proc.wait()
+        last_save = f"{args.steps:07d}.pt"  # until the final checkpoint is written (not the exit)
+        while proc.poll() is None and last_save not in log.read_text(errors="replace"):
+            time.sleep(0.02)
         duration = time.perf_counter() - ready
+        proc.wait()
         print(f"reference: {args.steps} steps; the killed command trains for {duration:.1f} s", flush=True)
 
         kills = resumes = identical = lost = graceful_ok = 0
