@@ -24,18 +24,24 @@ Config = dict[str, dict[str, Any]]
 
 DEFAULTS: Config = {
     "model": {
-        "name": "SiT-XL/2",  # registry name: {SiT,ViT5}-{S,B,L,XL}/{2,4,8}
+        "name": "SiT-XL/2",  # registry name: {SiT,ViT5,DiT}-{S,B,L,XL}/{2,4,8} (DiT-*: SiT + objective ddpm)
         "input_size": None,  # latent (or pixel) side; None = taken from the data
         "in_channels": None,  # None = taken from the data (4 for SD-VAE latents)
         "num_classes": None,  # None = the dataset's class count (the CFG null class is added by the model)
         # any other create_model override may be added (depth, hidden_size, learn_sigma, ViT-5 switches...)
     },
     "transport": {
-        "path_type": "Linear",  # Linear | GVP | VP
-        "prediction": "velocity",  # velocity | score | noise
-        "loss_weight": None,  # None | velocity | likelihood (score/noise predictions only)
-        "train_eps": None,  # None = the transport's default for this path/prediction
-        "sample_eps": None,  # None = the transport's default for this path/prediction
+        "objective": "sit",  # sit (SiT's transport: the 5 keys below) | ddpm (DiT's diffusion: the ddpm keys)
+        "path_type": "Linear",  # sit: Linear | GVP | VP
+        "prediction": "velocity",  # sit: velocity | score | noise
+        "loss_weight": None,  # sit: None | velocity | likelihood (score/noise predictions only)
+        "train_eps": None,  # sit: None = the transport's default for this path/prediction
+        "sample_eps": None,  # sit: None = the transport's default for this path/prediction
+        "diffusion_steps": 1000,  # ddpm: steps T; the model sees integer t in 0..T-1 (T-1 = noise), DiT: 1000
+        "noise_schedule": "linear",  # ddpm: linear (DiT: betas 1e-4..0.02, x 1000/T) | cosine (IDDPM)
+        # ddpm: learned (DiT: IDDPM learned range, loss = MSE(eps) + VLB; needs model.learn_sigma=true)
+        #   | fixed_large (beta_t) | fixed_small (posterior variance): MSE(eps) only, learn_sigma=false
+        "ddpm_variance": "learned",
     },
     "data": {
         "kind": "imagefolder",  # digits | imagefolder | latents (see sit_vit5.data.DATASETS)
@@ -81,9 +87,9 @@ DEFAULTS: Config = {
         "wandb_project": "sit-vit5",  # wandb project name
     },
     "sample": {
-        "method": "ode",  # ode | sde
+        "method": "ode",  # objective sit: ode | sde; objective ddpm: ddpm (ancestral, DiT) | ddim (eta 0)
         "sampling_method": "euler",  # ode: euler | heun2 | dopri5 ...; sde: Euler | Heun
-        "num_steps": 50,  # integration steps
+        "num_steps": 50,  # integration steps (ddpm / ddim: respaced diffusion steps, DiT samples 250)
         "cfg_scale": 1.0,  # classifier-free guidance scale (1 = off)
         "num_images": 16,  # images in the grid
         "classes": None,  # class of each image; None = 0, 1, 2, ... repeated over the classes
@@ -195,8 +201,9 @@ def validate_model_section(cfg: Config) -> None:
 
 def validate(cfg: Config) -> None:
     """Cross-key checks that need no data: choices, positive sizes (raises ConfigError naming the key)."""
-    choices = {("train", "precision"): ("fp32", "bf16"), ("train", "distributed"): ("ddp", "fsdp"),
-               ("sample", "method"): ("ode", "sde")}
+    from .objective import ObjectiveError, check_objective
+
+    choices = {("train", "precision"): ("fp32", "bf16"), ("train", "distributed"): ("ddp", "fsdp")}
     for (section, key), valid in choices.items():
         if cfg[section][key] not in valid:
             raise ConfigError(f"{section}.{key}={cfg[section][key]!r}; valid: {', '.join(valid)}")
@@ -207,6 +214,11 @@ def validate(cfg: Config) -> None:
     if len(cfg["optim"]["betas"]) != 2:
         raise ConfigError(f"optim.betas={cfg['optim']['betas']!r}; expected two numbers")
     validate_model_section(cfg)
+    try:  # objective vs model (learn_sigma, DiT-* names) and sampler (sample.method)
+        check_objective(cfg["transport"], learn_sigma=cfg["model"].get("learn_sigma", True),
+                        model_name=cfg["model"]["name"], sample_method=cfg["sample"]["method"])
+    except ObjectiveError as err:
+        raise ConfigError(str(err)) from None
 
 
 def load_config(path: str | os.PathLike | None = None, overrides: list[str] | None = None) -> Config:

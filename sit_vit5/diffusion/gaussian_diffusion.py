@@ -58,7 +58,7 @@ class GaussianDiffusion:
         model_var_type: str = "learned_range",
         loss_type: str = "mse",
         timestep_map: Sequence[int] | None = None,
-        original_num_steps: int | None = None,
+        original_betas: Tensor | None = None,
     ) -> None:
         betas = torch.as_tensor(betas, dtype=torch.float64)
         if betas.dim() != 1 or not bool(((betas > 0) & (betas <= 1)).all()):
@@ -70,7 +70,12 @@ class GaussianDiffusion:
         self.timestep_map = list(range(len(betas))) if timestep_map is None else [int(s) for s in timestep_map]
         if len(self.timestep_map) != len(betas):
             raise ValueError(f"timestep_map has {len(self.timestep_map)} entries for {len(betas)} steps")
-        self.original_num_steps = original_num_steps or len(betas)
+        # the schedule this process was respaced from (itself when not respaced): what respace() starts from
+        self.original_betas = betas if original_betas is None else torch.as_tensor(original_betas, dtype=torch.float64)
+        self.original_num_steps = len(self.original_betas)
+        if self.timestep_map[-1] >= self.original_num_steps:
+            raise ValueError(f"timestep_map reaches step {self.timestep_map[-1]} of a {self.original_num_steps}-step "
+                             "original process")
         self.last_nfe: int | None = None  # model evaluations of the most recent sampling loop
 
         self.betas = betas
@@ -96,6 +101,16 @@ class GaussianDiffusion:
         return (f"GaussianDiffusion(num_timesteps={self.num_timesteps}, original_num_steps="
                 f"{self.original_num_steps}, mean={self.model_mean_type!r}, var={self.model_var_type!r}, "
                 f"loss={self.loss_type!r})")
+
+    def respace(self, timestep_respacing: str | Sequence[int] | None) -> GaussianDiffusion:
+        """The same model's process on fewer steps (``"250"``, ``"ddim50"``, section counts; None / "" = all),
+        respaced from the original schedule; mean, variance and loss types are kept."""
+        if timestep_respacing is None or timestep_respacing == "":
+            timestep_respacing = [self.original_num_steps]
+        betas, keep = respace_betas(self.original_betas, space_timesteps(self.original_num_steps,
+                                                                         timestep_respacing))
+        return GaussianDiffusion(betas=betas, model_mean_type=self.model_mean_type, model_var_type=self.model_var_type,
+                                 loss_type=self.loss_type, timestep_map=keep, original_betas=self.original_betas)
 
     # ---------------------------------------------------------------- helpers
     @property
@@ -154,6 +169,8 @@ class GaussianDiffusion:
     def split_output(self, out: Tensor, x: Tensor) -> tuple[Tensor, Tensor | None]:
         """``(mean part (B, C, ...), variance values (B, C, ...) or None)`` from a model output."""
         channels = x.shape[1]
+        if out.dtype != x.dtype and out.is_floating_point():
+            out = out.to(x.dtype)  # bf16 autocast outputs: the diffusion arithmetic stays in x's precision
         if self.learns_sigma:
             if out.shape[0] != x.shape[0] or out.shape[1] != 2 * channels or out.shape[2:] != x.shape[2:]:
                 raise ValueError(f"a learned variance needs a model output of shape {(x.shape[0], 2 * channels)}"
@@ -385,22 +402,16 @@ def create_diffusion(
     """DiT's factory. ``timestep_respacing``: None / "" (all ``diffusion_steps``), "250", "ddim50", or section
     counts (see :func:`~.schedule.space_timesteps`); the network still receives the original step numbers.
     DiT trains with ``create_diffusion("")`` and samples with ``create_diffusion("250")``."""
-    betas = named_betas(noise_schedule, diffusion_steps)
-    if timestep_respacing is None or timestep_respacing == "":
-        timestep_respacing = [diffusion_steps]
-    keep = space_timesteps(diffusion_steps, timestep_respacing)
-    betas, timestep_map = respace_betas(betas, keep)
     if use_kl:
         loss_type = "rescaled_kl"
     elif rescale_learned_sigmas:
         loss_type = "rescaled_mse"
     else:
         loss_type = "mse"
-    return GaussianDiffusion(
-        betas=betas,
+    full = GaussianDiffusion(
+        betas=named_betas(noise_schedule, diffusion_steps),
         model_mean_type="start_x" if predict_xstart else "epsilon",
         model_var_type="learned_range" if learn_sigma else ("fixed_small" if sigma_small else "fixed_large"),
         loss_type=loss_type,
-        timestep_map=timestep_map,
-        original_num_steps=diffusion_steps,
     )
+    return full.respace(timestep_respacing)

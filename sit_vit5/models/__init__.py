@@ -1,12 +1,24 @@
-"""Backbones: the SiT/DiT baseline and the ViT-5 diffusion transformer, one registry for both."""
+"""Backbones: the SiT/DiT baseline and the ViT-5 diffusion transformer, one registry for both
+(``DiT-*`` names: the SiT network under DiT's ddpm objective)."""
 
 from .checkpoint import CheckpointError, load_checkpoint, load_state_dict
-from .registry import BACKBONES, SIZES, count_params, create_model, flops, list_models, valid_overrides
+from .registry import (
+    BACKBONES,
+    NAME_OBJECTIVES,
+    SIZES,
+    count_params,
+    create_model,
+    flops,
+    list_models,
+    name_objective,
+    valid_overrides,
+)
 from .sit import SIT_SWITCHES, SiT
 from .vit5 import VIT5_SWITCHES, ViT5
 
 __all__ = [
     "BACKBONES",
+    "NAME_OBJECTIVES",
     "SIZES",
     "SIT_SWITCHES",
     "VIT5_SWITCHES",
@@ -17,6 +29,7 @@ __all__ = [
     "create_model",
     "flops",
     "list_models",
+    "name_objective",
     "load_checkpoint",
     "load_state_dict",
     "valid_overrides",

@@ -72,6 +72,8 @@ class SiT(nn.Module):
         self.out_channels = in_channels * 2 if learn_sigma else in_channels
         self.learn_sigma, self.num_classes, self.num_heads = learn_sigma, num_classes, num_heads
         self.grad_checkpointing = grad_checkpointing
+        # SiT's transport reads only the first C channels; DiT's objective also needs the variance half
+        self.return_sigma = False
         self.grid = (input_size // patch_size, input_size // patch_size)  # training grid (rows, cols)
         self.num_registers = sw["num_registers"]
 
@@ -150,7 +152,8 @@ class SiT(nn.Module):
         return torch.einsum("nhwpqc->nchpwq", x).reshape(x.shape[0], c, h * p, w * p)
 
     def forward(self, x: Tensor, t: Tensor, y: Tensor) -> Tensor:
-        """Velocity (B, C, H, W); with learn_sigma the sigma half is dropped, as in SiT."""
+        """Velocity (B, C, H, W); with learn_sigma the sigma half is dropped, as in SiT, unless
+        ``return_sigma`` is set (DiT's objective: (B, 2C, H, W), noise then variance values)."""
         p = self.patch_size
         if x.shape[-2] % p or x.shape[-1] % p:
             raise ValueError(f"input spatial size {tuple(x.shape[-2:])} is not divisible by patch size {p}")
@@ -171,7 +174,7 @@ class SiT(nn.Module):
                 x = block(x, c, rope)
         x = self.final_layer(x[:, : grid[0] * grid[1]], c)  # registers are dropped before the output layer
         x = self.unpatchify(x, grid)
-        return x[:, : self.in_channels] if self.learn_sigma else x
+        return x[:, : self.in_channels] if self.learn_sigma and not self.return_sigma else x
 
     def forward_with_cfg(
         self,

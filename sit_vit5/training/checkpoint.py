@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..config import DEFAULTS
 from ..io import TMP_PREFIX, atomic_torch_save, atomic_write_text, sha256_file, sidecar
 from ..models.checkpoint import CheckpointError, read_checkpoint
 
@@ -163,7 +164,8 @@ def package_versions() -> dict[str, str]:
 
 
 def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """Lines ``key: saved → current`` for every RESUME_FIXED key whose value differs."""
+    """Lines ``key: saved → current`` for every RESUME_FIXED key whose value differs. A key the saved config
+    lacks because it was added to the defaults later counts as its default (e.g. ``transport.objective``)."""
     missing = "<unset>"
     lines = []
     for fixed in RESUME_FIXED:
@@ -173,7 +175,7 @@ def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[s
         for k in keys:
             if section == "model" and k in RESUME_FREE_MODEL_KEYS:
                 continue
-            a, b = old.get(k, missing), new.get(k, missing)
+            a, b = old.get(k, DEFAULTS.get(section, {}).get(k, missing)), new.get(k, missing)
             if a != b:
                 lines.append(f"{section}.{k}: {a!r} (checkpoint) != {b!r} (this run)")
     return lines

@@ -34,6 +34,14 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from tqdm.auto import tqdm
 
 from ..config import Config, ConfigError, model_kwargs, save_config
+from ..objective import (
+    SAMPLE_METHODS,
+    DiffusionSampler,
+    create_objective,
+    guided_channels,
+    prepare_model,
+    training_loss,
+)
 from .checkpoint import (
     CKPT_DIR,
     check_compatible,
@@ -123,10 +131,8 @@ def build_model(cfg_model: dict[str, Any]) -> nn.Module:
 
 
 def build_transport(cfg_transport: dict[str, Any]):
-    """``create_transport(**transport section)``."""
-    from ..transport import create_transport
-
-    return create_transport(**cfg_transport)
+    """The training objective of the ``transport`` section: a Transport (sit) or a GaussianDiffusion (ddpm)."""
+    return create_objective(cfg_transport)
 
 
 def vae_enabled(cfg: Config) -> bool:
@@ -168,8 +174,8 @@ def resolve_data_dependent(cfg: Config, dataset: Dataset, vae: nn.Module | None)
 
 
 def compute_loss(transport, model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
-    """Per-sample training loss (B,). A module-level function so that tests can wrap it."""
-    return transport.training_losses(model, x, model_kwargs=dict(y=y))["loss"]
+    """Per-sample training loss (B,) of either objective. A module-level function so that tests can wrap it."""
+    return training_loss(transport, model, x, y)
 
 
 def learning_rate(cfg_optim: dict[str, Any], step: int) -> float:
@@ -202,16 +208,18 @@ def sample_images(ema: nn.Module, transport, cfg: Config, device: torch.device,
     labels = torch.tensor(grid_classes(s, m["num_classes"]), device=device)
     generator = torch.Generator().manual_seed(s["seed"])
     z = torch.randn(len(labels), m["in_channels"], m["input_size"], m["input_size"], generator=generator)
-    sampler = Sampler(transport)
-    if s["method"] == "ode":
-        sample_fn = sampler.sample_ode(sampling_method=s["sampling_method"], num_steps=s["num_steps"])
+    if s["method"] in SAMPLE_METHODS["ddpm"]:
+        sample_fn = DiffusionSampler(transport).build(s["method"], s["num_steps"])
+    elif s["method"] == "ode":
+        sample_fn = Sampler(transport).sample_ode(sampling_method=s["sampling_method"], num_steps=s["num_steps"])
     else:
-        sample_fn = sampler.sample_sde(sampling_method=s["sampling_method"], num_steps=s["num_steps"])
+        sample_fn = Sampler(transport).sample_sde(sampling_method=s["sampling_method"], num_steps=s["num_steps"])
     model_fn = ema
     if s["cfg_scale"] != 1.0:
         if m.get("class_dropout_prob", 0.1) <= 0:
             raise ConfigError("sample.cfg_scale != 1 needs a null class: the model has class_dropout_prob = 0")
-        model_fn = ClassifierFreeGuidance(ema, s["cfg_scale"], null_class=m["num_classes"])
+        channels = guided_channels(cfg["transport"], None, m["in_channels"])
+        model_fn = ClassifierFreeGuidance(ema, s["cfg_scale"], null_class=m["num_classes"], cfg_channels=channels)
     was_training = ema.training
     ema.eval()
     x = sample_fn(z.to(device), model_fn, generator=torch.Generator().manual_seed(s["seed"] + 1), y=labels)[-1]
@@ -372,7 +380,7 @@ def train(cfg: Config, resume: str | None = None) -> TrainResult:
 
     # model, EMA, optimizer
     torch.manual_seed(t["seed"])
-    model = build_model(cfg["model"])
+    model = prepare_model(build_model(cfg["model"]), cfg["transport"])
     if t["grad_checkpointing"]:
         model.set_grad_checkpointing(True)
     transport = build_transport(cfg["transport"])
