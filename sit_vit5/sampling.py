@@ -44,6 +44,7 @@ from .guidance import ClassifierFreeGuidance
 from .io import atomic_write, atomic_write_text
 from .models import CheckpointError, create_model, list_models
 from .models.checkpoint import check_state_dict, read_checkpoint, strip_wrappers
+from .objective import transport_kwargs
 from .transport import Sampler, Transport
 from .transport.integrators import is_adaptive
 
@@ -327,7 +328,7 @@ def load_model_for_sampling(
             raise ValueError(f"{path} was trained as {cfg_model['name']!r}, not {model_name!r}; drop the model name "
                              "(our checkpoints carry their architecture)")
         model = create_model(cfg_model["name"], **model_kwargs(cfg_model))
-        transport = {k: v for k, v in args.get("transport", {}).items() if v is not None}
+        transport = transport_kwargs(args.get("transport", {}))
         vae = dict(args.get("vae") or {"name": "none"})
         info = ModelInfo(cfg_model["name"], "ours", model.input_size, model.in_channels, model.num_classes,
                          transport, vae, dict(args.get("sample") or {}), obj.get("step"), which if nested else None)
