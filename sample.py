@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from sit_vit5.models import CheckpointError
+from sit_vit5.objective import OBJECTIVES, SAMPLE_METHODS
 from sit_vit5.sampling import (
     DEFAULT_SAMPLING_METHOD,
     MODES,
@@ -30,6 +31,8 @@ from sit_vit5.sampling import (
 )
 from sit_vit5.transport import DIFFUSION_FORMS, PATHS, PREDICTIONS
 
+DIT_VAES = ("ema", "mse")  # DiT's sample.py --vae choices
+
 PROTOCOL = """\
 Published SiT-XL/2 protocol (FID 2.06 at 256x256): SDE, Euler-Maruyama, diffusion form sigma, 250 steps,
 last step Mean of size 0.04, CFG 1.5 on the legacy 3 latent channels, 50,000 samples with uniform labels:
@@ -39,6 +42,13 @@ last step Mean of size 0.04, CFG 1.5 on the legacy 3 latent channels, 50,000 sam
       --cfg-scale 1.5 --cfg-channels 3 --num-samples 50000 --batch-size 64 --out samples/sit-xl-2-sde-cfg1.5
 
 (ODE Heun, 250 NFE: --method ode --sampling-method heun2 --num-steps 126 gives the published 2.15 setting.)
+Published DiT-XL/2 protocol (FID 2.27): DiT's file with --model DiT-XL/2 (the ddpm objective), 250 DDPM steps,
+CFG 1.5 on 3 channels:
+
+  torchrun --nproc_per_node 8 sample.py bulk --ckpt DiT-XL-2-256x256.pt --model DiT-XL/2 --image-size 256 \
+      --method ddpm --num-sampling-steps 250 --cfg-scale 1.5 --cfg-channels 3 --num-samples 50000 \
+      --batch-size 64 --out samples/dit-xl-2-ddpm-cfg1.5
+
 New work should guide all channels (the default, --cfg-channels all).
 Exit status: 0 ok, 2 bad flag / value / file."""
 
@@ -73,14 +83,17 @@ def _common_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     g = p.add_argument_group("model")
     g.add_argument("--ckpt", required=True, help="our training checkpoint (.pt), or an official SiT/DiT state dict")
-    g.add_argument("--model", help="architecture of an official / bare checkpoint, e.g. SiT-XL/2 (ours: from the "
-                   "checkpoint; a different name is an error)")
+    g.add_argument("--model", help="architecture of an official / bare checkpoint: SiT-XL/2 (a SiT file) or "
+                   "DiT-XL/2 (a DiT file: the same network under the ddpm objective). Ours: from the checkpoint; "
+                   "a different name is an error")
+    g.add_argument("--objective", choices=OBJECTIVES, help="what the model was trained for: sit (transport) or "
+                   "ddpm (DiT). Official files: implied by --model (DiT-* = ddpm, others sit); ours: recorded")
     g.add_argument("--which", choices=("ema", "model"), default="ema", help="weights of a training checkpoint "
                    "(default ema)")
     g.add_argument("--image-size", type=_positive_int, help="output side in pixels (default: the training size; "
                    "latent side = image size / VAE factor)")
-    g.add_argument("--vae", help="decoder: hub id, diffusers directory, or none (default: the checkpoint's; "
-                   "official 4-channel models: stabilityai/sd-vae-ft-ema)")
+    g.add_argument("--vae", help="decoder: hub id, diffusers directory, none, or DiT's ema | mse (= stabilityai/"
+                   "sd-vae-ft-ema | -mse) (default: the checkpoint's; official 4-channel models: sd-vae-ft-ema)")
     g.add_argument("--path-type", choices=list(PATHS), help="transport path (official checkpoints; default "
                    "Linear). Ours: must match the checkpoint")
     g.add_argument("--prediction", choices=list(PREDICTIONS), help="what the model predicts (official "
@@ -88,12 +101,14 @@ def _common_parser() -> argparse.ArgumentParser:
     g.add_argument("--sample-eps", type=float, help="sampling time-interval eps (default: the transport's)")
 
     g = p.add_argument_group("sampler (defaults: the checkpoint's sample section, else SiT's sample.py)")
-    g.add_argument("--method", choices=MODES, help="ode (probability flow) or sde (default ode)")
+    g.add_argument("--method", choices=MODES, help="objective sit: ode (probability flow, default) or sde; "
+                   "objective ddpm: ddpm (ancestral, DiT, default) or ddim (eta 0)")
     g.add_argument("--sampling-method", help="ode: torchdiffeq method (dopri5, euler, heun2, midpoint, rk4, ...; "
                    f"default {DEFAULT_SAMPLING_METHOD['ode']}); sde: Euler | Heun (default "
                    f"{DEFAULT_SAMPLING_METHOD['sde']})")
-    g.add_argument("--num-steps", type=_positive_int, help="time-grid points (default 250; fixed-step ODE takes "
-                   "num_steps-1 steps; adaptive ODE: output grid only)")
+    g.add_argument("--num-steps", "--num-sampling-steps", type=_positive_int, help="time-grid points (default "
+                   "250; fixed-step ODE takes num_steps-1 steps; adaptive ODE: output grid only); ddpm / ddim: "
+                   "respaced diffusion steps (DiT's --num-sampling-steps)")
     g.add_argument("--atol", type=float, default=1e-6, help="adaptive ODE absolute tolerance (default 1e-6)")
     g.add_argument("--rtol", type=float, default=1e-3, help="adaptive ODE relative tolerance (default 1e-3)")
     g.add_argument("--diffusion-form", choices=list(DIFFUSION_FORMS), default="sigma", help="SDE diffusion "
@@ -109,8 +124,10 @@ def _common_parser() -> argparse.ArgumentParser:
                    "[T_LO, T_HI] (t = 0 noise, 1 data)")
 
     g = p.add_argument_group("run")
-    g.add_argument("--seed", type=int, default=0, help="global seed: sample i depends on (seed, i) only")
-    g.add_argument("--batch-size", type=_positive_int, default=32, help="images per forward batch, per process")
+    g.add_argument("--seed", "--global-seed", type=int, default=0, help="global seed: sample i depends on "
+                   "(seed, i) only")
+    g.add_argument("--batch-size", "--per-proc-batch-size", type=_positive_int, default=32, help="images per "
+                   "forward batch, per process")
     g.add_argument("--device", help="cuda, cuda:1, cpu (default: the launcher's device / cuda if available)")
     g.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="model precision (bf16 = "
                    "autocast; the integrator stays fp32)")
@@ -132,7 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
     grid.add_argument("--out", default="samples/grid", help="output folder: grid.png + 000000.png ...")
     bulk = sub.add_parser("bulk", parents=[common], epilog=PROTOCOL, formatter_class=fmt,
                           help="N samples with uniform labels -> samples_NxHxWx3.npz (sharded, resumable)")
-    bulk.add_argument("--num-samples", type=_positive_int, default=50_000, help="samples (default 50000)")
+    bulk.add_argument("--num-samples", "--num-fid-samples", type=_positive_int, default=50_000,
+                      help="samples (default 50000)")
     bulk.add_argument("--out", required=True, help="output folder (parts/, settings.json, the .npz)")
     bulk.add_argument("--png", action="store_true", help="also write out/images/{index:06d}.png")
     return parser
@@ -142,11 +160,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def resolve_spec(args: argparse.Namespace, info: ModelInfo) -> SampleSpec:
-    """Flags, else the checkpoint's ``sample`` section (ours), else SiT's sample.py defaults."""
+    """Flags, else the checkpoint's ``sample`` section (ours), else SiT's / DiT's sample.py defaults."""
     saved = info.sample_defaults
-    method = args.method or saved.get("method") or "ode"
+    valid = SAMPLE_METHODS[info.objective]
+    if args.method is not None and args.method not in valid:
+        raise UsageError(f"--method {args.method}: {args.ckpt} is a {info.objective}-objective model; valid: "
+                         f"{', '.join(valid)}")
+    method = args.method or (saved.get("method") if saved.get("method") in valid else None) or valid[0]
     sampling_method = args.sampling_method
-    if sampling_method is None and saved.get("method", "ode") == method:
+    if sampling_method is not None and info.objective == "ddpm":
+        raise UsageError(f"--sampling-method {sampling_method}: ddpm-objective models sample with --method "
+                         "ddpm | ddim")
+    if sampling_method is None and saved.get("method", "ode") == method and info.objective == "sit":
         sampling_method = saved.get("sampling_method")
     cfg_scale = args.cfg_scale if args.cfg_scale is not None else saved.get("cfg_scale", 1.0)
     return SampleSpec(
@@ -164,12 +189,16 @@ def resolve_transport(args: argparse.Namespace, info: ModelInfo) -> dict:
         value = getattr(args, key)
         if value is None:
             continue
+        if info.objective == "ddpm":
+            raise UsageError(f"{flag} {value}: {args.ckpt} is a ddpm-objective (DiT) model, not a transport model")
         trained = transport.get(key, {"path_type": "Linear", "prediction": "velocity"}[key])
         if info.source == "ours" and value != trained:
             raise UsageError(f"{flag} {value}: {args.ckpt} was trained with {key}={trained}; the model's output "
                              f"means {trained}, so drop {flag}")
         transport[key] = value
     if args.sample_eps is not None:
+        if info.objective == "ddpm":
+            raise UsageError(f"--sample-eps: {args.ckpt} is a ddpm-objective (DiT) model, not a transport model")
         transport["sample_eps"] = args.sample_eps
     return transport
 
@@ -177,6 +206,8 @@ def resolve_transport(args: argparse.Namespace, info: ModelInfo) -> dict:
 def resolve_vae(args: argparse.Namespace, info: ModelInfo) -> dict:
     """The decoder config; a pixel model cannot take a VAE and a latent model needs one."""
     vae = dict(info.vae)
+    if args.vae in DIT_VAES:  # DiT's --vae habit
+        args.vae = f"stabilityai/sd-vae-ft-{args.vae}"
     if args.vae is not None:
         if info.source == "ours" and vae_enabled(vae) != vae_enabled({"name": args.vae}):
             raise UsageError(f"--vae {args.vae}: {args.ckpt} was trained "
@@ -193,11 +224,9 @@ def resolve_vae(args: argparse.Namespace, info: ModelInfo) -> dict:
 
 def build_pipeline(args: argparse.Namespace, device: torch.device) -> tuple[SamplingPipeline, ModelInfo, int]:
     """Load the model, transport and decoder named by ``args``; returns (pipeline, info, image side)."""
-    from sit_vit5.transport import create_transport
-
-    model, info = load_model_for_sampling(args.ckpt, args.model, args.which)
+    model, info = load_model_for_sampling(args.ckpt, args.model, args.which, objective=args.objective)
     spec = resolve_spec(args, info)
-    transport = create_transport(**resolve_transport(args, info))
+    objective = info.create_objective(resolve_transport(args, info))
     vae_cfg, decode, factor = resolve_vae(args, info), None, 1
     if vae_enabled(vae_cfg):
         from sit_vit5.vae import decode as vae_decode
@@ -221,7 +250,7 @@ def build_pipeline(args: argparse.Namespace, device: torch.device) -> tuple[Samp
     if latent_side != info.input_size:
         warnings.warn(f"--image-size {image_size}: the model was trained at {info.input_size * factor}; sampling at "
                       "another size interpolates its position embedding", stacklevel=2)
-    pipe = SamplingPipeline(model, transport, spec, (info.in_channels, latent_side, latent_side), info.num_classes,
+    pipe = SamplingPipeline(model, objective, spec, (info.in_channels, latent_side, latent_side), info.num_classes,
                             decode, device, args.precision)
     return pipe, info, image_size
 
@@ -230,8 +259,8 @@ def _describe(info: ModelInfo, pipe: SamplingPipeline, image_size: int, ckpt: st
     step = f", step {info.step}" if info.step is not None else ""
     which = f" ({info.which})" if info.which else ""
     spec = ", ".join(f"{k}={v}" for k, v in vars(pipe.spec).items())
-    return (f"{ckpt}: {info.name} [{info.source}{which}{step}], {image_size}x{image_size}, "
-            f"{pipe.transport!r}\nsampler: {spec}")
+    return (f"{ckpt}: {info.name} [{info.source}{which}{step}], {image_size}x{image_size}, objective "
+            f"{info.objective}: {pipe.transport!r}\nsampler: {spec}")
 
 
 # ----------------------------------------------------------------------------- commands
@@ -267,7 +296,7 @@ def _bulk(args: argparse.Namespace) -> int:
         print(_describe(info, pipe, image_size, args.ckpt))
     settings = {"ckpt": str(Path(args.ckpt).resolve()), "which": info.which, "model": info.name,
                 "image_size": image_size, "vae": args.vae or info.vae.get("name"), "precision": args.precision,
-                "transport": repr(pipe.transport)}
+                "transport": repr(pipe.transport), "objective": info.objective}
     barrier = state.wait_for_everyone if state.num_processes > 1 else None
     result = sample_bulk(pipe, args.num_samples, args.out, global_seed=args.seed, batch_size=args.batch_size,
                          rank=state.process_index, world_size=state.num_processes, png=args.png,

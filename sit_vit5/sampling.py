@@ -40,16 +40,27 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from .config import model_kwargs
+from .diffusion import GaussianDiffusion
 from .guidance import ClassifierFreeGuidance
 from .io import atomic_write, atomic_write_text
-from .models import CheckpointError, create_model, list_models
+from .models import CheckpointError, create_model, list_models, name_objective
 from .models.checkpoint import check_state_dict, read_checkpoint, strip_wrappers
-from .objective import transport_kwargs
+from .objective import (
+    DDPM_DEFAULTS,
+    SAMPLE_METHODS,
+    DiffusionSampler,
+    create_objective,
+    ddpm_settings,
+    guided_channels,
+    objective_name,
+    prepare_model,
+    transport_kwargs,
+)
 from .transport import Sampler, Transport
 from .transport.integrators import is_adaptive
 
 NOISE_STREAM, LABEL_STREAM = 0, 1  # per-sample generator streams: noise (initial + SDE) and label
-MODES = ("ode", "sde")
+MODES = ("ode", "sde", "ddpm", "ddim")  # ode / sde: objective sit; ddpm / ddim: objective ddpm (DiT)
 DEFAULT_SAMPLING_METHOD = {"ode": "dopri5", "sde": "Euler"}  # SiT's sample.py defaults
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
 SD_VAE_EMA = "stabilityai/sd-vae-ft-ema"
@@ -100,7 +111,9 @@ def save_png(image: np.ndarray, path: str | os.PathLike) -> None:
 class SampleSpec:
     """How to integrate from noise to data, and how to guide. Defaults are SiT's sample.py defaults.
 
-    ``mode``: ode | sde. ``sampling_method``: ODE: a torchdiffeq method (dopri5, euler, heun2, midpoint, rk4,
+    ``mode``: ode | sde (objective sit) or ddpm | ddim (objective ddpm: ancestral DDPM as DiT, or DDIM with
+    eta 0, on ``num_steps`` respaced steps; ``sampling_method`` and the SDE keys do not apply and
+    ``cfg_interval`` is refused). ``sampling_method``: ODE: a torchdiffeq method (dopri5, euler, heun2, midpoint, rk4,
     ...); SDE: Euler | Heun; None = dopri5 / Euler. ``num_steps``: grid points (fixed-step ODE: num_steps - 1
     steps; adaptive ODE: only where the solution is reported). ``atol``/``rtol``: adaptive ODE tolerances.
     ``diffusion_form``/``diffusion_norm``/``last_step``/``last_step_size``: SDE only (see
@@ -124,7 +137,13 @@ class SampleSpec:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode={self.mode!r}; valid: {', '.join(MODES)}")
-        if self.sampling_method is None:  # frozen: fill the default through object.__setattr__
+        diffusion_mode = self.mode not in DEFAULT_SAMPLING_METHOD
+        if diffusion_mode and self.sampling_method is not None:
+            raise ValueError(f"sampling_method={self.sampling_method!r} applies to ode / sde, not mode={self.mode!r}")
+        if diffusion_mode and self.cfg_interval is not None:
+            raise ValueError(f"cfg_interval is defined on the transport's t in [0, 1]; mode={self.mode!r} "
+                             "(objective ddpm) does not support it")
+        if self.sampling_method is None and not diffusion_mode:  # frozen: set through object.__setattr__
             object.__setattr__(self, "sampling_method", DEFAULT_SAMPLING_METHOD[self.mode])
         if self.last_step == "none":
             object.__setattr__(self, "last_step", None)
@@ -141,8 +160,15 @@ class SampleSpec:
         """True when images depend on the batch composition (adaptive ODE step-size control)."""
         return self.mode == "ode" and is_adaptive(self.sampling_method)
 
-    def build(self, sampler: Sampler) -> Callable[..., Any]:
-        """The transport's sampling function ``fn(z, model_fn, *, generator, **model_kwargs)``."""
+    def build(self, sampler: Sampler | DiffusionSampler) -> Callable[..., Any]:
+        """The sampling function ``fn(z, model_fn, *, generator, **model_kwargs)`` of a transport
+        :class:`Sampler` (ode / sde) or a :class:`DiffusionSampler` (ddpm / ddim)."""
+        objective = "ddpm" if isinstance(sampler, DiffusionSampler) else "sit"
+        if self.mode not in SAMPLE_METHODS[objective]:
+            raise ValueError(f"mode={self.mode!r} cannot sample a model trained with the {objective} objective; "
+                             f"valid: {', '.join(SAMPLE_METHODS[objective])}")
+        if objective == "ddpm":
+            return sampler.build(self.mode, self.num_steps)
         if self.mode == "ode":
             return sampler.sample_ode(
                 sampling_method=self.sampling_method, num_steps=self.num_steps, atol=self.atol, rtol=self.rtol
@@ -171,7 +197,10 @@ class Generated:
 
 @dataclass
 class SamplingPipeline:
-    """Model + transport + sampler settings + decoder: ``generate(indices, global_seed)`` -> images.
+    """Model + objective + sampler settings + decoder: ``generate(indices, global_seed)`` -> images.
+
+    ``transport`` is the model's objective: a :class:`Transport` (sit) or a :class:`GaussianDiffusion` (ddpm,
+    see ``ModelInfo.create_objective``); under ddpm, guidance of "all channels" means the C noise channels.
 
     ``latent_shape`` is ``(C, h, w)`` of the model input; ``decode`` maps samples to images in [-1, 1]
     ``(B, 3 or C, H, W)`` (None: pixel-space model, identity). ``precision`` bf16 runs the model under
@@ -180,14 +209,14 @@ class SamplingPipeline:
     """
 
     model: nn.Module
-    transport: Transport
+    transport: Transport | GaussianDiffusion
     spec: SampleSpec
     latent_shape: tuple[int, int, int]
     num_classes: int
     decode: Callable[[Tensor], Tensor] | None = None
     device: torch.device | str = "cpu"
     precision: str = "fp32"
-    sampler: Sampler = field(init=False, repr=False)
+    sampler: Sampler | DiffusionSampler = field(init=False, repr=False)
     sample_fn: Callable[..., Any] = field(init=False, repr=False)
     model_fn: Callable[..., Tensor] = field(init=False, repr=False)
 
@@ -203,13 +232,16 @@ class SamplingPipeline:
                              "class_dropout_prob=0 (no null row in its label table); use cfg_scale 1")
         self.device = torch.device(self.device)
         self.model = self.model.to(self.device).eval()  # eval: no label dropout
-        self.sampler = Sampler(self.transport)
+        ddpm = isinstance(self.transport, GaussianDiffusion)
+        self.sampler = DiffusionSampler(self.transport) if ddpm else Sampler(self.transport)
         self.sample_fn = spec.build(self.sampler)
         self.model_fn = self._forward
         if spec.cfg_scale != 1.0:
+            channels = guided_channels({"objective": "ddpm" if ddpm else "sit"}, spec.cfg_channels,
+                                       self.latent_shape[0])
             self.model_fn = ClassifierFreeGuidance(
                 self._forward, spec.cfg_scale, null_class=self.num_classes,
-                cfg_channels=spec.cfg_channels, interval=spec.cfg_interval,
+                cfg_channels=channels, interval=spec.cfg_interval,
             )
 
     def _forward(self, x: Tensor, t: Tensor, y: Tensor) -> Tensor:
@@ -248,8 +280,9 @@ class ModelInfo:
     ``source``: "ours" (training checkpoint of this codebase, config in ``args``) or "official" (bare state
     dict, e.g. SiT-XL-2-256.pt, or a DiT/SiT training checkpoint with an argparse ``args``). ``input_size``:
     the model's training input side (latent side for latent models). ``transport``: ``create_transport``
-    kwargs. ``vae``: ``{"name": hub id | directory | "none", "scaling_factor": float}``. ``sample_defaults``:
-    the checkpoint's ``sample`` config section (ours) or {}.
+    kwargs (objective sit). ``vae``: ``{"name": hub id | directory | "none", "scaling_factor": float}``.
+    ``sample_defaults``: the checkpoint's ``sample`` config section (ours) or {}. ``objective``: sit | ddpm;
+    ``ddpm``: the ddpm keys of the transport section (objective ddpm) or {}.
     """
 
     name: str
@@ -262,6 +295,13 @@ class ModelInfo:
     sample_defaults: dict[str, Any] = field(default_factory=dict)
     step: int | None = None
     which: str | None = None
+    objective: str = "sit"
+    ddpm: dict[str, Any] = field(default_factory=dict)
+
+    def create_objective(self, transport: dict[str, Any] | None = None) -> Transport | GaussianDiffusion:
+        """The model's objective: a Transport (``transport`` kwargs replace the stored ones) or the trained
+        GaussianDiffusion."""
+        return create_objective({"objective": self.objective, **(transport or self.transport), **self.ddpm})
 
 
 def _is_our_config(args: Any) -> bool:
@@ -301,6 +341,7 @@ def load_model_for_sampling(
     input_size: int | None = None,
     sha256: str | None = None,
     overrides: dict[str, Any] | None = None,
+    objective: str | None = None,
 ) -> tuple[nn.Module, ModelInfo]:
     """Build the model stored in ``ckpt`` and load its weights (``which``: ema | model), on the CPU, eval mode.
 
@@ -312,6 +353,10 @@ def load_model_for_sampling(
     the SD-VAE ft-EMA decoder for 4-channel models (pixel space otherwise). ``input_size`` (model input
     side) is only needed when the state dict has no ``pos_embed``. ``overrides``: ``create_model`` keywords for
     a bare state dict whose architecture is not the registry's (depth, hidden_size, num_heads, switches).
+
+    Objective (sit | ddpm): ours record it in their config (``objective``, if given, must agree). Official
+    files cannot tell (DiT and SiT share the key layout): the model name does (``DiT-*`` = ddpm, other names =
+    sit), or ``objective`` for a SiT name; a contradiction is an error, never a guess.
     """
     path = os.fspath(ckpt)
     if which not in ("ema", "model"):
@@ -328,26 +373,44 @@ def load_model_for_sampling(
             raise ValueError(f"{path} was trained as {cfg_model['name']!r}, not {model_name!r}; drop the model name "
                              "(our checkpoints carry their architecture)")
         model = create_model(cfg_model["name"], **model_kwargs(cfg_model))
-        transport = transport_kwargs(args.get("transport", {}))
+        saved = args.get("transport") or {}
+        trained = objective_name(saved)
+        if objective is not None and objective != trained:
+            raise ValueError(f"{path} was trained with transport.objective={trained}; its output means {trained}, "
+                             "so drop the objective (our checkpoints carry it)")
+        ddpm = ddpm_settings(saved) if trained == "ddpm" else {}
         vae = dict(args.get("vae") or {"name": "none"})
         info = ModelInfo(cfg_model["name"], "ours", model.input_size, model.in_channels, model.num_classes,
-                         transport, vae, dict(args.get("sample") or {}), obj.get("step"), which if nested else None)
+                         transport_kwargs(saved), vae, dict(args.get("sample") or {}), obj.get("step"),
+                         which if nested else None, trained, ddpm)
     else:
         official = vars(args) if isinstance(args, argparse.Namespace) else {}
         model_name = model_name or official.get("model")
         if model_name is None:
             raise ValueError(f"{path} is a bare state dict without a config: name its architecture (model_name / "
                              f"--model), e.g. SiT-XL/2; valid: {', '.join(list_models())}")
+        implied = name_objective(model_name)
+        if objective is not None and implied is not None and objective != implied:
+            raise ValueError(f"{model_name} names the {implied} objective, not {objective}: use the SiT-* name for "
+                             f"a SiT network trained with {objective}")
+        objective = objective or implied or "sit"
         arch = _infer_architecture(state, input_size, path)
         model = create_model(model_name, **{**arch, **(overrides or {})})
         transport = {k: official[k] for k in ("path_type", "prediction", "loss_weight", "train_eps", "sample_eps")
                      if official.get(k) is not None}
         vae_name = f"stabilityai/sd-vae-ft-{official['vae']}" if official.get("vae") else SD_VAE_EMA
         vae = {"name": vae_name if arch["in_channels"] == 4 else "none", "scaling_factor": 0.18215}
+        ddpm = {}
+        if objective == "ddpm":  # DiT: learned-range variance when the file has the sigma half, else beta_t
+            if transport:
+                raise ValueError(f"{path}: its args set the transport ({transport}) but the objective is ddpm")
+            ddpm = {**DDPM_DEFAULTS, "ddpm_variance": "learned" if arch["learn_sigma"] else "fixed_large"}
         info = ModelInfo(model_name, "official", arch["input_size"], arch["in_channels"], arch["num_classes"],
-                         transport, vae, {}, obj.get("step") if nested else None, which if nested else None)
+                         transport, vae, {}, obj.get("step") if nested else None, which if nested else None,
+                         objective, ddpm)
     check_state_dict(model, state, source=path)
     model.load_state_dict(state, strict=True)
+    prepare_model(model, info.objective)
     return model.eval().requires_grad_(False), info
 
 

@@ -93,7 +93,6 @@ def evaluate_checkpoint(ckpt: Path, out_dir: Path, protocol: dict[str, Any], arg
 
     from ..models import count_params, flops
     from ..sampling import SamplingPipeline, load_model_for_sampling, sample_bulk
-    from ..transport import create_transport
     from ..vae import decode, load_vae
 
     ev = protocol["eval"]
@@ -105,7 +104,7 @@ def evaluate_checkpoint(ckpt: Path, out_dir: Path, protocol: dict[str, Any], arg
     if info.vae.get("name", "none") != "none":
         vae = load_vae(info.vae["name"], device=device)
         decoder = lambda z: decode(vae, z, scaling_factor=info.vae["scaling_factor"])  # noqa: E731
-    pipeline = SamplingPipeline(model, create_transport(**info.transport), sample_spec(protocol["sample"]),
+    pipeline = SamplingPipeline(model, info.create_objective(), sample_spec(protocol["sample"]),
                                 (model.in_channels, model.input_size, model.input_size), model.num_classes,
                                 decode=decoder, device=device, precision=args.precision)
     bulk = sample_bulk(pipeline, ev["num_samples"], out_dir, global_seed=ev["seed"], batch_size=args.batch_size,
