@@ -1,7 +1,8 @@
-"""Train a SiT / ViT-5 diffusion model.
+"""Train a SiT / ViT-5 diffusion model (SiT's transport objective, or DiT's with transport.objective=ddpm).
 
     python train.py                                         # the demo: tiny ViT-5 on 8×8 digits, CPU, minutes
     python train.py --config configs/X.yaml train.steps=1000 optim.lr=2e-4
+    python train.py transport.objective=ddpm model.learn_sigma=true sample.method=ddpm   # the demo, DiT's objective
     python train.py --config configs/X.yaml --resume latest # continue the run in train.out_dir
     python train.py --resume runs/X                         # the same, with the run's saved config.yaml
     accelerate launch --multi_gpu --num_processes 8 train.py --config configs/X.yaml
