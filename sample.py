@@ -1,7 +1,8 @@
 """Generate images from a trained model: a PNG grid, or N samples in an ADM-compatible .npz for FID.
 
     python sample.py grid --ckpt runs/demo/checkpoints/0003000.pt --classes 0 1 2 3 --seed 1
-    torchrun --nproc_per_node 8 sample.py bulk --ckpt SiT-XL-2-256.pt --model SiT-XL/2 --num-samples 50000 ...
+    torchrun --nproc_per_node 8 sample.py bulk --ckpt SiT-XL-2-256.pt --model SiT-XL/2 \\
+        --num-samples 50000 ...
 
 The library behind it is ``sit_vit5.sampling``; see ``python sample.py {grid,bulk} --help``.
 """
@@ -14,40 +15,51 @@ import warnings
 from pathlib import Path
 
 import torch
+from accelerate import PartialState
 
-from sit_vit5.models import CheckpointError
-from sit_vit5.objective import OBJECTIVES, SAMPLE_METHODS
+from sit_vit5.models import CheckpointError, LoadedModel, load_model
+from sit_vit5.objective import OBJECTIVES, SAMPLE_METHODS, create_objective
+from sit_vit5.precision import PRECISIONS
 from sit_vit5.sampling import (
     DEFAULT_SAMPLING_METHOD,
-    MODES,
-    ModelInfo,
+    METHODS,
     ResumeError,
     SampleSpec,
     SamplingPipeline,
-    load_model_for_sampling,
     sample_bulk,
     sample_grid,
+)
+from sit_vit5.transport import DIFFUSION_FORMS, LAST_STEPS, PATHS, PREDICTIONS
+from sit_vit5.vae import (
+    SD_VAE_EMA,
+    SD_VAE_SCALING_FACTOR,
+    decoder,
+    downsampling_factor,
+    load_vae,
     vae_enabled,
 )
-from sit_vit5.transport import DIFFUSION_FORMS, PATHS, PREDICTIONS
 
 DIT_VAES = ("ema", "mse")  # DiT's sample.py --vae choices
+SPEC = SampleSpec()  # the sampler defaults shown in --help (flags default to None = the spec's)
 
 PROTOCOL = """\
-Published SiT-XL/2 protocol (FID 2.06 at 256x256): SDE, Euler-Maruyama, diffusion form sigma, 250 steps,
-last step Mean of size 0.04, CFG 1.5 on the legacy 3 latent channels, 50,000 samples with uniform labels:
+Published SiT-XL/2 protocol (FID 2.06 at 256x256): SDE, Euler-Maruyama, diffusion form sigma,
+250 steps, last step Mean of size 0.04, CFG 1.5 on the legacy 3 latent channels, 50,000 samples
+with uniform labels:
 
-  torchrun --nproc_per_node 8 sample.py bulk --ckpt SiT-XL-2-256.pt --model SiT-XL/2 --image-size 256 \\
-      --method sde --sampling-method Euler --diffusion-form sigma --num-steps 250 \\
-      --cfg-scale 1.5 --cfg-channels 3 --num-samples 50000 --batch-size 64 --out samples/sit-xl-2-sde-cfg1.5
+  torchrun --nproc_per_node 8 sample.py bulk --ckpt SiT-XL-2-256.pt --model SiT-XL/2 \\
+      --image-size 256 --method sde --sampling-method Euler --diffusion-form sigma \\
+      --num-steps 250 --cfg-scale 1.5 --cfg-channels 3 --num-samples 50000 --batch-size 64 \\
+      --out samples/sit-xl-2-sde-cfg1.5
 
-(ODE Heun, 250 NFE: --method ode --sampling-method heun2 --num-steps 126 gives the published 2.15 setting.)
-Published DiT-XL/2 protocol (FID 2.27): DiT's file with --model DiT-XL/2 (the ddpm objective), 250 DDPM steps,
-CFG 1.5 on 3 channels:
+(ODE Heun, 250 NFE: --method ode --sampling-method heun2 --num-steps 126 gives the published
+2.15 setting.)
+Published DiT-XL/2 protocol (FID 2.27): DiT's file named DiT-XL/2 (the SiT network under DiT's
+ddpm objective), 250 DDPM steps, CFG 1.5 on 3 channels:
 
-  torchrun --nproc_per_node 8 sample.py bulk --ckpt DiT-XL-2-256x256.pt --model DiT-XL/2 --image-size 256 \
-      --method ddpm --num-sampling-steps 250 --cfg-scale 1.5 --cfg-channels 3 --num-samples 50000 \
-      --batch-size 64 --out samples/dit-xl-2-ddpm-cfg1.5
+  torchrun --nproc_per_node 8 sample.py bulk --ckpt DiT-XL-2-256x256.pt --model DiT-XL/2 \
+      --image-size 256 --method ddpm --num-sampling-steps 250 --cfg-scale 1.5 --cfg-channels 3 \
+      --num-samples 50000 --batch-size 64 --out samples/dit-xl-2-ddpm-cfg1.5
 
 New work should guide all channels (the default, --cfg-channels all).
 Exit status: 0 ok, 2 bad flag / value / file."""
@@ -63,7 +75,8 @@ def _cfg_channels(text: str) -> int | None:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer or 'all', got {text!r}") from None
+        message = f"expected a positive integer or 'all', got {text!r}"
+        raise argparse.ArgumentTypeError(message) from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer or 'all', got {text!r}")
     return value
@@ -82,55 +95,69 @@ def _positive_int(text: str) -> int:
 def _common_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     g = p.add_argument_group("model")
-    g.add_argument("--ckpt", required=True, help="our training checkpoint (.pt), or an official SiT/DiT state dict")
-    g.add_argument("--model", help="architecture of an official / bare checkpoint: SiT-XL/2 (a SiT file) or "
-                   "DiT-XL/2 (a DiT file: the same network under the ddpm objective). Ours: from the checkpoint; "
-                   "a different name is an error")
-    g.add_argument("--objective", choices=OBJECTIVES, help="what the model was trained for: sit (transport) or "
-                   "ddpm (DiT). Official files: implied by --model (DiT-* = ddpm, others sit); ours: recorded")
-    g.add_argument("--which", choices=("ema", "model"), default="ema", help="weights of a training checkpoint "
-                   "(default ema)")
-    g.add_argument("--image-size", type=_positive_int, help="output side in pixels (default: the training size; "
-                   "latent side = image size / VAE factor)")
-    g.add_argument("--vae", help="decoder: hub id, diffusers directory, none, or DiT's ema | mse (= stabilityai/"
-                   "sd-vae-ft-ema | -mse) (default: the checkpoint's; official 4-channel models: sd-vae-ft-ema)")
-    g.add_argument("--path-type", choices=list(PATHS), help="transport path (official checkpoints; default "
-                   "Linear). Ours: must match the checkpoint")
-    g.add_argument("--prediction", choices=list(PREDICTIONS), help="what the model predicts (official "
-                   "checkpoints; default velocity). Ours: must match the checkpoint")
-    g.add_argument("--sample-eps", type=float, help="sampling time-interval eps (default: the transport's)")
+    g.add_argument("--ckpt", required=True,
+                   help="our training checkpoint (.pt), or an official SiT/DiT state dict")
+    g.add_argument("--model", help="architecture of an official / bare checkpoint: SiT-XL/2 for a "
+                   "SiT file, DiT-XL/2 for a DiT file (the same network under the ddpm objective); "
+                   "ours: from the checkpoint, a different name is an error")
+    g.add_argument("--objective", choices=OBJECTIVES, help="what the model was trained for: sit "
+                   "(transport) or ddpm (DiT). Official files: implied by --model (DiT-* = ddpm, "
+                   "others sit); ours: recorded in the checkpoint")
+    g.add_argument("--which", choices=("ema", "model"), default="ema",
+                   help="weights of a training checkpoint (default ema)")
+    g.add_argument("--image-size", type=_positive_int, help="output side in pixels (default: the "
+                   "training size; latent side = image size / VAE factor)")
+    g.add_argument("--vae", help="decoder: hub id, diffusers directory, none, or DiT's ema | mse "
+                   "(= stabilityai/sd-vae-ft-ema | -mse) (default: the checkpoint's; official "
+                   f"4-channel models: {SD_VAE_EMA})")
+    g.add_argument("--path-type", choices=list(PATHS), help="transport path (official checkpoints; "
+                   "default Linear). Ours: must match the checkpoint")
+    g.add_argument("--prediction", choices=list(PREDICTIONS), help="what the model predicts "
+                   "(official checkpoints; default velocity). Ours: must match the checkpoint")
+    g.add_argument("--sample-eps", type=float,
+                   help="sampling time-interval eps (default: the transport's)")
 
-    g = p.add_argument_group("sampler (defaults: the checkpoint's sample section, else SiT's sample.py)")
-    g.add_argument("--method", choices=MODES, help="objective sit: ode (probability flow, default) or sde; "
-                   "objective ddpm: ddpm (ancestral, DiT, default) or ddim (eta 0)")
-    g.add_argument("--sampling-method", help="ode: torchdiffeq method (dopri5, euler, heun2, midpoint, rk4, ...; "
-                   f"default {DEFAULT_SAMPLING_METHOD['ode']}); sde: Euler | Heun (default "
-                   f"{DEFAULT_SAMPLING_METHOD['sde']})")
-    g.add_argument("--num-steps", "--num-sampling-steps", type=_positive_int, help="time-grid points (default "
-                   "250; fixed-step ODE takes num_steps-1 steps; adaptive ODE: output grid only); ddpm / ddim: "
-                   "respaced diffusion steps (DiT's --num-sampling-steps)")
-    g.add_argument("--atol", type=float, default=1e-6, help="adaptive ODE absolute tolerance (default 1e-6)")
-    g.add_argument("--rtol", type=float, default=1e-3, help="adaptive ODE relative tolerance (default 1e-3)")
-    g.add_argument("--diffusion-form", choices=list(DIFFUSION_FORMS), default="sigma", help="SDE diffusion "
-                   "coefficient D(t) (default sigma)")
-    g.add_argument("--diffusion-norm", type=float, default=1.0, help="SDE diffusion scale (default 1)")
-    g.add_argument("--last-step", choices=("Mean", "Tweedie", "Euler", "none"), default="Mean",
-                   help="SDE final step (default Mean)")
-    g.add_argument("--last-step-size", type=float, default=0.04, help="SDE final step size (default 0.04)")
-    g.add_argument("--cfg-scale", type=float, help="classifier-free guidance scale (default 1 = off)")
-    g.add_argument("--cfg-channels", type=_cfg_channels, default=None, help="guided channels: all (default) or "
-                   "3 for the SiT/DiT legacy mode behind the published numbers")
-    g.add_argument("--cfg-interval", type=float, nargs=2, metavar=("T_LO", "T_HI"), help="guide only for t in "
-                   "[T_LO, T_HI] (t = 0 noise, 1 data)")
+    # every sampler flag defaults to None: the checkpoint's sample section, else SampleSpec's
+    g = p.add_argument_group("sampler (defaults: the checkpoint's sample section, else SiT's "
+                             "sample.py)")
+    g.add_argument("--method", choices=METHODS,
+                   help=f"objective sit: ode (probability flow) or sde (default {SPEC.method}); "
+                   "objective ddpm: ddpm (DiT's ancestral sampler, default) or ddim (eta 0)")
+    g.add_argument("--sampling-method", help="ode: torchdiffeq method (dopri5, euler, heun2, "
+                   f"midpoint, rk4, ...; default {DEFAULT_SAMPLING_METHOD['ode']}); sde: Euler | "
+                   f"Heun (default {DEFAULT_SAMPLING_METHOD['sde']})")
+    g.add_argument("--num-steps", "--num-sampling-steps", type=_positive_int,
+                   help=f"time-grid points (default {SPEC.num_steps}; fixed-step ODE takes "
+                   "num_steps-1 steps; adaptive ODE: output grid only); ddpm / ddim: respaced "
+                   "diffusion steps (DiT's --num-sampling-steps)")
+    g.add_argument("--atol", type=float,
+                   help=f"adaptive ODE absolute tolerance (default {SPEC.atol})")
+    g.add_argument("--rtol", type=float,
+                   help=f"adaptive ODE relative tolerance (default {SPEC.rtol})")
+    g.add_argument("--diffusion-form", choices=list(DIFFUSION_FORMS),
+                   help=f"SDE diffusion coefficient D(t) (default {SPEC.diffusion_form})")
+    g.add_argument("--diffusion-norm", type=float,
+                   help=f"SDE diffusion scale (default {SPEC.diffusion_norm})")
+    g.add_argument("--last-step", choices=[k for k in LAST_STEPS if k is not None],
+                   help=f"SDE final step (default {SPEC.last_step})")
+    g.add_argument("--last-step-size", type=float,
+                   help=f"SDE final step size (default {SPEC.last_step_size})")
+    g.add_argument("--cfg-scale", type=float,
+                   help=f"classifier-free guidance scale (default {SPEC.cfg_scale:g} = off)")
+    g.add_argument("--cfg-channels", type=_cfg_channels, help="guided channels: all (default) or 3 "
+                   "for the SiT/DiT legacy mode behind the published numbers")
+    g.add_argument("--cfg-interval", type=float, nargs=2, metavar=("T_LO", "T_HI"),
+                   help="guide only for t in [T_LO, T_HI] (t = 0 noise, 1 data)")
 
     g = p.add_argument_group("run")
-    g.add_argument("--seed", "--global-seed", type=int, default=0, help="global seed: sample i depends on "
-                   "(seed, i) only")
-    g.add_argument("--batch-size", "--per-proc-batch-size", type=_positive_int, default=32, help="images per "
-                   "forward batch, per process")
-    g.add_argument("--device", help="cuda, cuda:1, cpu (default: the launcher's device / cuda if available)")
-    g.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="model precision (bf16 = "
-                   "autocast; the integrator stays fp32)")
+    g.add_argument("--seed", "--global-seed", type=int, default=0,
+                   help="global seed: sample i depends on (seed, i) only")
+    g.add_argument("--batch-size", "--per-proc-batch-size", type=_positive_int, default=32,
+                   help="images per forward batch, per process")
+    g.add_argument("--device",
+                   help="cuda, cuda:1, cpu (default: the launcher's device / cuda if available)")
+    g.add_argument("--precision", choices=list(PRECISIONS), default="fp32",
+                   help="model precision (bf16 = autocast; the integrator stays fp32)")
     g.add_argument("--no-progress", action="store_true", help="hide progress bars")
     return p
 
@@ -138,20 +165,26 @@ def _common_parser() -> argparse.ArgumentParser:
 def build_parser() -> argparse.ArgumentParser:
     common = _common_parser()
     fmt = argparse.RawDescriptionHelpFormatter
-    parser = argparse.ArgumentParser(prog="sample.py", description=__doc__, epilog=PROTOCOL, formatter_class=fmt)
+    parser = argparse.ArgumentParser(prog="sample.py", description=__doc__, epilog=PROTOCOL,
+                                     formatter_class=fmt)
     sub = parser.add_subparsers(dest="command", required=True)
     grid = sub.add_parser("grid", parents=[common], epilog=PROTOCOL, formatter_class=fmt,
                           help="a PNG grid and the single images, prints NFE and images/s")
-    grid.add_argument("--classes", type=int, nargs="+", help="class of each image (cycled to --num-images); "
-                      "default: uniform random labels")
-    grid.add_argument("--num-images", type=_positive_int, help="images (default: len(--classes), else 16)")
-    grid.add_argument("--nrow", type=_positive_int, help="images per grid row (default ceil(sqrt(n)))")
-    grid.add_argument("--out", default="samples/grid", help="output folder: grid.png + 000000.png ...")
+    grid.add_argument("--classes", type=int, nargs="+", help="class of each image (cycled to "
+                      "--num-images); default: uniform random labels")
+    grid.add_argument("--num-images", type=_positive_int,
+                      help="images (default: len(--classes), else 16)")
+    grid.add_argument("--nrow", type=_positive_int,
+                      help="images per grid row (default ceil(sqrt(n)))")
+    grid.add_argument("--out", default="samples/grid",
+                      help="output folder: grid.png + 000000.png ...")
     bulk = sub.add_parser("bulk", parents=[common], epilog=PROTOCOL, formatter_class=fmt,
-                          help="N samples with uniform labels -> samples_NxHxWx3.npz (sharded, resumable)")
+                          help="N samples with uniform labels -> samples_NxHxWx3.npz (sharded, "
+                          "resumable)")
     bulk.add_argument("--num-samples", "--num-fid-samples", type=_positive_int, default=50_000,
                       help="samples (default 50000)")
-    bulk.add_argument("--out", required=True, help="output folder (parts/, settings.json, the .npz)")
+    bulk.add_argument("--out", required=True,
+                      help="output folder (parts/, settings.json, the .npz)")
     bulk.add_argument("--png", action="store_true", help="also write out/images/{index:06d}.png")
     return parser
 
@@ -159,108 +192,103 @@ def build_parser() -> argparse.ArgumentParser:
 # ----------------------------------------------------------------------------- resolution
 
 
-def resolve_spec(args: argparse.Namespace, info: ModelInfo) -> SampleSpec:
-    """Flags, else the checkpoint's ``sample`` section (ours), else SiT's / DiT's sample.py defaults."""
-    saved = info.sample_defaults
-    valid = SAMPLE_METHODS[info.objective]
+def resolve_spec(args: argparse.Namespace, saved: dict, objective: str = "sit") -> SampleSpec:
+    """Flags, else the checkpoint's ``sample`` section ``saved`` (ours), else the objective's
+    default method (ddpm: DiT's sampler) and the SampleSpec defaults."""
+    valid = SAMPLE_METHODS[objective]
     if args.method is not None and args.method not in valid:
-        raise UsageError(f"--method {args.method}: {args.ckpt} is a {info.objective}-objective model; valid: "
-                         f"{', '.join(valid)}")
-    method = args.method or (saved.get("method") if saved.get("method") in valid else None) or valid[0]
-    sampling_method = args.sampling_method
-    if sampling_method is not None and info.objective == "ddpm":
-        raise UsageError(f"--sampling-method {sampling_method}: ddpm-objective models sample with --method "
-                         "ddpm | ddim")
-    if sampling_method is None and saved.get("method", "ode") == method and info.objective == "sit":
-        sampling_method = saved.get("sampling_method")
-    cfg_scale = args.cfg_scale if args.cfg_scale is not None else saved.get("cfg_scale", 1.0)
-    return SampleSpec(
-        mode=method, sampling_method=sampling_method, num_steps=args.num_steps or saved.get("num_steps") or 250,
-        atol=args.atol, rtol=args.rtol, diffusion_form=args.diffusion_form, diffusion_norm=args.diffusion_norm,
-        last_step=args.last_step, last_step_size=args.last_step_size, cfg_scale=cfg_scale,
-        cfg_channels=args.cfg_channels, cfg_interval=tuple(args.cfg_interval) if args.cfg_interval else None,
-    )
+        raise UsageError(f"--method {args.method}: {args.ckpt} is a {objective}-objective model; "
+                         f"valid: {', '.join(valid)}")
+    if args.sampling_method is not None and objective == "ddpm":
+        raise UsageError(f"--sampling-method {args.sampling_method}: ddpm-objective models sample "
+                         "with --method ddpm | ddim")
+    flags = {key: getattr(args, key) for key in SampleSpec.keys()}
+    return SampleSpec.resolve(flags, saved, {"method": valid[0]})
 
 
-def resolve_transport(args: argparse.Namespace, info: ModelInfo) -> dict:
-    """Transport kwargs: the checkpoint's; --path-type/--prediction only for official checkpoints."""
+def resolve_transport(args: argparse.Namespace, info: LoadedModel) -> dict:
+    """Transport kwargs: the checkpoint's; --path-type/--prediction only for official checkpoints.
+    """
     transport = dict(info.transport)
+    for flag, key in (("--path-type", "path_type"), ("--prediction", "prediction"),
+                      ("--sample-eps", "sample_eps")):
+        value = getattr(args, key)
+        if value is not None and info.objective == "ddpm":
+            raise UsageError(f"{flag} {value}: {args.ckpt} is a ddpm-objective (DiT) model, not a "
+                             "transport model")
     for flag, key in (("--path-type", "path_type"), ("--prediction", "prediction")):
         value = getattr(args, key)
         if value is None:
             continue
-        if info.objective == "ddpm":
-            raise UsageError(f"{flag} {value}: {args.ckpt} is a ddpm-objective (DiT) model, not a transport model")
         trained = transport.get(key, {"path_type": "Linear", "prediction": "velocity"}[key])
         if info.source == "ours" and value != trained:
-            raise UsageError(f"{flag} {value}: {args.ckpt} was trained with {key}={trained}; the model's output "
-                             f"means {trained}, so drop {flag}")
+            raise UsageError(f"{flag} {value}: {args.ckpt} was trained with {key}={trained}; the "
+                             f"model's output means {trained}, so drop {flag}")
         transport[key] = value
     if args.sample_eps is not None:
-        if info.objective == "ddpm":
-            raise UsageError(f"--sample-eps: {args.ckpt} is a ddpm-objective (DiT) model, not a transport model")
         transport["sample_eps"] = args.sample_eps
     return transport
 
 
-def resolve_vae(args: argparse.Namespace, info: ModelInfo) -> dict:
+def resolve_vae(args: argparse.Namespace, info: LoadedModel) -> dict:
     """The decoder config; a pixel model cannot take a VAE and a latent model needs one."""
     vae = dict(info.vae)
     if args.vae in DIT_VAES:  # DiT's --vae habit
         args.vae = f"stabilityai/sd-vae-ft-{args.vae}"
     if args.vae is not None:
-        if info.source == "ours" and vae_enabled(vae) != vae_enabled({"name": args.vae}):
+        trained_on_latents = vae_enabled(vae.get("name"))
+        if info.source == "ours" and trained_on_latents != vae_enabled(args.vae):
             raise UsageError(f"--vae {args.vae}: {args.ckpt} was trained "
-                             + (f"on {vae['name']} latents; it needs a decoder" if vae_enabled(vae)
+                             + (f"on {vae['name']} latents; it needs a decoder"
+                                if trained_on_latents
                                 else "in pixel space (vae.name=none); it takes no decoder"))
         if info.source == "ours" and args.vae != vae["name"]:
-            warnings.warn(f"--vae {args.vae}: decoding latents of a model trained with {vae['name']}", stacklevel=2)
+            warnings.warn(f"--vae {args.vae}: decoding latents of a model trained with "
+                          f"{vae['name']}", stacklevel=2)
         vae["name"] = args.vae
-    if not vae_enabled(vae) and info.in_channels not in (1, 3):
-        raise UsageError(f"{args.ckpt}: the model makes {info.in_channels}-channel latents; name a decoder with "
-                         "--vae (e.g. stabilityai/sd-vae-ft-ema)")
+    if not vae_enabled(vae.get("name")) and info.in_channels not in (1, 3):
+        raise UsageError(f"{args.ckpt}: the model makes {info.in_channels}-channel latents; name a "
+                         f"decoder with --vae (e.g. {SD_VAE_EMA})")
     return vae
 
 
-def build_pipeline(args: argparse.Namespace, device: torch.device) -> tuple[SamplingPipeline, ModelInfo, int]:
-    """Load the model, transport and decoder named by ``args``; returns (pipeline, info, image side)."""
-    model, info = load_model_for_sampling(args.ckpt, args.model, args.which, objective=args.objective)
-    spec = resolve_spec(args, info)
-    objective = info.create_objective(resolve_transport(args, info))
-    vae_cfg, decode, factor = resolve_vae(args, info), None, 1
-    if vae_enabled(vae_cfg):
-        from sit_vit5.vae import decode as vae_decode
-        from sit_vit5.vae import load_vae
-
+def build_pipeline(args: argparse.Namespace, device: torch.device
+                   ) -> tuple[SamplingPipeline, LoadedModel, int]:
+    """Load the model, transport and decoder named by ``args``; returns (pipeline, loaded, image
+    side)."""
+    loaded = load_model(args.ckpt, args.model, args.which, objective=args.objective)
+    spec = resolve_spec(args, loaded.sample, loaded.objective)
+    objective = create_objective(resolve_transport(args, loaded))
+    vae_cfg, decode, factor = resolve_vae(args, loaded), None, 1
+    if vae_enabled(vae_cfg.get("name")):
         vae = load_vae(vae_cfg["name"], device=device)
-        factor = 2 ** (len(vae.config.block_out_channels) - 1)
-        if vae.config.latent_channels != info.in_channels:
-            raise UsageError(f"--vae {vae_cfg['name']}: {vae.config.latent_channels}-channel latents, but the model "
-                             f"works on {info.in_channels} channels")
-        scale = vae_cfg.get("scaling_factor", 0.18215)
-
-        def decode(z: torch.Tensor) -> torch.Tensor:
-            return vae_decode(vae, z, scaling_factor=scale)
-
-    image_size = args.image_size or info.input_size * factor
+        factor = downsampling_factor(vae)
+        if vae.config.latent_channels != loaded.in_channels:
+            raise UsageError(f"--vae {vae_cfg['name']}: {vae.config.latent_channels}-channel "
+                             f"latents, but the model works on {loaded.in_channels} channels")
+        decode = decoder(vae, vae_cfg.get("scaling_factor", SD_VAE_SCALING_FACTOR))
+    patch = loaded.model.patch_size
+    image_size = args.image_size or loaded.input_size * factor
     latent_side = image_size // factor
-    if image_size % factor or latent_side % model.patch_size:
-        raise UsageError(f"--image-size {image_size}: must be a multiple of {factor * model.patch_size} (VAE factor "
-                         f"{factor} x patch size {model.patch_size})")
-    if latent_side != info.input_size:
-        warnings.warn(f"--image-size {image_size}: the model was trained at {info.input_size * factor}; sampling at "
-                      "another size interpolates its position embedding", stacklevel=2)
-    pipe = SamplingPipeline(model, objective, spec, (info.in_channels, latent_side, latent_side), info.num_classes,
-                            decode, device, args.precision)
-    return pipe, info, image_size
+    if image_size % factor or latent_side % patch:
+        raise UsageError(f"--image-size {image_size}: must be a multiple of {factor * patch} "
+                         f"(VAE factor {factor} x patch size {patch})")
+    if latent_side != loaded.input_size:
+        warnings.warn(f"--image-size {image_size}: the model was trained at "
+                      f"{loaded.input_size * factor}; sampling at another size interpolates its "
+                      "position embedding", stacklevel=2)
+    latent_shape = (loaded.in_channels, latent_side, latent_side)
+    pipe = SamplingPipeline(loaded.model, objective, spec, latent_shape, loaded.num_classes, decode,
+                            device, args.precision)
+    return pipe, loaded, image_size
 
 
-def _describe(info: ModelInfo, pipe: SamplingPipeline, image_size: int, ckpt: str) -> str:
+def _describe(info: LoadedModel, pipe: SamplingPipeline, image_size: int, ckpt: str) -> str:
     step = f", step {info.step}" if info.step is not None else ""
     which = f" ({info.which})" if info.which else ""
     spec = ", ".join(f"{k}={v}" for k, v in vars(pipe.spec).items())
-    return (f"{ckpt}: {info.name} [{info.source}{which}{step}], {image_size}x{image_size}, objective "
-            f"{info.objective}: {pipe.transport!r}\nsampler: {spec}")
+    return (f"{ckpt}: {info.name} [{info.source}{which}{step}], {image_size}x{image_size}, "
+            f"objective {info.objective}: {pipe.transport!r}\nsampler: {spec}")
 
 
 # ----------------------------------------------------------------------------- commands
@@ -287,22 +315,23 @@ def _grid(args: argparse.Namespace) -> int:
 
 
 def _bulk(args: argparse.Namespace) -> int:
-    from accelerate import PartialState
-
     state = PartialState(cpu=args.device == "cpu")
     device = torch.device(args.device) if args.device else state.device
     pipe, info, image_size = build_pipeline(args, device)
     if state.is_main_process:
         print(_describe(info, pipe, image_size, args.ckpt))
     settings = {"ckpt": str(Path(args.ckpt).resolve()), "which": info.which, "model": info.name,
-                "image_size": image_size, "vae": args.vae or info.vae.get("name"), "precision": args.precision,
-                "transport": repr(pipe.transport), "objective": info.objective}
+                "image_size": image_size, "vae": args.vae or info.vae.get("name"),
+                "precision": args.precision, "transport": repr(pipe.transport),
+                "objective": info.objective}
     barrier = state.wait_for_everyone if state.num_processes > 1 else None
-    result = sample_bulk(pipe, args.num_samples, args.out, global_seed=args.seed, batch_size=args.batch_size,
-                         rank=state.process_index, world_size=state.num_processes, png=args.png,
-                         settings=settings, barrier=barrier, progress=not args.no_progress)
-    print(f"[rank {state.process_index}/{state.num_processes}] generated {result.generated}, skipped "
-          f"{result.skipped} (done before); NFE per image: {result.nfe}; {result.images_per_second:.2f} images/s")
+    result = sample_bulk(pipe, args.num_samples, args.out, global_seed=args.seed,
+                         batch_size=args.batch_size, rank=state.process_index,
+                         world_size=state.num_processes, png=args.png, settings=settings,
+                         barrier=barrier, progress=not args.no_progress)
+    print(f"[rank {state.process_index}/{state.num_processes}] generated {result.generated}, "
+          f"skipped {result.skipped} (done before); NFE per image: {result.nfe}; "
+          f"{result.images_per_second:.2f} images/s")
     if result.npz is not None:
         print(f"wrote {result.npz}")
     return 0

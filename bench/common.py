@@ -21,7 +21,6 @@ import statistics
 import subprocess
 import time
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +29,9 @@ from torch import nn
 
 from sit_vit5.models import count_params, create_model, flops
 from sit_vit5.models.registry import SIZES
+from sit_vit5.precision import PRECISIONS, autocast  # noqa: F401 (the bench scripts import them here)
 
 BACKBONE_NAMES = ("SiT", "ViT5", "Timm")  # Timm: SiT built from timm's Attention/Mlp (the official layers)
-PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
 MODES = ("eager", "compile")
 #: Dense bf16 tensor-core peak, TFLOP/s (vendor data sheets; H100 = SXM, the PCIe card is 756).
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}
@@ -121,15 +120,9 @@ def ratios(times: dict[str, list[float]], num: str, den: str, name: str) -> dict
     return {name: statistics.median(paired), f"{name}_min": min(times[num]) / min(times[den])}
 
 
-def autocast(device: torch.device, precision: str):
-    """bf16 autocast context (params and the residual stream stay fp32), or nothing for fp32."""
-    dtype = PRECISIONS[precision]
-    return torch.autocast(device.type, dtype=dtype) if dtype is not None else nullcontext()
-
-
 def build_backbone(backbone: str, size: str, *, patch: int = 2, input_size: int = 32, num_classes: int = 1000,
                    depth: int | None = None, init: str = "perturbed") -> nn.Module:
-    """``SiT``/``ViT5`` from the registry, or ``Timm`` (sit_vit5.models.timm_reference.TimmSiT) of that size;
+    """``SiT``/``ViT5`` from the registry, or ``Timm`` (bench.timm_reference.TimmSiT) of that size;
     ``depth`` overrides the size's block count (smoke tests); ``init`` see :func:`perturb_zero_init`."""
     if backbone not in BACKBONE_NAMES:
         raise SystemExit(f"unknown backbone {backbone!r}; valid: {', '.join(BACKBONE_NAMES)}")
@@ -139,7 +132,7 @@ def build_backbone(backbone: str, size: str, *, patch: int = 2, input_size: int 
     if backbone != "Timm":
         model = create_model(f"{backbone}-{size}/{patch}", **kw)
     else:
-        from sit_vit5.models.timm_reference import TimmSiT  # needs timm (the dev extra)
+        from bench.timm_reference import TimmSiT  # needs timm (the dev extra)
 
         _, hidden, heads = SIZES[size]
         model = TimmSiT(patch_size=patch, hidden_size=hidden, num_heads=heads, **kw)

@@ -20,26 +20,31 @@ from typing import Any
 
 import yaml
 
+from .models import list_models, valid_overrides
+from .objective import ObjectiveError, check_objective
+from .precision import PRECISIONS
+from .vae import SD_VAE_SCALING_FACTOR
+
 Config = dict[str, dict[str, Any]]
 
 DEFAULTS: Config = {
     "model": {
-        "name": "SiT-XL/2",  # registry name: {SiT,ViT5,DiT}-{S,B,L,XL}/{2,4,8} (DiT-*: SiT + objective ddpm)
+        "name": "SiT-XL/2",  # registry: {SiT,ViT5,DiT}-{S,B,L,XL}/{2,4,8} (DiT-*: SiT + ddpm)
         "input_size": None,  # latent (or pixel) side; None = taken from the data
         "in_channels": None,  # None = taken from the data (4 for SD-VAE latents)
         "num_classes": None,  # None = the dataset's class count (the CFG null class is added by the model)
         # any other create_model override may be added (depth, hidden_size, learn_sigma, ViT-5 switches...)
     },
     "transport": {
-        "objective": "sit",  # sit (SiT's transport: the 5 keys below) | ddpm (DiT's diffusion: the ddpm keys)
+        "objective": "sit",  # sit (SiT's transport: the 5 keys below) | ddpm (DiT's diffusion: ddpm keys)
         "path_type": "Linear",  # sit: Linear | GVP | VP
         "prediction": "velocity",  # sit: velocity | score | noise
         "loss_weight": None,  # sit: None | velocity | likelihood (score/noise predictions only)
         "train_eps": None,  # sit: None = the transport's default for this path/prediction
         "sample_eps": None,  # sit: None = the transport's default for this path/prediction
-        "diffusion_steps": 1000,  # ddpm: steps T; the model sees integer t in 0..T-1 (T-1 = noise), DiT: 1000
-        "noise_schedule": "linear",  # ddpm: linear (DiT: betas 1e-4..0.02, x 1000/T) | cosine (IDDPM)
-        # ddpm: learned (DiT: IDDPM learned range, loss = MSE(eps) + VLB; needs model.learn_sigma=true)
+        "diffusion_steps": 1000,  # ddpm: steps T; the model sees integer t in 0..T-1 (T-1 = noise)
+        "noise_schedule": "linear",  # ddpm: linear (DiT: betas 1e-4..0.02, x 1000/T) | cosine
+        # ddpm: learned (DiT: IDDPM learned range, loss MSE(eps) + VLB; needs model.learn_sigma=true)
         #   | fixed_large (beta_t) | fixed_small (posterior variance): MSE(eps) only, learn_sigma=false
         "ddpm_variance": "learned",
     },
@@ -56,7 +61,7 @@ DEFAULTS: Config = {
     },
     "vae": {
         "name": "stabilityai/sd-vae-ft-ema",  # none (pixel space) | hub id | local diffusers directory
-        "scaling_factor": 0.18215,  # latents = posterior sample × this (SD-VAE)
+        "scaling_factor": SD_VAE_SCALING_FACTOR,  # latents = posterior sample × this (SD-VAE)
     },
     "optim": {
         "lr": 1e-4,  # AdamW learning rate (constant after warmup)
@@ -86,28 +91,27 @@ DEFAULTS: Config = {
         "wandb": False,  # log to Weights & Biases (warns if wandb is not installed)
         "wandb_project": "sit-vit5",  # wandb project name
     },
+    # Sample grids during training, and sample.py's starting point for this run's checkpoints.
+    # Sampler keys are sit_vit5.sampling.SampleSpec's fields; None = the SampleSpec default.
     "sample": {
-        "method": "ode",  # objective sit: ode | sde; objective ddpm: ddpm (ancestral, DiT) | ddim (eta 0)
-        "sampling_method": "euler",  # ode: euler | heun2 | dopri5 ...; sde: Euler | Heun
-        "num_steps": 50,  # integration steps (ddpm / ddim: respaced diffusion steps, DiT samples 250)
-        "cfg_scale": 1.0,  # classifier-free guidance scale (1 = off)
+        "method": "ode",  # objective sit: ode | sde; objective ddpm: ddpm (DiT) | ddim (eta 0)
+        "sampling_method": "euler",  # cheap fixed step; ode: euler | heun2 | dopri5 ...; sde: Euler
+        "num_steps": 50,  # time-grid points (fixed-step ODE: num_steps - 1); ddpm/ddim: steps
+        "atol": None,  # adaptive ODE tolerances
+        "rtol": None,
+        "diffusion_form": None,  # SDE diffusion coefficient D(t): sigma | SBDM | linear | ...
+        "diffusion_norm": None,  # SDE diffusion scale
+        "last_step": None,  # SDE final step: Mean | Tweedie | Euler | none
+        "last_step_size": None,  # SDE final step size
+        "cfg_scale": None,  # classifier-free guidance scale (1 = off); needs class_dropout_prob > 0
+        "cfg_channels": None,  # guided channels: None = all, 3 = the SiT/DiT legacy mode
+        "cfg_interval": None,  # [t_lo, t_hi]: guide only there (t = 0 noise, 1 data)
         "num_images": 16,  # images in the grid
         "classes": None,  # class of each image; None = 0, 1, 2, ... repeated over the classes
-        "seed": 0,  # seed of the fixed grid noise
+        "seed": 0,  # global seed of the grid: image i is sample i of sample.py with this seed
         "nrow": None,  # images per grid row; None = ceil(sqrt(num_images))
     },
 }
-
-#: ``model`` keys whose None means "take it from the data" (the training loop fills them before building).
-DATA_DERIVED_MODEL_KEYS = ("input_size", "in_channels", "num_classes")
-
-
-def model_kwargs(cfg_model: dict[str, Any]) -> dict[str, Any]:
-    """``create_model`` keywords of a ``model`` section: every key but ``name``. None is passed through (it
-    means "off" for switches such as ``layer_scale_init``), except for data-derived keys still unset."""
-    return {k: v for k, v in cfg_model.items()
-            if k != "name" and not (v is None and k in DATA_DERIVED_MODEL_KEYS)}
-
 
 #: Sections whose extra keys are allowed (validated elsewhere) rather than errors.
 OPEN_SECTIONS = ("model",)
@@ -188,8 +192,6 @@ def parse_overrides(overrides: list[str]) -> dict[str, dict[str, Any]]:
 
 def validate_model_section(cfg: Config) -> None:
     """Check the ``model`` keys against ``create_model``'s accepted overrides (raises ConfigError)."""
-    from .models import list_models, valid_overrides
-
     valid = ["name", *valid_overrides()]
     unknown = sorted(set(cfg["model"]) - set(valid))
     if unknown:
@@ -201,9 +203,7 @@ def validate_model_section(cfg: Config) -> None:
 
 def validate(cfg: Config) -> None:
     """Cross-key checks that need no data: choices, positive sizes (raises ConfigError naming the key)."""
-    from .objective import ObjectiveError, check_objective
-
-    choices = {("train", "precision"): ("fp32", "bf16"), ("train", "distributed"): ("ddp", "fsdp")}
+    choices = {("train", "precision"): tuple(PRECISIONS), ("train", "distributed"): ("ddp", "fsdp")}
     for (section, key), valid in choices.items():
         if cfg[section][key] not in valid:
             raise ConfigError(f"{section}.{key}={cfg[section][key]!r}; valid: {', '.join(valid)}")

@@ -30,6 +30,8 @@ import torch.nn.functional as F
 from PIL import Image
 from torch.utils.data import Dataset
 
+from .transport.rng import item_seed
+
 # torchvision's ImageFolder extensions (matched case-insensitively)
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
@@ -37,8 +39,6 @@ CACHE_FORMAT = "sit_vit5.latent_cache/1"
 MANIFEST_NAME = "manifest.json"
 LABELS_NAME = "labels.npy"
 FILES_NAME = "files.txt"
-
-_MASK64 = (1 << 64) - 1
 
 
 class UnreadableImageError(RuntimeError):
@@ -51,18 +51,6 @@ class UnreadableImageError(RuntimeError):
 
 
 # ----------------------------------------------------------------------------- deterministic per-item RNG
-
-
-def _splitmix64(x: int) -> int:
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
-
-
-def item_seed(seed: int, epoch: int, index: int) -> int:
-    """A 64-bit seed that depends on (seed, epoch, index) only (a splitmix64 chain: nearby triples differ)."""
-    return _splitmix64(_splitmix64(_splitmix64(seed & _MASK64) ^ (epoch & _MASK64)) ^ (index & _MASK64))
 
 
 def item_generator(seed: int, epoch: int, index: int) -> torch.Generator:

@@ -18,10 +18,12 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from .diffusion import METHODS as DIFFUSION_METHODS
 from .diffusion import GaussianDiffusion, create_diffusion
 from .diffusion.schedule import NOISE_SCHEDULES
 from .models import name_objective
 from .transport import Transport, create_transport
+from .transport.sampler import METHODS as TRANSPORT_METHODS
 
 OBJECTIVES = ("sit", "ddpm")
 #: transport-section keys each objective reads (the others must stay at their defaults' meaning: unused)
@@ -31,7 +33,7 @@ DDPM_KEYS = ("diffusion_steps", "noise_schedule", "ddpm_variance")
 DDPM_VARIANCES = {"learned": "learned_range", "fixed_small": "fixed_small", "fixed_large": "fixed_large"}
 DDPM_DEFAULTS: dict[str, Any] = {"diffusion_steps": 1000, "noise_schedule": "linear", "ddpm_variance": "learned"}
 #: sample.method values each objective can sample with
-SAMPLE_METHODS: dict[str, tuple[str, ...]] = {"sit": ("ode", "sde"), "ddpm": ("ddpm", "ddim")}
+SAMPLE_METHODS: dict[str, tuple[str, ...]] = {"sit": TRANSPORT_METHODS, "ddpm": DIFFUSION_METHODS}
 
 Objective = Transport | GaussianDiffusion
 

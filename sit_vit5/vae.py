@@ -1,19 +1,44 @@
-"""SD-VAE (diffusers AutoencoderKL): loading, batched encode to scaled latents, decode back to pixels.
+"""SD-VAE (diffusers AutoencoderKL): loading, batched encode to scaled latents, decode back to
+pixels, and the VAE facts the rest of the code asks about (is one configured? its downsampling
+factor).
 
-Convention (DiT/SiT): latents = posterior sample × 0.18215; decode divides by 0.18215 first.
-Images are float tensors in [-1, 1], shape [N, 3, H, W]; SD-VAE latents are [N, 4, H/8, W/8].
+Convention (DiT/SiT): latents = posterior sample × SD_VAE_SCALING_FACTOR; decode divides by it
+first. Images are float tensors in [-1, 1], shape [N, 3, H, W]; SD-VAE latents are [N, 4, H/8, W/8].
+diffusers is imported on first load, so asking the facts costs no heavy import.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from diffusers import AutoencoderKL
+
+if TYPE_CHECKING:
+    from diffusers import AutoencoderKL
 
 SD_VAE_SCALING_FACTOR = 0.18215  # the SD-VAE's config value, also hard-coded by DiT/SiT
 SD_VAE_IDS = ("stabilityai/sd-vae-ft-ema", "stabilityai/sd-vae-ft-mse")
+SD_VAE_EMA = SD_VAE_IDS[0]  # the decoder of SiT's sample.py (--vae ema) and of the released numbers
+
+
+def vae_enabled(name: str | os.PathLike | None) -> bool:
+    """Whether a ``vae.name`` names a VAE (``None`` / ``"none"`` = pixel space)."""
+    return name is not None and str(name).lower() != "none"
+
+
+def downsampling_factor(vae: AutoencoderKL) -> int:
+    """Pixels per latent along one side: 2 per down block after the first (SD-VAE: 8)."""
+    return 2 ** (len(vae.config.block_out_channels) - 1)
+
+
+def decoder(vae: AutoencoderKL, scaling_factor: float = SD_VAE_SCALING_FACTOR
+            ) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``decode(latents)`` bound to ``vae`` and ``scaling_factor`` (the sampling pipeline's
+    decoder)."""
+    return lambda latents: decode(vae, latents, scaling_factor=scaling_factor)
 
 
 def _is_hub_id(name: str) -> bool:
@@ -30,13 +55,16 @@ def load_vae(name_or_path: str | os.PathLike, device: str | torch.device = "cpu"
              dtype: torch.dtype = torch.float32, *, subfolder: str | None = None,
              local_files_only: bool | None = None,
              cache_dir: str | os.PathLike | None = None) -> AutoencoderKL:
-    """An AutoencoderKL in eval mode without gradients, from a local diffusers directory (config.json +
-    weights, e.g. written by `save_pretrained`) or a hub id such as "stabilityai/sd-vae-ft-ema".
+    """An AutoencoderKL in eval mode without gradients, from a local diffusers directory
+    (config.json + weights, e.g. written by `save_pretrained`) or a hub id such as
+    "stabilityai/sd-vae-ft-ema".
 
     A hub id is looked up in the Hugging Face cache (`cache_dir`, default HF_HUB_CACHE) first, then
     downloaded unless `local_files_only` (default: the HF_HUB_OFFLINE setting). On failure the error
     names what was looked for, where, and the command that fetches it.
     """
+    from diffusers import AutoencoderKL  # heavy: only when a VAE is actually loaded
+
     name = os.fspath(name_or_path)
     if not _is_hub_id(name):
         path = Path(name).expanduser()
@@ -84,8 +112,9 @@ def _vae_input(vae: AutoencoderKL, x: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def encode_moments(vae: AutoencoderKL, images: torch.Tensor, scaling_factor: float = SD_VAE_SCALING_FACTOR,
                    batch_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Posterior (mean, std) of images [N, 3, H, W] in [-1, 1], both multiplied by `scaling_factor`, so that
-    mean + std·ε is a training latent. float32 on the VAE's device, each [N, C, H/f, W/f]."""
+    """Posterior (mean, std) of images [N, 3, H, W] in [-1, 1], both multiplied by `scaling_factor`,
+    so that mean + std·ε is a training latent. float32 on the VAE's device, each [N, C, H/f, W/f].
+    """
     means, stds = [], []
     for chunk in _batches(images, batch_size):
         posterior = vae.encode(_vae_input(vae, chunk)).latent_dist
@@ -98,8 +127,8 @@ def encode_moments(vae: AutoencoderKL, images: torch.Tensor, scaling_factor: flo
 def encode(vae: AutoencoderKL, images: torch.Tensor, sample: bool = True,
            generator: torch.Generator | None = None, scaling_factor: float = SD_VAE_SCALING_FACTOR,
            batch_size: int | None = None) -> torch.Tensor:
-    """Training latents [N, C, H/f, W/f] (float32) of images [N, 3, H, W] in [-1, 1]:
-    (mean + std·ε)·scaling_factor if `sample` (ε from `generator`, which must live on the VAE's device),
+    """Training latents [N, C, H/f, W/f] (float32) of images [N, 3, H, W] in [-1, 1]: (mean +
+    std·ε)·scaling_factor if `sample` (ε from `generator`, which must live on the VAE's device),
     else mean·scaling_factor."""
     mean, std = encode_moments(vae, images, scaling_factor, batch_size)
     if not sample:
@@ -110,7 +139,8 @@ def encode(vae: AutoencoderKL, images: torch.Tensor, sample: bool = True,
 @torch.no_grad()
 def decode(vae: AutoencoderKL, latents: torch.Tensor, scaling_factor: float = SD_VAE_SCALING_FACTOR,
            batch_size: int | None = None) -> torch.Tensor:
-    """Images [N, 3, H, W] (float32, nominally [-1, 1], not clamped) from scaled latents [N, C, h, w]."""
+    """Images [N, 3, H, W] (float32, nominally [-1, 1], not clamped) from scaled latents [N, C, h,
+    w]."""
     out = [vae.decode(_vae_input(vae, chunk) / scaling_factor).sample.float()
            for chunk in _batches(latents, batch_size)]
     return torch.cat(out)

@@ -77,7 +77,8 @@ def test_imagenet_config_two_step_smoke_run(config, tiny_imagenet, tmp_path):
     result = train(cfg)
     assert result.step == 2 and result.checkpoint.is_file()
     assert len(result.losses) == 2 and all(np.isfinite(result.losses))
-    assert cfg["model"]["input_size"] == 8 and cfg["model"]["in_channels"] == 4  # latents of the tiny VAE
+    resolved = result.config  # train() resolves a copy; the request stays as given
+    assert resolved["model"]["input_size"] == 8 and resolved["model"]["in_channels"] == 4  # tiny-VAE latents
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS, ids=lambda p: p.stem)
@@ -86,12 +87,13 @@ def test_eval_protocols_parse_into_sample_specs(protocol):
     spec = imagenet.sample_spec(p["sample"])
     assert p["eval"]["num_samples"] == 50_000 and set(p["eval"]["metrics"]) == {"fid", "sfid", "is", "pr"}
     if protocol.stem == "headline":  # the published SiT protocol
-        assert (spec.mode, spec.sampling_method, spec.diffusion_form, spec.num_steps) == ("sde", "Euler", "sigma", 250)
+        got = (spec.method, spec.sampling_method, spec.diffusion_form, spec.num_steps)
+        assert got == ("sde", "Euler", "sigma", 250)
         assert (spec.cfg_scale, spec.cfg_channels) == (1.5, 3) and p["paper"] == {"SiT-XL/2": 2.06, "ViT5-XL/2": 1.84}
     if protocol.stem == "scaling":
         assert spec.cfg_scale == 1.0 and p["eval"]["steps"] == list(range(50_000, 400_001, 50_000))
     if protocol.stem == "headline_dit":  # the published DiT protocol: 250 DDPM steps, CFG 1.5 on 3 channels
-        assert (spec.mode, spec.num_steps, spec.cfg_scale, spec.cfg_channels) == ("ddpm", 250, 1.5, 3)
+        assert (spec.method, spec.num_steps, spec.cfg_scale, spec.cfg_channels) == ("ddpm", 250, 1.5, 3)
         assert p["paper"] == {"DiT-XL/2": 2.27}
 
 
@@ -114,37 +116,82 @@ def test_count_spikes_on_constructed_sequences():
     assert digits.count_spikes(spiky) == 2
 
 
-def test_plan_covers_backbones_seeds_and_the_seven_plus_two_ablations():
-    specs = digits.plan(seeds=3, ablation_seeds=1)
-    assert [s.variant for s in specs[:6]] == ["SiT", "ViT-5"] * 3 and [s.seed for s in specs[:6]] == [0, 0, 1, 1, 2, 2]
-    ablations = specs[6:]
-    assert len(ablations) == 9 and all(s.model["name"] == "ViT5-S/2" for s in ablations)
-    assert len({s.run_dir for s in specs}) == len(specs)
-    from sit_vit5.models import VIT5_SWITCHES, create_model
+def test_plan_covers_main_variants_seeds_datasets_and_the_ablations():
+    specs = digits.plan(seeds=3, ablation_seeds=2)
+    main = [s for s in specs if s.variant in digits.MAIN]
+    assert len(main) == 2 * 3 * len(digits.MAIN) and specs[: len(main)] == main  # main runs come first
+    assert [s.dataset for s in specs[:12]] == ["digits8"] * 12 and {s.seed for s in main} == {0, 1, 2}
+    ablations = specs[len(main):]
+    assert len(ablations) == 2 * 2 * len(digits.ABLATIONS) and {s.seed for s in ablations} == {0, 1}
+    assert len({s.run_dir for s in specs}) == len(specs) == len({s.result_path for s in specs})
+    from sit_vit5.models import create_model
+    from sit_vit5.models.registry import model_kwargs
 
-    for spec in ablations:  # each ablation changes what it says, and builds
-        changed = {k for k in spec.model if k != "name"}
-        assert changed and all(spec.model[k] != VIT5_SWITCHES[k] for k in changed)
-        create_model("ViT5-S/2", input_size=8, in_channels=1, num_classes=10, depth=1, hidden_size=32,
-                     num_heads=2, **{k: v for k, v in spec.model.items() if k != "name"})
+    for variant in digits.VARIANTS:  # every variant spells out LayerScale (or is SiT) and builds
+        spec = digits.RunSpec("digits16", variant, 0)
+        cfg = load_config(spec.base_config, spec.overrides())
+        assert cfg["data"]["split"] == "train" and cfg["data"]["image_size"] == 16
+        assert variant == "SiT" or "layer_scale_init" in cfg["model"], variant
+        kwargs = {**model_kwargs(cfg["model"]), "input_size": 16, "in_channels": 1, "num_classes": 10}
+        create_model(cfg["model"]["name"], **kwargs)
+    leave_one_out = [v for v in digits.ABLATIONS if "SwiGLU" not in v] + ["ViT-5 − LayerScale"]
+    assert len(leave_one_out) == 7
+
+
+def test_heldout_loss_of_the_zero_model_is_the_mean_target_norm():
+    """A network that outputs 0 scores mean |u_t|^2 = mean |x1 - x0|^2 on the Linear path, whatever t."""
+    from sit_vit5.transport import create_transport
+
+    x1, y = torch.randn(5, 1, 4, 4), torch.arange(5)
+    zero = lambda x, t, y: torch.zeros_like(x)  # noqa: E731
+    zero.eval = lambda: None
+    expected = sum(((x1 - torch.randn(x1.shape, generator=torch.Generator().manual_seed(7 + k))) ** 2).mean()
+                   for k in range(3)) / 3
+    got = digits.heldout_loss(zero, create_transport(), x1, y, num_times=3, seed=7)
+    assert got == pytest.approx(expected.item(), rel=1e-6)
+
+
+def _fake(dataset: str, variant: str, seed: int, loss: float) -> dict:
+    return {"dataset": dataset, "variant": variant, "seed": seed, "steps": 4,
+            "checkpoints": {"4": {"heldout_loss": loss, "digits_fid": 10 * loss, "accuracy": 0.5}}}
+
+
+def test_layer_scale_decision_rule_and_significance():
+    base = {"SiT": 1.0, "ViT-5 (γ0=1)": 0.95, "ViT-5 (γ0=1e-4)": 1.05, "ViT-5 − LayerScale": 0.90}
+    results = [_fake(d, v, s, m + 0.001 * s) for d in digits.DATASETS for v, m in base.items() for s in range(3)]
+    assert digits.decide_default(results)[0] == "ViT-5 − LayerScale"  # 0.90 vs 0.95: beyond the seed spread
+    close = [_fake(d, v, s, m + 0.1 * s) for d in digits.DATASETS for v, m in base.items() for s in range(3)]
+    assert digits.decide_default(close)[0] == "ViT-5 (γ0=1)"  # within spread: keep the component
+    assert digits.decide_default(results[:-1])[0] is None  # a candidate with 2 seeds: undecided
+    c = digits.compare([1.0, 1.1, 1.2], [2.0, 2.1, 2.2])
+    assert c["delta"] == pytest.approx(-1.0) and c["exceeds_spread"] and c["p"] < 0.01
+    assert digits.compare([1.0, 1.5, 2.0], [1.2, 1.3, 1.4])["exceeds_spread"] is False
+    assert digits.compare([1.0], [2.0])["exceeds_spread"] is None
 
 
 @pytest.mark.slow
-def test_digits_sweep_end_to_end_and_cached(tmp_path, monkeypatch):
+def test_digits_proxy_end_to_end_and_cached(tmp_path, monkeypatch):
     out = tmp_path / "results"
-    argv = ["digits", "--seeds", "2", "--steps", "4", "--num-samples", "20", "--no-ablations", "--jobs", "1",
-            "--runs-dir", str(tmp_path / "runs"), "--out", str(out), "model.depth=1", "model.hidden_size=32",
-            "model.num_heads=2"]
+    argv = ["digits", "--seeds", "2", "--steps", "8", "--num-samples", "20", "--datasets", "digits8",
+            "--variants", "SiT", "ViT-5 (γ0=1)", "--jobs", "1", "--runs-dir", str(tmp_path / "runs"),
+            "--out", str(out), "model.depth=1", "model.hidden_size=32", "model.num_heads=2"]
     assert experiments_main(argv) == 0
     text = (out / "README.md").read_text()
-    assert "| SiT | 2 |" in text and "| ViT-5 | 2 |" in text and "Commit:" in text
-    results = [json.loads(p.read_text()) for p in sorted((tmp_path / "runs").glob("*/seed*/result.json"))]
-    rows = {r["variant"]: r for r in digits.summarize(results)}
-    assert rows["SiT"]["seeds"] == 2 and rows["SiT"]["digits_fid"] > 0 and 0 <= rows["ViT-5"]["accuracy"] <= 1
-    for name in ("fid.png", "loss.png", "results.csv", "runs.csv", "samples-sit.png", "samples-vit5.png"):
+    assert "| SiT | 2 |" in text and "| ViT-5 (γ0=1) | 2 |" in text and "Commit:" in text
+    assert "PROTOCOL.md" in text and "floor" in text
+    results = digits.load_results(out)
+    assert len(results) == 4
+    for r in results:
+        assert sorted(int(s) for s in r["checkpoints"]) == [2, 4, 6, 8]
+        for m in r["checkpoints"].values():
+            assert m["heldout_loss"] > 0 and m["digits_fid"] > 0 and 0 <= m["accuracy"] <= 1
+        assert r["gate_attn_curve"] == [] or all(v[1] >= 0 for v in r["gate_attn_curve"])
+    for name in ("fid_curves.png", "loss_curves.png", "gates.png", "results.csv",
+                 "samples-digits8-sit.png", "samples-digits8-vit-5-g-1.png"):
         assert (out / name).is_file(), name
     monkeypatch.setattr("sit_vit5.training.train", lambda *a, **k: pytest.fail("cached runs must not retrain"))
     assert experiments_main(argv) == 0
+    assert experiments_main(["digits", "--report-only", "--out", str(out)]) == 0
 
 
 def test_report_table_and_csv(tmp_path):

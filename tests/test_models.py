@@ -87,7 +87,7 @@ def test_vit5_with_sit_switches_is_exactly_sit():
 
 def test_sit_matches_independent_timm_reference():
     pytest.importorskip("timm")
-    from sit_vit5.models.timm_reference import TimmSiT
+    from bench.timm_reference import TimmSiT
 
     ours = create_model("SiT-S/2", **TINY, learn_sigma=True)
     ref = TimmSiT(input_size=8, hidden_size=64, depth=2, num_heads=4, num_classes=10).eval()

@@ -12,23 +12,22 @@ import torch
 from sit_vit5 import sampling
 from sit_vit5.config import load_config
 from sit_vit5.guidance import ClassifierFreeGuidance
-from sit_vit5.models import create_model
+from sit_vit5.images import to_uint8
+from sit_vit5.models import create_model, load_model
 from sit_vit5.sampling import (
     ResumeError,
     SampleSpec,
     SamplingPipeline,
-    load_model_for_sampling,
     merge_parts,
     random_labels,
     sample_bulk,
-    sample_seed,
-    to_uint8,
 )
 from sit_vit5.transport import create_transport
+from sit_vit5.transport.rng import sample_seed
 
 TINY = dict(input_size=8, in_channels=1, depth=1, hidden_size=32, num_heads=2, num_classes=10, learn_sigma=False)
-ODE = SampleSpec(mode="ode", sampling_method="euler", num_steps=4)
-SDE = SampleSpec(mode="sde", sampling_method="Euler", num_steps=4)
+ODE = SampleSpec(method="ode", sampling_method="euler", num_steps=4)
+SDE = SampleSpec(method="sde", sampling_method="Euler", num_steps=4)
 
 
 
@@ -83,11 +82,11 @@ def test_random_labels_are_per_index_and_uniform():
 
 
 def test_spec_defaults_and_checks():
-    assert SampleSpec().sampling_method == "dopri5" and SampleSpec(mode="sde").sampling_method == "Euler"
+    assert SampleSpec().sampling_method == "dopri5" and SampleSpec(method="sde").sampling_method == "Euler"
     assert SampleSpec().batch_coupled and not ODE.batch_coupled and not SDE.batch_coupled
     assert SampleSpec(last_step="none").last_step is None
-    with pytest.raises(ValueError, match="mode='euler'; valid: ode, sde"):
-        SampleSpec(mode="euler")
+    with pytest.raises(ValueError, match="method='euler'; valid: ode, sde"):
+        SampleSpec(method="euler")
     with pytest.raises(ValueError, match="cfg_interval"):
         SampleSpec(cfg_interval=(0.8, 0.2))
 
@@ -99,7 +98,7 @@ def test_spec_defaults_and_checks():
 def test_images_depend_on_index_and_seed_only(spec):
     pipe = pipeline(spec)
     full = pipe.generate(range(7), global_seed=5)
-    assert full.images.shape == (7, 8, 8, 1) and full.nfe == (3 if spec.mode == "ode" else 4)
+    assert full.images.shape == (7, 8, 8, 1) and full.nfe == (3 if spec.method == "ode" else 4)
     picked = pipe.generate([5, 1, 3], global_seed=5)
     assert np.array_equal(picked.labels, full.labels[[5, 1, 3]])
     # different batch shapes may change float matmul results by ~1e-7 (measured: 3.6e-7 for batch 1/2/3 vs 7)
@@ -124,7 +123,7 @@ def test_sde_noise_is_used_and_labels_matter():
 
 def test_guidance_is_wired_through_the_shared_helper():
     plain = pipeline(SDE)
-    guided = pipeline(SampleSpec(mode="sde", num_steps=4, cfg_scale=3.0, cfg_interval=(0.0, 0.9)))
+    guided = pipeline(SampleSpec(method="sde", num_steps=4, cfg_scale=3.0, cfg_interval=(0.0, 0.9)))
     assert isinstance(guided.model_fn, ClassifierFreeGuidance)
     assert guided.model_fn.null_class == 10 and guided.model_fn.interval == (0.0, 0.9)
     assert (plain.generate([0, 1], 0).pixels - guided.generate([0, 1], 0).pixels).abs().mean() > 1e-3
@@ -241,7 +240,7 @@ def test_bulk_refuses_to_mix_settings(tmp_path):
 
 def test_adaptive_solver_warns_in_bulk(tmp_path):
     with pytest.warns(UserWarning, match="is adaptive: num_steps=2 only sets the output grid"):
-        pipe = pipeline(SampleSpec(mode="ode", sampling_method="dopri5", num_steps=2, atol=1e-2, rtol=1e-2))
+        pipe = pipeline(SampleSpec(method="ode", sampling_method="dopri5", num_steps=2, atol=1e-2, rtol=1e-2))
     with pytest.warns(UserWarning, match="depend on batch composition"):
         sample_bulk(pipe, 1, tmp_path, progress=False)
 
@@ -259,16 +258,17 @@ def test_load_our_checkpoint(tmp_path):
     path = tmp_path / "ckpt.pt"
     torch.save({"model": model.state_dict(), "ema": ema.state_dict(), "opt": {}, "args": our_config(),
                 "step": 123}, path)
-    loaded, info = load_model_for_sampling(path)
+    info = load_model(path)
+    loaded = info.model
     assert all(torch.equal(loaded.state_dict()[k], v) for k, v in ema.state_dict().items())
     assert (info.source, info.name, info.step, info.which) == ("ours", "SiT-S/2", 123, "ema")
     assert (info.input_size, info.in_channels, info.num_classes) == (8, 1, 10)
     assert info.transport["path_type"] == "GVP" and info.vae["name"] == "none"
-    assert info.sample_defaults["sampling_method"] == "euler"
-    raw, _ = load_model_for_sampling(path, which="model")
+    assert info.sample["sampling_method"] == "euler"
+    raw = load_model(path, which="model").model
     assert all(torch.equal(raw.state_dict()[k], v) for k, v in model.state_dict().items())
     with pytest.raises(ValueError, match="trained as 'SiT-S/2', not 'SiT-B/2'"):
-        load_model_for_sampling(path, "SiT-B/2")
+        load_model(path, "SiT-B/2")
 
 
 def test_load_official_bare_state_dict(tmp_path):
@@ -277,21 +277,54 @@ def test_load_official_bare_state_dict(tmp_path):
     model = tiny_model(in_channels=4, learn_sigma=True)
     path = tmp_path / "SiT-S-2-bare.pt"
     torch.save(model.state_dict(), path)
-    loaded, info = load_model_for_sampling(path, "SiT-S/2", overrides=arch)
+    info = load_model(path, "SiT-S/2", overrides=arch)
+    loaded = info.model
     assert all(torch.equal(loaded.state_dict()[k], v) for k, v in model.state_dict().items())
     assert loaded.learn_sigma and (info.source, info.input_size, info.in_channels, info.num_classes) == (
         "official", 8, 4, 10)
     assert info.transport == {} and info.vae["name"] == "stabilityai/sd-vae-ft-ema"
     with pytest.raises(ValueError, match="bare state dict without a config.*SiT-XL/2"):
-        load_model_for_sampling(path)
+        load_model(path)
     with pytest.raises(RuntimeError, match="does not fit"):  # CheckpointError naming the mismatched shapes
-        load_model_for_sampling(path, "SiT-S/2", overrides={**arch, "hidden_size": 64})
+        load_model(path, "SiT-S/2", overrides={**arch, "hidden_size": 64})
     # an official DiT/SiT training checkpoint: argparse args name the model, VAE and transport
     args = argparse.Namespace(model="SiT-S/2", vae="mse", path_type="VP", prediction="velocity", loss_weight=None)
     train_ckpt = tmp_path / "0400000.pt"
     torch.save({"ema": model.state_dict(), "args": args}, train_ckpt)
-    _, info = load_model_for_sampling(train_ckpt, overrides=arch)
+    info = load_model(train_ckpt, overrides=arch)
     assert info.name == "SiT-S/2" and info.vae["name"] == "stabilityai/sd-vae-ft-mse"
     assert info.transport == {"path_type": "VP", "prediction": "velocity"}
     with pytest.raises(RuntimeError, match="has no 'model' weights"):
-        load_model_for_sampling(train_ckpt, which="model", overrides=arch)
+        load_model(train_ckpt, which="model", overrides=arch)
+
+
+# ----------------------------------------------------------------------------- one home for defaults
+
+
+def test_spec_resolve_takes_the_first_setting_per_field():
+    flags = {"method": None, "num_steps": 7, "cfg_scale": None, "sampling_method": None}
+    saved = {"method": "ode", "sampling_method": "heun2", "num_steps": 50, "cfg_scale": 2.5,
+             "num_images": 16}  # a config section: grid keys are not spec fields
+    spec = SampleSpec.resolve(flags, saved)
+    assert (spec.method, spec.sampling_method, spec.num_steps, spec.cfg_scale) == ("ode", "heun2", 7, 2.5)
+    assert spec.diffusion_form == SampleSpec().diffusion_form == "sigma"  # SiT's sample.py default
+    # the saved ODE solver is not carried over to an SDE chosen on top of it
+    sde = SampleSpec.resolve({"method": "sde"}, saved)
+    assert (sde.method, sde.sampling_method, sde.num_steps) == ("sde", "Euler", 50)
+    assert SampleSpec.resolve() == SampleSpec() and SampleSpec.resolve({"cfg_interval": [0, 1]}) == (
+        SampleSpec(cfg_interval=(0.0, 1.0)))
+    with pytest.raises(ValueError, match="num_steps='5'"):
+        SampleSpec.resolve({"num_steps": "5"})
+
+
+def test_config_sample_section_defers_to_the_spec():
+    from sit_vit5.config import DEFAULTS
+
+    section = DEFAULTS["sample"]
+    assert set(SampleSpec.keys()) <= set(section)
+    preset = {"method", "sampling_method", "num_steps"}  # the cheap training-grid preset
+    assert all(section[k] is None for k in SampleSpec.keys() if k not in preset)
+    spec = SampleSpec.resolve(section)
+    defaults = SampleSpec(method=section["method"], sampling_method=section["sampling_method"],
+                          num_steps=section["num_steps"])
+    assert spec == defaults

@@ -11,9 +11,11 @@ from PIL import Image
 
 import sample
 from sit_vit5.config import load_config
-from sit_vit5.models import create_model
+from sit_vit5.models import create_model, load_model
+from sit_vit5.objective import create_objective
 from sit_vit5.sampling import SampleSpec
-from sit_vit5.training import save_checkpoint
+from sit_vit5.training import save_checkpoint, train
+from sit_vit5.training.loop import grid_images
 
 TINY = dict(depth=1, hidden_size=32, num_heads=2, input_size=8, num_classes=10, learn_sigma=False)
 
@@ -160,10 +162,39 @@ def test_published_protocol_flags(capsys):
     args = parser.parse_args(["bulk", "--ckpt", "SiT-XL-2-256.pt", "--model", "SiT-XL/2", "--image-size", "256",
                               "--method", "sde", "--sampling-method", "Euler", "--diffusion-form", "sigma",
                               "--num-steps", "250", "--cfg-scale", "1.5", "--cfg-channels", "3", "--out", "x"])
-    info = sample.ModelInfo("SiT-XL/2", "official", 32, 4, 1000, {}, {"name": "stabilityai/sd-vae-ft-ema"})
-    spec = sample.resolve_spec(args, info)
-    assert spec == SampleSpec(mode="sde", sampling_method="Euler", diffusion_form="sigma", num_steps=250,
+    spec = sample.resolve_spec(args, {})  # an official checkpoint has no sample section
+    assert spec == SampleSpec(method="sde", sampling_method="Euler", diffusion_form="sigma", num_steps=250,
                               cfg_scale=1.5, cfg_channels=3, last_step="Mean", last_step_size=0.04)
     with pytest.raises(SystemExit):
         parser.parse_args(["bulk", "--help"])
     assert "FID 2.06" in capsys.readouterr().out
+
+
+def test_sampler_flags_default_to_the_spec():
+    """Every sampler flag defaults to None, so SampleSpec is the only place holding the defaults."""
+    args = sample.build_parser().parse_args(["grid", "--ckpt", "x.pt"])
+    assert all(getattr(args, key) is None for key in SampleSpec.keys())
+    assert sample.resolve_spec(args, {}) == SampleSpec()
+
+
+def test_training_grid_is_sample_py_grid(tmp_path):
+    """The training loop's grid goes through the same pipeline: its images equal sample.py's images of
+    the final checkpoint for the same seed and classes."""
+    overrides = ["model.name=SiT-S/2", "model.depth=1", "model.hidden_size=32", "model.num_heads=2",
+                 "data.global_batch_size=16", "train.steps=2", "train.ckpt_every=2", "train.sample_every=2",
+                 "train.tensorboard=false", f"train.out_dir={tmp_path / 'run'}", "sample.num_images=4",
+                 "sample.num_steps=3", "sample.method=sde", "sample.sampling_method=Euler",
+                 "sample.cfg_scale=1.5", "sample.seed=5"]
+    result = train(load_config("configs/demo.yaml", overrides))
+    out = tmp_path / "grid"
+    argv = ["grid", "--ckpt", str(result.checkpoint), "--classes", "0", "1", "2", "3", "--seed", "5",
+            "--nrow", "10", "--out", str(out), "--no-progress"]  # demo.yaml: sample.nrow=10
+    assert sample.main(argv) == 0
+    cfg = result.config
+    loaded = load_model(result.checkpoint)
+    images = grid_images(loaded.model, create_objective(cfg["transport"]), cfg, torch.device("cpu"))
+    for i in range(4):
+        with Image.open(out / f"{i:06d}.png") as im:
+            assert np.array_equal(np.asarray(im), (images[i, 0] * 255).round().to(torch.uint8).numpy())
+    with Image.open(out / "grid.png") as a, Image.open(result.sample_grid) as b:
+        assert np.array_equal(np.asarray(a.convert("L")), np.asarray(b.convert("L")))

@@ -11,10 +11,12 @@ import torch
 import sample
 from sit_vit5.config import load_config
 from sit_vit5.diffusion import create_diffusion
-from sit_vit5.models import create_model
-from sit_vit5.sampling import SampleSpec, SamplingPipeline, load_model_for_sampling, sample_seed
+from sit_vit5.models import create_model, load_model
+from sit_vit5.objective import create_objective
+from sit_vit5.sampling import SampleSpec, SamplingPipeline
 from sit_vit5.training import save_checkpoint
-from sit_vit5.transport import Sampler, create_transport
+from sit_vit5.transport import Sampler, Transport, create_transport
+from sit_vit5.transport.rng import sample_seed
 
 DEPTH, WIDTH, HEADS, PATCH, C, SIDE, CLASSES = 2, 32, 2, 2, 4, 8, 10
 ARCH = dict(depth=DEPTH, hidden_size=WIDTH, num_heads=HEADS)
@@ -52,35 +54,33 @@ def dit_file(tmp_path_factory):
 
 
 def test_official_dit_file_loads_by_name_and_samples_as_ddpm_defines(dit_file):
-    model, info = load_model_for_sampling(dit_file, "DiT-S/2", overrides=ARCH)
-    assert (info.source, info.objective, info.ddpm["ddpm_variance"]) == ("official", "ddpm", "learned")
-    assert model.state_dict().keys() == dit_state_dict().keys()
+    info = load_model(dit_file, "DiT-S/2", overrides=ARCH)
+    assert (info.source, info.objective, info.transport["ddpm_variance"]) == ("official", "ddpm", "learned")
+    assert info.model.state_dict().keys() == dit_state_dict().keys()
+    spec = SampleSpec(method="ddpm", num_steps=10)
+    pipe = SamplingPipeline.for_model(info, spec)
+    model = pipe.model
     x, y = torch.randn(2, C, SIDE, SIDE), torch.tensor([1, 2])
     assert model(x, torch.tensor([999, 3]), y).shape == (2, 2 * C, SIDE, SIDE)  # noise and variance halves
-
-    spec = SampleSpec(mode="ddpm", num_steps=10)
-    pipe = SamplingPipeline(model, info.create_objective(), spec, (C, SIDE, SIDE), CLASSES)
     batch = pipe.generate([0, 1, 2], global_seed=5, labels=[3, 1, 4])
     assert batch.nfe == 10
     # the same thing by hand: per-sample seeded noise, DiT's 10-step respaced p_sample_loop on the raw model
     gens = [torch.Generator().manual_seed(sample_seed(5, i)) for i in range(3)]
     z = torch.stack([torch.randn(C, SIDE, SIDE, generator=g) for g in gens])
-    expected = create_diffusion("10").p_sample_loop(model, z.shape, z, model_kwargs=dict(y=torch.tensor([3, 1, 4])),
-                                                    generator=gens)
+    y = torch.tensor([3, 1, 4])
+    expected = create_diffusion("10").p_sample_loop(model, z.shape, z, model_kwargs=dict(y=y), generator=gens)
     assert torch.equal(batch.pixels, expected)
     # DDIM (eta 0) is deterministic given z: no per-step noise
-    ddim = SamplingPipeline(model, info.create_objective(), SampleSpec(mode="ddim", num_steps=10), (C, SIDE, SIDE),
-                            CLASSES)
-    expected = create_diffusion("ddim10").ddim_sample_loop(model, z.shape, z, model_kwargs=dict(y=torch.tensor([3, 1,
-                                                                                                          4])))
+    ddim = SamplingPipeline.for_model(info, SampleSpec(method="ddim", num_steps=10))
+    expected = create_diffusion("ddim10").ddim_sample_loop(model, z.shape, z, model_kwargs=dict(y=y))
     assert torch.equal(ddim.generate([0, 1, 2], 5, labels=[3, 1, 4]).pixels, expected)
 
 
 def test_guidance_under_ddpm_mixes_the_noise_channels_only(dit_file):
-    model, info = load_model_for_sampling(dit_file, "DiT-S/2", overrides=ARCH)
+    info = load_model(dit_file, "DiT-S/2", overrides=ARCH)
     scale, labels = 3.0, torch.tensor([3, 1])
-    pipe = SamplingPipeline(model, info.create_objective(), SampleSpec(mode="ddpm", num_steps=5, cfg_scale=scale),
-                            (C, SIDE, SIDE), CLASSES)
+    pipe = SamplingPipeline.for_model(info, SampleSpec(method="ddpm", num_steps=5, cfg_scale=scale))
+    model = pipe.model
 
     def dit_guided(x, t, y):  # DiT's "standard" CFG: eps guided, the variance half from the conditional pass
         cond, uncond = model(x, t, y), model(x, t, torch.full_like(y, CLASSES))
@@ -98,24 +98,26 @@ def test_guidance_under_ddpm_mixes_the_noise_channels_only(dit_file):
 
 def test_the_objective_of_a_bare_file_is_told_never_guessed(dit_file):
     with pytest.raises(ValueError, match="model_name / --model"):
-        load_model_for_sampling(dit_file, overrides=ARCH)
+        load_model(dit_file, overrides=ARCH)
     with pytest.raises(ValueError, match="names the ddpm objective"):
-        load_model_for_sampling(dit_file, "DiT-S/2", overrides=ARCH, objective="sit")
-    _, info = load_model_for_sampling(dit_file, "SiT-S/2", overrides=ARCH, objective="ddpm")
-    assert info.objective == "ddpm"
-    model, info = load_model_for_sampling(dit_file, "SiT-S/2", overrides=ARCH)  # a SiT name: the SiT objective
-    assert info.objective == "sit" and model(torch.zeros(1, C, SIDE, SIDE), torch.ones(1), torch.ones(1).long()
-                                            ).shape == (1, C, SIDE, SIDE)
+        load_model(dit_file, "DiT-S/2", overrides=ARCH, objective="sit")
+    assert load_model(dit_file, "SiT-S/2", overrides=ARCH, objective="ddpm").objective == "ddpm"
+    info = load_model(dit_file, "SiT-S/2", overrides=ARCH)  # a SiT name: the SiT objective
+    assert info.objective == "sit" and isinstance(create_objective(info.transport), Transport)
+    x = torch.zeros(1, C, SIDE, SIDE)
+    spec = SampleSpec(method="ode", sampling_method="euler", num_steps=2)
+    assert SamplingPipeline.for_model(info, spec).model(x, torch.ones(1), torch.ones(1).long()).shape == \
+        (1, C, SIDE, SIDE)
 
 
 def test_spec_modes_belong_to_their_objective():
     with pytest.raises(ValueError, match="applies to ode / sde"):
-        SampleSpec(mode="ddpm", sampling_method="euler")
+        SampleSpec(method="ddpm", sampling_method="euler")
     with pytest.raises(ValueError, match="cfg_interval"):
-        SampleSpec(mode="ddim", cfg_interval=(0.2, 0.8))
+        SampleSpec(method="ddim", cfg_interval=(0.2, 0.8))
     with pytest.raises(ValueError, match="sit objective"):
-        SampleSpec(mode="ddpm").build(Sampler(create_transport()))
-    assert SampleSpec(mode="ddpm").sampling_method is None
+        SampleSpec(method="ddpm").build(Sampler(create_transport()))
+    assert SampleSpec(method="ddpm").sampling_method is None
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +142,7 @@ def test_cli_samples_our_ddpm_checkpoint_grid_equals_bulk(ddpm_ckpt, tmp_path, c
             "--no-progress"]
     assert sample.main(grid) == 0
     printed = capsys.readouterr().out
-    assert "objective ddpm" in printed and "mode=ddpm" in printed and "NFE per image: 4" in printed
+    assert "objective ddpm" in printed and "method=ddpm" in printed and "NFE per image: 4" in printed
     bulk = ["bulk", "--ckpt", ddpm_ckpt, "--num-fid-samples", "3", "--per-proc-batch-size", "2", "--global-seed",
             "2", "--out", str(tmp_path / "b"), "--no-progress"]
     assert sample.main(bulk) == 0
@@ -175,8 +177,10 @@ def test_dit_protocol_flags_parse():
     args = sample.build_parser().parse_args([
         "bulk", "--ckpt", "DiT-XL-2-256x256.pt", "--model", "DiT-XL/2", "--image-size", "256", "--method", "ddpm",
         "--num-sampling-steps", "250", "--cfg-scale", "1.5", "--cfg-channels", "3", "--vae", "mse", "--out", "x"])
-    info = sample.ModelInfo("DiT-XL/2", "official", 32, 4, 1000, {}, {"name": "stabilityai/sd-vae-ft-ema"},
-                            objective="ddpm")
-    spec = sample.resolve_spec(args, info)
-    assert (spec.mode, spec.num_steps, spec.cfg_scale, spec.cfg_channels) == ("ddpm", 250, 1.5, 3)
+    info = sample.LoadedModel(None, "DiT-XL/2", "official", 32, 4, 1000, {"objective": "ddpm"},
+                              {"name": "stabilityai/sd-vae-ft-ema"})
+    spec = sample.resolve_spec(args, info.sample, info.objective)
+    assert (spec.method, spec.num_steps, spec.cfg_scale, spec.cfg_channels) == ("ddpm", 250, 1.5, 3)
     assert sample.resolve_vae(args, info)["name"] == "stabilityai/sd-vae-ft-mse"
+    no_method = sample.build_parser().parse_args(["grid", "--ckpt", "DiT-XL-2-256x256.pt", "--model", "DiT-XL/2"])
+    assert sample.resolve_spec(no_method, {}, "ddpm").method == "ddpm"  # the objective's default sampler

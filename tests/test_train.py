@@ -14,6 +14,8 @@ import torch
 from PIL import Image
 
 from sit_vit5.config import ConfigError, load_config, save_config
+from sit_vit5.models import load_model, model_from_config
+from sit_vit5.objective import create_objective
 from sit_vit5.training import (
     IncompatibleCheckpointError,
     NonFiniteLossError,
@@ -236,11 +238,11 @@ def test_sample_grid_is_saved_and_reproducible(tmp_path):
     assert (width, height) == (3 * 64 + 4 * pad, 2 * 64 + 3 * pad)
 
     state = read_checkpoint(result.checkpoint)
-    ema = loop_module.build_model(state["args"]["model"])
+    ema = model_from_config(state["args"]["model"])
     ema.load_state_dict(state["ema"])
-    transport = loop_module.build_transport(cfg["transport"])
-    images = loop_module.sample_images(ema, transport, state["args"], torch.device("cpu"))
-    again = loop_module.sample_images(ema, transport, state["args"], torch.device("cpu"))
+    transport = create_objective(cfg["transport"])
+    images = loop_module.grid_images(ema, transport, state["args"], torch.device("cpu"))
+    again = loop_module.grid_images(ema, transport, state["args"], torch.device("cpu"))
     assert images.shape == (6, 1, 8, 8) and torch.equal(images, again)  # fixed noise and classes
     assert 0 <= images.min() and images.max() <= 1
     assert loop_module.grid_classes(state["args"]["sample"], 10) == [0, 1, 2, 3, 4, 5]
@@ -272,7 +274,7 @@ def test_two_processes_equal_one_process_with_accumulation(tmp_path):
         for name, value in a[key].items():
             torch.testing.assert_close(value, b[key][name], rtol=1e-5, atol=1e-6, msg=f"{key}.{name}")
     torch.manual_seed(0)  # train.seed: the initial weights both runs started from
-    init = loop_module.build_model(b["args"]["model"]).state_dict()
+    init = model_from_config(b["args"]["model"]).state_dict()
     moved = sum((a["model"][k] - init[k]).abs().sum() for k in init)
     mismatch = sum((a["model"][k] - b["model"][k]).abs().sum() for k in init)
     assert moved > 1000 * mismatch  # it did train, and both runs took the same two steps
@@ -280,15 +282,12 @@ def test_two_processes_equal_one_process_with_accumulation(tmp_path):
 
 def test_none_switches_reach_the_model_in_training_and_sampling(tmp_path):
     """``model.layer_scale_init=null`` means "LayerScale off": it must not fall back to the ViT-5 default."""
-    from sit_vit5.sampling import load_model_for_sampling
-    from sit_vit5.training.loop import build_model
-
     cfg = load_config(None, ["model.name=ViT5-S/2", "model.layer_scale_init=null", "model.register_rope_theta=null",
                              "model.input_size=8", "model.in_channels=1", "model.num_classes=10", "model.depth=1",
                              "model.hidden_size=32", "model.num_heads=2"])
-    model = build_model(cfg["model"])
+    model = model_from_config(cfg["model"])
     assert model.blocks[0].gamma_1 is None and model.rope.register_theta is None
     path = tmp_path / "ckpt.pt"
     torch.save({"model": model.state_dict(), "ema": model.state_dict(), "args": cfg}, path)
-    loaded, _ = load_model_for_sampling(path)
+    loaded = load_model(path).model
     assert loaded.blocks[0].gamma_1 is None and loaded.rope.register_theta is None

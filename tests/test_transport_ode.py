@@ -1,12 +1,21 @@
 """ODE sampling against the Gaussian closed form, reverse integration, method names and NFE counts."""
 
+import re
 import warnings
 
 import pytest
 import torch
+from torchdiffeq import odeint
 
 from sit_vit5.transport import PATHS, PREDICTIONS, Sampler, create_transport
 from sit_vit5.transport.gaussian import GaussianTarget
+from sit_vit5.transport.integrators import (
+    ADAPTIVE_METHODS,
+    FIXED_STEP_METHODS,
+    FIXED_STEP_NFE,
+    is_adaptive,
+    ode_method,
+)
 
 F64 = torch.float64
 M = torch.tensor([0.8, -0.4], dtype=F64)
@@ -128,3 +137,40 @@ def test_learn_sigma_output_and_model_kwargs():
     out = fn(z, model, generator=0, y=torch.arange(4.0), scale=2.0)  # generator is not passed to the model
     ref = fn(z, lambda x, t: -x * 2.0 + torch.arange(4.0).view(-1, 1, 1, 1))
     assert torch.equal(out, ref)
+
+
+def _odeint_nfe(method: str, grid_points: int) -> int:
+    """Evaluations torchdiffeq's public ``odeint`` makes for dy/dt = -y on a grid of ``grid_points``."""
+    calls = []
+
+    def f(t, y):
+        calls.append(t)
+        return -y
+
+    grid = torch.linspace(0, 1, grid_points, dtype=torch.float64)
+    odeint(f, torch.ones(3, dtype=torch.float64), grid, method=method, atol=1e-6, rtol=1e-6)
+    return len(calls)
+
+
+@pytest.mark.parametrize("method", [*FIXED_STEP_METHODS, *ADAPTIVE_METHODS])
+def test_method_tables_match_torchdiffeq_behaviour(method):
+    """Fixed-step methods step on the output grid (RK: exactly FIXED_STEP_NFE per interval); adaptive
+    ones choose their steps, so a finer output grid costs no extra evaluations."""
+    coarse, fine = _odeint_nfe(method, 3), _odeint_nfe(method, 41)
+    assert is_adaptive(method) == (method in ADAPTIVE_METHODS)
+    if method in ADAPTIVE_METHODS:
+        assert fine == coarse
+    else:
+        assert fine > 4 * coarse  # 20x the intervals; Adams start-up steps blur the exact ratio
+    if method in FIXED_STEP_NFE:
+        assert (coarse, fine) == (2 * FIXED_STEP_NFE[method], 40 * FIXED_STEP_NFE[method])
+
+
+def test_method_tables_cover_torchdiffeq():
+    """Every method torchdiffeq accepts (as its public error message lists them) is in one table."""
+    with pytest.raises(ValueError, match="Invalid method") as err:
+        odeint(lambda t, y: -y, torch.ones(1), torch.linspace(0, 1, 3), method="rk45")
+    listed = set(re.findall(r'"(\w+)"', str(err.value))) - {"rk45"}
+    assert listed - {"scipy_solver"} == set(FIXED_STEP_METHODS) | set(ADAPTIVE_METHODS)
+    with pytest.raises(ValueError, match="rk45"):
+        ode_method("rk45")

@@ -5,13 +5,14 @@
 steps, t = 0 is data, t = T-1 is noise; the network receives original step numbers 0 .. 999.
 """
 
-from .gaussian_diffusion import LOSS_TYPES, MEAN_TYPES, VAR_TYPES, GaussianDiffusion, create_diffusion
+from .gaussian_diffusion import LOSS_TYPES, MEAN_TYPES, METHODS, VAR_TYPES, GaussianDiffusion, create_diffusion
 from .losses import approx_standard_normal_cdf, discretized_gaussian_log_likelihood, normal_kl
 from .schedule import NOISE_SCHEDULES, named_betas, respace_betas, space_timesteps
 
 __all__ = [
     "LOSS_TYPES",
     "MEAN_TYPES",
+    "METHODS",
     "NOISE_SCHEDULES",
     "VAR_TYPES",
     "GaussianDiffusion",

@@ -29,6 +29,8 @@ from .schedule import named_betas, respace_betas, space_timesteps
 
 ModelFn = Callable[..., Tensor]
 
+#: samplers: ancestral DDPM (DiT's p_sample_loop) or DDIM (eta 0): the ``method`` of configs and CLIs
+METHODS = ("ddpm", "ddim")
 #: what the first C output channels are: the noise (DiT) or the clean data
 MEAN_TYPES = ("epsilon", "start_x")
 #: learned_range: IDDPM interpolation (DiT); fixed_small: beta~_t; fixed_large: beta_t (beta~_1 at t = 0)

@@ -32,6 +32,15 @@ import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 
+from fid.digits import digits_metrics
+
+from .. import training
+from ..config import load_config
+from ..data import DigitsDataset, build_dataset
+from ..models import count_params, flops, load_model, model_from_config
+from ..sampling import SampleSpec, SamplingPipeline
+from ..training.checkpoint import checkpoint_name, latest_checkpoint
+from ..transport import create_transport
 from . import report
 
 REPO = Path(__file__).resolve().parents[2]
@@ -129,7 +138,9 @@ def _read_metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def _curve(rows: Sequence[dict[str, Any]], key: str, every: int = 20) -> list[list[float]]:
-    """``[[step, mean of key over the last `every` steps], ...]``: a compact training curve."""
+    """``[[step, mean of key over the last `every` steps], ...]``: a compact training curve (short runs: at
+    least four points)."""
+    every = max(1, min(every, len(rows) // 4))
     points = []
     for end in range(every, len(rows) + 1, every):
         values = [r[key] for r in rows[end - every : end] if r.get(key) is not None]
@@ -140,8 +151,6 @@ def _curve(rows: Sequence[dict[str, Any]], key: str, every: int = 20) -> list[li
 
 def test_split(cfg: dict[str, Any]) -> tuple[Tensor, Tensor]:
     """All test-split images (N, C, H, W) in [-1, 1] and labels (N,) of the run's data section."""
-    from ..data import build_dataset
-
     dataset = build_dataset({**cfg["data"], "split": "test", "random_flip": False, "seed": 0})
     images, labels = zip(*(dataset[i] for i in range(len(dataset))))
     return torch.stack(images), torch.tensor(labels)
@@ -164,16 +173,11 @@ def heldout_loss(model: nn.Module, transport, x1: Tensor, y: Tensor, num_times: 
 
 def evaluate_checkpoint(path: Path, spec: RunSpec, test_data: tuple[Tensor, Tensor]) -> dict[str, float]:
     """Held-out loss, digits-FID and accuracy of the EMA weights in checkpoint ``path``."""
-    from fid.digits import digits_metrics
-
-    from ..sampling import SampleSpec, SamplingPipeline, load_model_for_sampling
-    from ..transport import create_transport
-
-    model, info = load_model_for_sampling(path)
-    transport = create_transport(**info.transport)
+    loaded = load_model(path)
+    model, transport = loaded.model, create_transport(**loaded.transport)
     loss = heldout_loss(model, transport, *test_data)
     pipeline = SamplingPipeline(
-        model, transport, SampleSpec(mode="ode", sampling_method="euler", num_steps=spec.sample_steps),
+        model, transport, SampleSpec(method="ode", sampling_method="euler", num_steps=spec.sample_steps),
         (model.in_channels, model.input_size, model.input_size), model.num_classes,
     )
     pixels, labels = [], []
@@ -195,15 +199,10 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
 
 def run_one(spec: RunSpec, threads: int | None = None) -> dict[str, Any]:
     """Train (or resume) one run, evaluate its checkpoints and return its result (cached, see module doc)."""
-    from ..config import load_config
-    from ..models import count_params, create_model, flops
-    from ..training import train
-    from ..training.checkpoint import checkpoint_name, latest_checkpoint
-
     if threads:
         torch.set_num_threads(threads)
     cfg = load_config(spec.base_config, spec.overrides())
-    requested = json.loads(json.dumps(cfg))  # train() fills data-dependent keys in place: compare the request
+    requested = json.loads(json.dumps(cfg))  # the request as JSON (tuples -> lists), to compare
     result: dict[str, Any] = {}
     if spec.result_path.is_file():
         result = json.loads(spec.result_path.read_text())
@@ -217,11 +216,12 @@ def run_one(spec: RunSpec, threads: int | None = None) -> dict[str, Any]:
     if not (ckpt_dir / checkpoint_name(spec.steps, False)).is_file():
         resume = "latest" if latest_checkpoint(ckpt_dir) is not None else None
         start = time.perf_counter()
-        train(cfg, resume=resume)
+        training.train(cfg, resume=resume)  # looked up at call time: tests replace it
         result["train_seconds"] = result.get("train_seconds", 0.0) + time.perf_counter() - start
     rows = _read_metrics(spec.run_dir)
     losses = [r["loss"] for r in rows]
-    model = create_model(cfg["model"]["name"], **{k: v for k, v in cfg["model"].items() if k != "name"})
+    resolved = load_config(spec.run_dir / "config.yaml")  # train() saved it with the data-derived keys
+    model = model_from_config(resolved["model"])
     result.update({
         "dataset": spec.dataset, "variant": spec.variant, "seed": spec.seed, "steps": spec.steps,
         "num_samples": spec.num_samples, "sample_steps": spec.sample_steps, "config": requested,
@@ -253,14 +253,22 @@ def sweep(specs: Sequence[RunSpec], jobs: int = 1) -> list[dict[str, Any]]:
     """Run every spec in ``jobs`` processes of one thread each (tiny models: more threads only spin)."""
     results: dict[int, dict[str, Any]] = {}
     bar = tqdm(total=len(specs), desc="digits runs", unit="run")
-    with ProcessPoolExecutor(max(1, jobs), mp_context=get_context("spawn")) as pool:
-        futures = {pool.submit(_worker, spec, 1): i for i, spec in enumerate(specs)}
-        for future in as_completed(futures):
-            r = results[futures[future]] = future.result()
-            final = r["checkpoints"][str(r["steps"])]
-            bar.set_postfix_str(f"{r['dataset']} {r['variant']} s{r['seed']}: loss {final['heldout_loss']:.4f} "
-                                f"FID {final['digits_fid']:.2f}")
-            bar.update()
+
+    def done(i: int, r: dict[str, Any]) -> None:
+        results[i] = r
+        final = r["checkpoints"][str(r["steps"])]
+        bar.set_postfix_str(f"{r['dataset']} {r['variant']} s{r['seed']}: loss {final['heldout_loss']:.4f} "
+                            f"FID {final['digits_fid']:.2f}")
+        bar.update()
+
+    if jobs <= 1:  # in this process (tests, debugging)
+        for i, spec in enumerate(specs):
+            done(i, run_one(spec, 1))
+    else:
+        with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
+            futures = {pool.submit(_worker, spec, 1): i for i, spec in enumerate(specs)}
+            for future in as_completed(futures):
+                done(futures[future], future.result())
     bar.close()
     return [results[i] for i in range(len(specs))]
 
@@ -320,10 +328,6 @@ def compare(a: Sequence[float], b: Sequence[float]) -> dict[str, Any]:
 def fid_floor(image_size: int, num_samples: int, repeats: int = 5) -> tuple[float, float]:
     """Real-vs-real digits-FID: random ``num_samples``-subsets of the real digits (at ``image_size``, as the
     models see them) against all real digits; mean and std over ``repeats`` subsets."""
-    from fid.digits import digits_metrics
-
-    from ..data import DigitsDataset
-
     real = DigitsDataset(image_size=image_size)
     labels = torch.as_tensor(real.labels)
     fids = []

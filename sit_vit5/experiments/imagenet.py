@@ -15,12 +15,21 @@ import os
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
+from accelerate import PartialState
 
+import fid
+
+from ..models import count_params, flops, load_model
+from ..precision import PRECISIONS
+from ..sampling import SampleSpec, SamplingPipeline, sample_bulk
+from ..training.checkpoint import list_checkpoints
+from ..vae import decoder, load_vae, vae_enabled
 from . import report
 
-SAMPLE_KEYS = ("method", "sampling_method", "num_steps", "atol", "rtol", "diffusion_form", "diffusion_norm",
-               "last_step", "last_step_size", "cfg_scale", "cfg_channels", "cfg_interval")
+SAMPLE_KEYS = SampleSpec.keys()  # a protocol's sample section: SampleSpec's fields
+
 EVAL_DEFAULTS = {"num_samples": 50_000, "reference": None, "metrics": ["fid", "sfid", "is", "pr"],
                  "steps": ["last"], "seed": 0}
 COLUMNS = ["model", "params (M)", "GFLOPs", "step", "FID", "sFID", "IS", "precision", "recall", "source"]
@@ -36,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=64, help="sampling batch per process")
     parser.add_argument("--fid-batch-size", type=int, default=64, help="Inception batch")
     parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
-    parser.add_argument("--precision", default="bf16", choices=("fp32", "bf16"), help="sampling precision")
+    parser.add_argument("--precision", default="bf16", choices=list(PRECISIONS), help="sampling precision")
     parser.add_argument("--inception-weights", type=Path, default=None, help="torch-fidelity Inception file")
     parser.add_argument("--inception-sha256", default=None, help=argparse.SUPPRESS)  # tests: random network
 
@@ -58,20 +67,13 @@ def load_protocol(path: str | os.PathLike) -> dict[str, Any]:
             "eval": {**EVAL_DEFAULTS, **(raw.get("eval") or {})}, "paper": dict(raw.get("paper") or {})}
 
 
-def sample_spec(sample: dict[str, Any]):
-    """The protocol's ``sample`` section as a ``SampleSpec`` (``method`` is the spec's ``mode``)."""
-    from ..sampling import SampleSpec
-
-    kwargs = {("mode" if k == "method" else k): v for k, v in sample.items()}
-    if kwargs.get("cfg_interval") is not None:
-        kwargs["cfg_interval"] = tuple(kwargs["cfg_interval"])
-    return SampleSpec(**kwargs)
+def sample_spec(sample: dict[str, Any]) -> SampleSpec:
+    """The protocol's ``sample`` section as a ``SampleSpec`` (unset keys: the spec's defaults)."""
+    return SampleSpec.resolve(sample)
 
 
 def checkpoints_to_evaluate(run_dir: Path, steps: list[Any]) -> list[tuple[int, Path]]:
     """(step, file) for each requested step ('last' = the newest checkpoint); a missing step is an error."""
-    from ..training.checkpoint import list_checkpoints
-
     found = {step: path for step, path, _ in list_checkpoints(run_dir / "checkpoints")}
     if not found:
         raise FileNotFoundError(f"{run_dir}: no checkpoints in {run_dir / 'checkpoints'}")
@@ -87,26 +89,16 @@ def checkpoints_to_evaluate(run_dir: Path, steps: list[Any]) -> list[tuple[int, 
 def evaluate_checkpoint(ckpt: Path, out_dir: Path, protocol: dict[str, Any], args: argparse.Namespace,
                         state) -> dict[str, Any] | None:
     """Sample (all processes) and score (main process) one checkpoint; returns the metrics on the main process."""
-    import torch
-
-    import fid
-
-    from ..models import count_params, flops
-    from ..sampling import SamplingPipeline, load_model_for_sampling, sample_bulk
-    from ..vae import decode, load_vae
-
     ev = protocol["eval"]
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if state.num_processes > 1 and device.type == "cuda":
         device = state.device
-    model, info = load_model_for_sampling(ckpt)
-    decoder = None
-    if info.vae.get("name", "none") != "none":
-        vae = load_vae(info.vae["name"], device=device)
-        decoder = lambda z: decode(vae, z, scaling_factor=info.vae["scaling_factor"])  # noqa: E731
-    pipeline = SamplingPipeline(model, info.create_objective(), sample_spec(protocol["sample"]),
-                                (model.in_channels, model.input_size, model.input_size), model.num_classes,
-                                decode=decoder, device=device, precision=args.precision)
+    info = load_model(ckpt)
+    model, decode = info.model, None
+    if vae_enabled(info.vae.get("name")):
+        decode = decoder(load_vae(info.vae["name"], device=device), info.vae["scaling_factor"])
+    pipeline = SamplingPipeline.for_model(info, sample_spec(protocol["sample"]), decode=decode,
+                                          device=device, precision=args.precision)
     bulk = sample_bulk(pipeline, ev["num_samples"], out_dir, global_seed=ev["seed"], batch_size=args.batch_size,
                        rank=state.process_index, world_size=state.num_processes,
                        barrier=state.wait_for_everyone if state.num_processes > 1 else None)
@@ -128,8 +120,6 @@ def _row(result: dict[str, Any], step: int) -> dict[str, Any]:
 
 def run(args: argparse.Namespace, command: str) -> int:
     """Evaluate every run x step (cached), then write the comparison table and plot (main process)."""
-    from accelerate import PartialState
-
     protocol = load_protocol(args.protocol)
     ev = protocol["eval"]
     ev.update({k: v for k, v in (("reference", args.reference), ("num_samples", args.num_samples),

@@ -1,7 +1,7 @@
 """Backbones: the SiT/DiT baseline and the ViT-5 diffusion transformer, one registry for both
 (``DiT-*`` names: the SiT network under DiT's ddpm objective)."""
 
-from .checkpoint import CheckpointError, load_checkpoint, load_state_dict
+from .checkpoint import CheckpointError, LoadedModel, load_checkpoint, load_model, load_state_dict
 from .registry import (
     BACKBONES,
     NAME_OBJECTIVES,
@@ -10,6 +10,7 @@ from .registry import (
     create_model,
     flops,
     list_models,
+    model_from_config,
     name_objective,
     valid_overrides,
 )
@@ -23,6 +24,7 @@ __all__ = [
     "SIT_SWITCHES",
     "VIT5_SWITCHES",
     "CheckpointError",
+    "LoadedModel",
     "SiT",
     "ViT5",
     "count_params",
@@ -31,6 +33,8 @@ __all__ = [
     "list_models",
     "name_objective",
     "load_checkpoint",
+    "load_model",
+    "model_from_config",
     "load_state_dict",
     "valid_overrides",
 ]

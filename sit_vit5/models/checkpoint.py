@@ -1,19 +1,28 @@
-"""Loading model weights: our training checkpoints and the official SiT/DiT files.
+"""Loading model weights: our training checkpoints and the official SiT/DiT files, and
+``load_model``, the one way from a checkpoint file to a ready model plus what it says about sampling
+from it.
 
-Accepted layouts: a bare state dict (the released ``SiT-XL-2-256.pt`` is the EMA weights), a training
-checkpoint ``{model, ema, opt, args, ...}`` (DiT/SiT and ours), or a ``.safetensors`` file. Pickles are
-opened with ``weights_only=True``; when a ``<file>.sha256`` sidecar exists it is verified first.
+Accepted layouts: a bare state dict (the released ``SiT-XL-2-256.pt`` is the EMA weights), a
+training checkpoint ``{model, ema, opt, args, ...}`` (DiT/SiT and ours), or a ``.safetensors`` file.
+Pickles are opened with ``weights_only=True``; when a ``<file>.sha256`` sidecar exists it is
+verified first.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from ..io import ChecksumError, verify_sha256, verify_sidecar
+from ..vae import SD_VAE_EMA, SD_VAE_SCALING_FACTOR
+from .registry import create_model, list_models, model_kwargs, name_objective
 
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP and torch.compile wrappers
 
@@ -47,7 +56,8 @@ def read_checkpoint(path: str | os.PathLike, sha256: str | None = None) -> dict:
 
 
 def load_state_dict(path: str | os.PathLike, which: str = "ema", sha256: str | None = None) -> dict[str, Tensor]:
-    """The model state dict stored in ``path``: ``which`` = "ema" (default) or "model" of a training checkpoint."""
+    """The model state dict stored in ``path``: ``which`` = "ema" (default) or "model" of a training
+    checkpoint."""
     obj = read_checkpoint(path, sha256)
     if which not in ("ema", "model"):
         raise ValueError(f"which must be 'ema' or 'model', got {which!r}")
@@ -86,7 +96,8 @@ def _hints(model: nn.Module, shapes: dict[str, tuple[tuple, tuple]]) -> list[str
 
 
 def check_state_dict(model: nn.Module, state: dict[str, Tensor], source: str = "checkpoint") -> None:
-    """Raise CheckpointError listing missing / unexpected keys and shape mismatches, with likely causes."""
+    """Raise CheckpointError listing missing / unexpected keys and shape mismatches, with likely
+    causes."""
     own = model.state_dict()
     missing = sorted(set(own) - set(state))
     unexpected = sorted(set(state) - set(own))
@@ -112,3 +123,165 @@ def load_checkpoint(
     check_state_dict(model, state, source=os.fspath(path))
     model.load_state_dict(state, strict=True)
     return model
+
+
+# ----------------------------------------------------------------------------- checkpoint -> model
+
+
+@dataclass
+class LoadedModel:
+    """A model built and loaded from a checkpoint, and what the checkpoint says about sampling from
+    it.
+
+    ``source``: "ours" (training checkpoint of this codebase, config in ``args``) or "official"
+    (bare state dict such as SiT-XL-2-256.pt, or a DiT/SiT training checkpoint with argparse
+    ``args``). ``input_size``: the model's training input side (latent side for latent models).
+    ``transport``: the ``transport`` config section (set keys only; ``objective`` included, see
+    ``sit_vit5.objective.create_objective``). ``objective``: sit | ddpm (DiT), as recorded (ours) or
+    as told (official). ``vae``: ``{"name": hub id | directory | "none", "scaling_factor"}``.
+    ``sample``: the checkpoint's ``sample`` config section (ours) or {}. ``step``: the training step
+    if recorded; ``which``: "ema" | "model" for training checkpoints, None for bare state dicts.
+    """
+
+    model: nn.Module
+    name: str
+    source: str
+    input_size: int
+    in_channels: int
+    num_classes: int
+    transport: dict[str, Any]
+    vae: dict[str, Any]
+    sample: dict[str, Any] = field(default_factory=dict)
+    step: int | None = None
+    which: str | None = None
+
+    @property
+    def objective(self) -> str:
+        return self.transport.get("objective") or "sit"
+
+
+def _is_our_config(args: Any) -> bool:
+    return (isinstance(args, dict) and isinstance(args.get("model"), dict)
+            and "name" in args["model"])
+
+
+def _infer_architecture(state: dict[str, Tensor], input_size: int | None, path: str
+                        ) -> dict[str, Any]:
+    """create_model overrides read off a DiT/SiT state dict: in_channels, learn_sigma, num_classes,
+    input_size."""
+    for key in ("x_embedder.proj.weight", "final_layer.linear.weight",
+                "y_embedder.embedding_table.weight"):
+        if key not in state:
+            raise CheckpointError(f"{path}: no {key!r}; not a SiT/DiT state dict "
+                                  f"(keys: {sorted(state)[:8]} ...)")
+    proj = state["x_embedder.proj.weight"]  # (D, C, p, p)
+    in_channels, patch = proj.shape[1], proj.shape[-1]
+    out_channels = state["final_layer.linear.weight"].shape[0] // (patch * patch)
+    arch = dict(
+        in_channels=in_channels,
+        learn_sigma=out_channels == 2 * in_channels,
+        # the table's last row is the null class
+        num_classes=state["y_embedder.embedding_table.weight"].shape[0] - 1,
+    )
+    if "pos_embed" in state:
+        trained = math.isqrt(state["pos_embed"].shape[1]) * patch
+        if input_size is not None and input_size != trained:
+            warnings.warn(f"{path}: pos_embed was trained at input side {trained}, not "
+                          f"{input_size}; using {trained} (sampling at another size interpolates "
+                          "the table)", stacklevel=3)
+        arch["input_size"] = trained
+    elif input_size is not None:
+        arch["input_size"] = input_size
+    else:
+        raise CheckpointError(f"{path}: no pos_embed to read the training size from; pass the "
+                              "image size")
+    return arch
+
+
+def load_model(
+    ckpt: str | os.PathLike,
+    model_name: str | None = None,
+    which: str = "ema",
+    input_size: int | None = None,
+    sha256: str | None = None,
+    overrides: dict[str, Any] | None = None,
+    objective: str | None = None,
+) -> LoadedModel:
+    """Build the model stored in ``ckpt`` and load its weights (``which``: ema | model), on the CPU,
+    in eval mode without gradients.
+
+    Our training checkpoints rebuild the model, transport and VAE settings from their ``args``
+    config; ``model_name`` must then be None or equal to the trained name. Any other layout (the
+    released bare EMA state dict, a DiT/SiT training checkpoint, .safetensors) needs ``model_name``
+    (e.g. "SiT-XL/2", or the ``args.model`` of an official training checkpoint); in_channels,
+    learn_sigma, num_classes and the training input size are read off the tensors. Official
+    defaults: Linear path, velocity prediction, and the SD-VAE ft-EMA decoder for 4-channel models
+    (pixel space otherwise). ``input_size`` (model input side) is only needed when the state dict
+    has no ``pos_embed``. ``overrides``: ``create_model`` keywords for a bare state dict whose
+    architecture is not the registry's (depth, hidden_size, num_heads, switches).
+
+    ``objective`` (sit | ddpm): ours record it (a different one is an error). Official files cannot
+    tell, DiT and SiT sharing their key layout: the model name does (``DiT-*`` = ddpm, other names
+    sit), or ``objective`` with a SiT name; a contradiction is an error, never a guess.
+    """
+    path = os.fspath(ckpt)
+    if which not in ("ema", "model"):
+        raise ValueError(f"which={which!r}; valid: ema, model")
+    obj = read_checkpoint(path, sha256)
+    args = obj.get("args")
+    nested = "model" in obj or "ema" in obj
+    if nested and which not in obj:
+        raise CheckpointError(f"{path}: has no {which!r} weights (keys: {sorted(obj)})")
+    state = strip_wrappers(obj[which] if nested else obj)
+    step, which_loaded = obj.get("step") if nested else None, which if nested else None
+    if _is_our_config(args):
+        section = args["model"]
+        if model_name is not None and model_name != section["name"]:
+            raise ValueError(f"{path} was trained as {section['name']!r}, not {model_name!r}; "
+                             "drop the model name (our checkpoints carry their architecture)")
+        model = create_model(section["name"], **model_kwargs(section))
+        transport = {k: v for k, v in args.get("transport", {}).items() if v is not None}
+        trained = transport.get("objective") or "sit"
+        if objective is not None and objective != trained:
+            raise ValueError(f"{path} was trained with transport.objective={trained}; its output "
+                             f"means {trained}, so drop the objective (our checkpoints carry it)")
+        loaded = LoadedModel(
+            model, section["name"], "ours", model.input_size, model.in_channels, model.num_classes,
+            transport=transport,
+            vae=dict(args.get("vae") or {"name": "none"}), sample=dict(args.get("sample") or {}),
+            step=step, which=which_loaded)
+    else:
+        official = vars(args) if isinstance(args, argparse.Namespace) else {}
+        model_name = model_name or official.get("model")
+        if model_name is None:
+            raise ValueError(f"{path} is a bare state dict without a config: name its "
+                             "architecture (model_name / --model), e.g. SiT-XL/2; valid: "
+                             + ", ".join(list_models()))
+        implied = name_objective(model_name)
+        if objective is not None and implied is not None and objective != implied:
+            raise ValueError(f"{model_name} names the {implied} objective, not {objective}: use the "
+                             f"SiT-* name for a SiT network trained with {objective}")
+        objective = objective or implied or "sit"
+        arch = _infer_architecture(state, input_size, path)
+        model = create_model(model_name, **{**arch, **(overrides or {})})
+        transport_keys = ("path_type", "prediction", "loss_weight", "train_eps", "sample_eps")
+        transport = {k: official[k] for k in transport_keys if official.get(k) is not None}
+        if objective == "ddpm":
+            if transport:
+                raise ValueError(f"{path}: its args set a transport ({transport}), but the "
+                                 "objective is ddpm")
+            # DiT: the learned-range variance when the file has the sigma half, else fixed beta_t
+            transport = {"objective": "ddpm",
+                         "ddpm_variance": "learned" if arch["learn_sigma"] else "fixed_large"}
+        vae_name = f"stabilityai/sd-vae-ft-{official['vae']}" if official.get("vae") else SD_VAE_EMA
+        loaded = LoadedModel(
+            model, model_name, "official", arch["input_size"], arch["in_channels"],
+            arch["num_classes"],
+            transport=transport,
+            vae={"name": vae_name if arch["in_channels"] == 4 else "none",
+                 "scaling_factor": SD_VAE_SCALING_FACTOR},
+            step=step, which=which_loaded)
+    check_state_dict(model, state, source=path)
+    model.load_state_dict(state, strict=True)
+    model.eval().requires_grad_(False)
+    return loaded

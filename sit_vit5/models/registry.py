@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import re
+from typing import Any
 
 from torch import nn
 
@@ -23,6 +24,8 @@ PATCH_SIZES = (2, 4, 8)
 BACKBONES: dict[str, type[SiT]] = {"SiT": SiT, "ViT5": ViT5, "DiT": SiT}
 #: backbone prefixes that also name a training objective (DiT = the SiT network under the ddpm objective)
 NAME_OBJECTIVES: dict[str, str] = {"DiT": "ddpm"}
+#: ``model`` config keys whose None means "take it from the data" (training fills them in).
+DATA_DERIVED_KEYS = ("input_size", "in_channels", "num_classes")
 _NAME = re.compile(r"^(?P<backbone>\w+?)-(?P<size>S|B|L|XL)/(?P<patch>\d+)$")
 
 
@@ -44,7 +47,8 @@ def valid_overrides() -> list[str]:
 
 
 def create_model(name: str, **overrides) -> SiT:
-    """Build a registered model; ``overrides`` replace any constructor argument or architecture switch."""
+    """Build a registered model; ``overrides`` replace any constructor argument or architecture
+    switch."""
     match = _NAME.match(name)
     if not match or match["backbone"] not in BACKBONES or int(match["patch"]) not in PATCH_SIZES:
         raise ValueError(f"unknown model {name!r}; valid names: {', '.join(list_models())}")
@@ -56,6 +60,19 @@ def create_model(name: str, **overrides) -> SiT:
     return BACKBONES[match["backbone"]](**{**kwargs, **overrides})
 
 
+def model_kwargs(section: dict[str, Any]) -> dict[str, Any]:
+    """``create_model`` keywords of a ``model`` config section: every key but ``name``. None is
+    passed through (it means "off" for switches such as ``layer_scale_init``), except for
+    data-derived keys still unset."""
+    return {k: v for k, v in section.items()
+            if k != "name" and not (v is None and k in DATA_DERIVED_KEYS)}
+
+
+def model_from_config(section: dict[str, Any]) -> SiT:
+    """``create_model(name, **overrides)`` from a (resolved) ``model`` config section."""
+    return create_model(section["name"], **model_kwargs(section))
+
+
 def count_params(model: nn.Module, trainable_only: bool = False) -> int:
     """Number of parameters (the frozen SiT pos-embed included unless ``trainable_only``)."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
@@ -64,8 +81,9 @@ def count_params(model: nn.Module, trainable_only: bool = False) -> int:
 def flops(model: SiT, input_size: int | None = None) -> float:
     """Analytic forward GFLOPs per sample (multiply-add = 1 flop; matmuls and attention only).
 
-    Counts patch embed, timestep MLP, adaLN, qkv/proj, attention (QK^T and AV), MLP and the output layer,
-    for a latent of side ``input_size`` (default: the training size). Norms, RoPE and softmax are ignored.
+    Counts patch embed, timestep MLP, adaLN, qkv/proj, attention (QK^T and AV), MLP and the output
+    layer, for a latent of side ``input_size`` (default: the training size). Norms, RoPE and softmax
+    are ignored.
     """
     side = input_size or model.input_size
     p, D = model.patch_size, model.x_embedder.proj.out_channels

@@ -9,7 +9,7 @@ from .checkpoint import (
     save_checkpoint,
 )
 from .ema import create_ema, update_ema
-from .loop import NonFiniteLossError, StepBatchSampler, TrainResult, build_model, build_transport, train
+from .loop import NonFiniteLossError, StepBatchSampler, TrainResult, train
 
 __all__ = [
     "CheckpointError",
@@ -17,8 +17,6 @@ __all__ = [
     "NonFiniteLossError",
     "StepBatchSampler",
     "TrainResult",
-    "build_model",
-    "build_transport",
     "create_ema",
     "latest_checkpoint",
     "read_checkpoint",

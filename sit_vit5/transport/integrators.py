@@ -1,9 +1,10 @@
 """Numerical integrators: torchdiffeq for ODEs, Euler-Maruyama / Heun for SDEs, and an NFE counter.
 
-ODE method names are torchdiffeq 0.2.x's (``euler``, ``midpoint``, ``heun2``, ``heun3``, ``rk4``: fixed grid,
-one step per interval of the output grid; ``dopri5``, ``dopri8``, ``bosh3``, ``fehlberg2``,
-``adaptive_heun``: adaptive, where the grid only says where the solution is reported). ``heun`` is accepted
-as an alias of ``heun2`` (explicit trapezoid, 2 evaluations per step).
+ODE method names are torchdiffeq 0.2.x's, listed in two fixed tables (its registry is private API):
+``FIXED_STEP_METHODS`` take one step per interval of the output grid; ``ADAPTIVE_METHODS`` choose
+their own steps (the grid only says where the solution is reported). tests/test_transport_ode.py
+checks the tables against torchdiffeq's behaviour. ``heun`` is accepted as an alias of ``heun2``
+(explicit trapezoid, 2 evaluations per step).
 """
 
 from __future__ import annotations
@@ -14,27 +15,30 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 from torchdiffeq import odeint
-from torchdiffeq._impl.odeint import SOLVERS
-from torchdiffeq._impl.rk_common import RKAdaptiveStepsizeODESolver
-from torchdiffeq._impl.solvers import FixedGridODESolver
 
 from .utils import choose
 
 ODE_ALIASES = {"heun": "heun2"}
-#: model evaluations per step of each fixed-grid torchdiffeq method
+#: model evaluations per step of each fixed-grid Runge-Kutta method
 FIXED_STEP_NFE = {"euler": 1, "midpoint": 2, "heun2": 2, "heun3": 3, "rk4": 4}
+#: fixed-grid methods: one step per output-grid interval (the Adams family too)
+FIXED_STEP_METHODS = (*FIXED_STEP_NFE, "explicit_adams", "implicit_adams", "fixed_adams")
+#: adaptive embedded Runge-Kutta methods: step sizes from the error estimate (atol / rtol)
+ADAPTIVE_METHODS = ("dopri5", "dopri8", "bosh3", "fehlberg2", "adaptive_heun")
 
 
 def ode_method(name: str) -> str:
     """Canonical torchdiffeq method name for ``name`` (case-insensitive; ``heun`` -> ``heun2``)."""
     key = ODE_ALIASES.get(name.lower(), name.lower())
-    choose({**{k: k for k in SOLVERS if k != "scipy_solver"}, **ODE_ALIASES}, key, "ODE sampling_method")
+    valid = {k: k for k in (*ADAPTIVE_METHODS, *FIXED_STEP_METHODS)}
+    choose({**valid, **ODE_ALIASES}, key, "ODE sampling_method")
     return key
 
 
 def is_adaptive(method: str) -> bool:
-    """True when the torchdiffeq method picks its own steps (the output grid does not set the NFE)."""
-    return not issubclass(SOLVERS[ode_method(method)], FixedGridODESolver)
+    """True when the torchdiffeq method picks its own steps (the output grid does not set the NFE).
+    """
+    return ode_method(method) in ADAPTIVE_METHODS
 
 
 class CountingModel:
@@ -49,7 +53,8 @@ class CountingModel:
 
 
 def time_grid(t0: float, t1: float, num_steps: int, like: Tensor) -> Tensor:
-    """``linspace(t0, t1, num_steps)`` in float64 for float64 data, else float32, on ``like``'s device."""
+    """``linspace(t0, t1, num_steps)`` in float64 for float64 data, else float32, on ``like``'s
+    device."""
     if num_steps < 2:
         raise ValueError(f"num_steps must be >= 2 (grid points including both ends), got {num_steps}")
     dtype = torch.float64 if like.dtype == torch.float64 else torch.float32
@@ -69,7 +74,8 @@ def solve_ode(
     atol: float,
     rtol: float,
 ) -> Tensor | tuple[Tensor, ...]:
-    """Integrate ``dy/dt = drift(y, t_batch)`` over ``grid``; returns the states on the grid (time first)."""
+    """Integrate ``dy/dt = drift(y, t_batch)`` over ``grid``; returns the states on the grid (time
+    first)."""
     first = y0[0] if isinstance(y0, tuple) else y0
 
     def func(t: Tensor, y):
@@ -79,7 +85,7 @@ def solve_ode(
     n = len(y0) if isinstance(y0, tuple) else 1
     tol = dict(atol=[atol] * n, rtol=[rtol] * n) if isinstance(y0, tuple) else dict(atol=atol, rtol=rtol)
     # adaptive RK steps may overshoot the last grid point (VP is NaN for t > 1): make them land on it
-    options = {"step_t": grid[-1:]} if issubclass(SOLVERS[method], RKAdaptiveStepsizeODESolver) else None
+    options = {"step_t": grid[-1:]} if method in ADAPTIVE_METHODS else None
     return odeint(func, y0, grid, method=method, options=options, **tol)
 
 
@@ -98,7 +104,8 @@ def euler_maruyama_step(
 
 
 def heun_step(x: Tensor, t: float, dt: float, noise: Tensor, drift: SDEDrift, diffusion: SDEDiffusion) -> Tensor:
-    """SiT's stochastic Heun step: add the noise first, then a Heun (trapezoid) drift step (2 evaluations)."""
+    """SiT's stochastic Heun step: add the noise first, then a Heun (trapezoid) drift step (2
+    evaluations)."""
     t_b = batch_time(t, x)
     x_hat = x + torch.sqrt(2 * diffusion(x, t_b)) * noise * math.sqrt(dt)
     k1 = drift(x_hat, t_b)

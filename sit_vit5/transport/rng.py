@@ -1,21 +1,61 @@
-"""Reproducible random draws for samplers and losses.
+"""Reproducible random draws for samplers and losses, and the project's seed hashes (the one home
+for both: training noise, data order, per-item augmentation and per-sample sampling seeds all come
+from here).
 
-A ``generator`` argument may be ``None`` (global RNG), a ``torch.Generator`` or an ``int`` seed (one stream
-for the whole batch), or a sequence of generators / seeds with one entry per batch row. With a sequence,
-row ``i`` draws only from its own stream, so a sample depends on its own seed, not on the rest of the batch.
-Draws happen on the generator's device and are then moved to the data's device: a CPU generator gives the
-same numbers whatever device the model runs on.
+A ``generator`` argument may be ``None`` (global RNG), a ``torch.Generator`` or an ``int`` seed (one
+stream for the whole batch), or a sequence of generators / seeds with one entry per batch row. With
+a sequence, row ``i`` draws only from its own stream, so a sample depends on its own seed, not on
+the rest of the batch. Draws happen on the generator's device and are then moved to the data's
+device: a CPU generator gives the same numbers whatever device the model runs on.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
+_MASK64 = (1 << 64) - 1
+
 GeneratorLike = torch.Generator | int | Sequence[torch.Generator | int] | None
 Resolved = torch.Generator | list[torch.Generator] | None
+
+
+# ----------------------------------------------------------------------------- seed hashes
+
+
+def mix_seed(*values: int) -> int:
+    """A 63-bit seed that depends on all ``values`` (NumPy SeedSequence hashing; nearby tuples
+    differ)."""
+    words = np.random.SeedSequence([int(v) for v in values]).generate_state(2, dtype=np.uint32)
+    return (int(words[0]) << 31) ^ int(words[1])
+
+
+def sample_seed(global_seed: int, index: int, stream: int = 0) -> int:
+    """Seed of stream ``stream`` of sample ``index`` in a run seeded ``global_seed``: ``mix_seed``
+    of the three, after checking that the seed and index are >= 0."""
+    if global_seed < 0 or index < 0:
+        raise ValueError(f"seeds and indices must be >= 0, got global_seed={global_seed}, index={index}")
+    return mix_seed(global_seed, index, stream)
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def item_seed(seed: int, epoch: int, index: int) -> int:
+    """A 64-bit seed that depends on (seed, epoch, index) only (a splitmix64 chain: nearby triples
+    differ). Data items use it rather than ``mix_seed``: ~7x cheaper, and one is made per item per
+    epoch."""
+    return _splitmix64(_splitmix64(_splitmix64(seed & _MASK64) ^ (epoch & _MASK64)) ^ (index & _MASK64))
+
+
+# ----------------------------------------------------------------------------- generators and draws
 
 
 def _as_generator(g: torch.Generator | int) -> torch.Generator:
@@ -27,7 +67,8 @@ def _as_generator(g: torch.Generator | int) -> torch.Generator:
 
 
 def resolve_generator(generator: GeneratorLike, batch: int) -> Resolved:
-    """Turn seeds into generators once (so a seeded stream advances across calls); check per-row length."""
+    """Turn seeds into generators once (so a seeded stream advances across calls); check per-row
+    length."""
     if generator is None:
         return None
     if isinstance(generator, torch.Generator | int):
@@ -64,8 +105,9 @@ def rademacher_like(x: Tensor, generator: Resolved) -> Tensor:
 
 
 def uniform(batch: int, generator: Resolved, like: Tensor) -> Tensor:
-    """``U[0, 1)`` of shape ``(batch,)`` on ``like``'s device/dtype. With no generator it draws from the *CPU*
-    global RNG, as SiT does (``th.rand((B,))``), so a seeded training run draws the same times."""
+    """``U[0, 1)`` of shape ``(batch,)`` on ``like``'s device/dtype. With no generator it draws from
+    the *CPU* global RNG, as SiT does (``th.rand((B,))``), so a seeded training run draws the same
+    times."""
     if generator is None:
         return torch.rand(batch).to(like)
     if isinstance(generator, torch.Generator):

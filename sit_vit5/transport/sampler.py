@@ -24,6 +24,8 @@ from .rng import GeneratorLike, randn_like, resolve_generator
 from .transport import Transport
 from .utils import choose, expand_t_like_x
 
+METHODS = ("ode", "sde")  # probability-flow ODE or SDE: the ``method`` of configs and CLIs
+
 # Last SDE step from t1 to 1 (size h), given x, v, s, D at t1 and the path's alpha, sigma at t1.
 LastStep = Callable[[Tensor, Tensor, Tensor, Tensor, float, Tensor, Tensor], Tensor]
 LAST_STEPS: dict[str | None, LastStep | None] = {
@@ -45,7 +47,12 @@ def _warn_adaptive(method: str, num_steps: int) -> None:
 
 
 class Sampler:
-    """Builds sampling functions for a :class:`Transport` (t = 0 noise -> t = 1 data)."""
+    """Builds sampling functions for a :class:`Transport` (t = 0 noise -> t = 1 data).
+
+    The keyword defaults are SiT's ``Sampler`` API defaults (e.g. SDE diffusion form SBDM), kept for
+    SiT-style calls; sampling runs (sample.py, training grids, experiments) take every setting from
+    :class:`sit_vit5.sampling.SampleSpec`, which passes all of them explicitly.
+    """
 
     def __init__(self, transport: Transport) -> None:
         self.transport = transport

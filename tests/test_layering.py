@@ -1,0 +1,99 @@
+"""The import graph read from the sources: every project-internal import points down the layer
+table, sits at module top, and fid/ stays standalone."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: Components of sit_vit5 by layer, bottom first: a module may import only from lower layers.
+LAYERS: list[tuple[str, ...]] = [
+    ("io", "guidance", "precision", "vae"),
+    ("images", "transport"),
+    ("models", "diffusion"),
+    ("objective",),
+    ("config", "data"),
+    ("sampling", "cache_latents"),
+    ("training",),
+    ("experiments",),
+]
+RANK = {component: rank for rank, layer in enumerate(LAYERS) for component in layer}
+CLI_RANK = len(LAYERS)  # sample.py, train.py: on top of everything
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> list[tuple[str, int, bool]]:
+    """(absolute module imported, line, at module top?) for every import statement in ``path``."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = _module_name(path).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
+    top_level = {id(node) for node in tree.body}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            # "from . import report" imports a submodule: name it
+            names = [f"{module}.{a.name}" if not node.module else module for a in node.names]
+        else:
+            continue
+        found += [(name, node.lineno, id(node) in top_level) for name in names]
+    return found
+
+
+def _component(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if parts[0] == "sit_vit5" and len(parts) > 1 else None
+
+
+def _sources() -> list[Path]:
+    return sorted((ROOT / "sit_vit5").rglob("*.py")) + [ROOT / "sample.py", ROOT / "train.py"]
+
+
+def test_layer_table_names_every_component():
+    on_disk = {p.stem if p.is_file() else p.name for p in (ROOT / "sit_vit5").iterdir()
+               if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").is_file()}
+    assert on_disk == set(RANK)
+
+
+@pytest.mark.parametrize("path", _sources(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_upward_or_hidden_imports(path):
+    own = _component(_module_name(path))
+    own_rank = CLI_RANK if own is None else RANK[own]
+    for module, line, at_top in _imports(path):
+        target = _component(module)
+        if target is None or target == own:
+            continue
+        where = f"{path.relative_to(ROOT)}:{line} imports {module}"
+        assert RANK[target] < own_rank, f"{where}: upward or sideways edge ({own} -> {target})"
+        assert at_top, f"{where} inside a function: project imports belong at module top"
+
+
+def test_fid_imports_nothing_from_sit_vit5():
+    for path in sorted((ROOT / "fid").rglob("*.py")):
+        bad = [m for m, _, _ in _imports(path) if m.split(".")[0] == "sit_vit5"]
+        assert not bad, f"{path.relative_to(ROOT)} imports {bad}: fid/ must stay standalone"
+
+
+def test_the_graph_check_can_fail(tmp_path, monkeypatch):
+    """A planted upward import (config -> training) and a lazy one are both caught."""
+    fake = tmp_path / "sit_vit5"
+    fake.mkdir()
+    (fake / "config.py").write_text("from .training import train\n\ndef f():\n    from .io import x\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    found = _imports(fake / "config.py")
+    assert ("sit_vit5.training", 1, True) in found and ("sit_vit5.io", 4, False) in found
+    with pytest.raises(AssertionError, match="upward"):
+        test_no_upward_or_hidden_imports(fake / "config.py")
