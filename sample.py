@@ -258,7 +258,7 @@ def build_pipeline(args: argparse.Namespace, device: torch.device
     side)."""
     loaded = load_model(args.ckpt, args.model, args.which, objective=args.objective)
     spec = resolve_spec(args, loaded.sample, loaded.objective)
-    objective = create_objective(resolve_transport(args, loaded))
+    objective = create_objective({**loaded.objective_config, **resolve_transport(args, loaded)})
     vae_cfg, decode, factor = resolve_vae(args, loaded), None, 1
     if vae_enabled(vae_cfg.get("name")):
         vae = load_vae(vae_cfg["name"], device=device)

@@ -259,7 +259,7 @@ class SamplingPipeline:
         """The pipeline of a loaded checkpoint at its training size, with its objective (transport
         or DiT's diffusion); ``kwargs``: ``decode``, ``device``, ``precision``."""
         side = loaded.input_size
-        return cls(loaded.model, create_objective(loaded.transport), spec,
+        return cls(loaded.model, create_objective(loaded.objective_config), spec,
                    (loaded.in_channels, side, side), loaded.num_classes, **kwargs)
 
     def _forward(self, x: Tensor, t: Tensor, y: Tensor) -> Tensor:

@@ -9,7 +9,7 @@ import torch
 
 from sit_vit5.config import DEFAULTS, ConfigError, load_config
 from sit_vit5.diffusion import GaussianDiffusion, create_diffusion
-from sit_vit5.models import create_model, list_models, name_objective
+from sit_vit5.models import create_model, list_models, load_model, name_objective
 from sit_vit5.objective import (
     DiffusionSampler,
     create_objective,
@@ -17,9 +17,9 @@ from sit_vit5.objective import (
     prepare_model,
     training_loss,
 )
-from sit_vit5.training import read_checkpoint, train
+from sit_vit5.training import read_checkpoint, save_checkpoint, train
 from sit_vit5.training.checkpoint import config_differences
-from sit_vit5.transport import Transport
+from sit_vit5.transport import Transport, create_transport
 
 TINY_MODEL = dict(depth=2, hidden_size=32, num_heads=2, input_size=8, in_channels=1, num_classes=10)
 DDPM = ["transport.objective=ddpm", "model.learn_sigma=true", "sample.method=ddpm"]
@@ -137,3 +137,20 @@ def test_tiny_ddpm_training_run_records_its_objective(tmp_path):
     assert sum(result.losses[-5:]) < sum(result.losses[:5])
     assert result.sample_grid is not None and result.sample_grid.is_file()
     assert read_checkpoint(result.checkpoint)["args"]["transport"]["objective"] == "ddpm"
+
+
+@pytest.mark.parametrize("objective", ["sit", "ddpm"])
+def test_loaded_checkpoints_split_transport_kwargs_from_the_ddpm_keys(tmp_path, objective):
+    extra = DDPM if objective == "ddpm" else []
+    cfg = load_config(None, ["model.name=SiT-S/2", "model.input_size=8", "model.in_channels=1",
+                             "model.num_classes=10", *[f"model.{k}={v}" for k, v in TINY_MODEL.items()
+                                                       if k in ("depth", "hidden_size", "num_heads")], *extra])
+    model = create_model("SiT-S/2", **{**TINY_MODEL, "learn_sigma": cfg["model"].get("learn_sigma", True)})
+    state = {"model": model.state_dict(), "ema": model.state_dict(), "opt": {}, "args": cfg, "step": 1}
+    loaded = load_model(save_checkpoint(state, tmp_path / "checkpoints", step=1))
+    assert loaded.objective == objective
+    if objective == "sit":  # still create_transport's kwargs, as callers use them
+        assert isinstance(create_transport(**loaded.transport), Transport) and loaded.diffusion == {}
+    else:
+        assert loaded.transport == {} and loaded.diffusion["ddpm_variance"] == "learned"
+    assert type(create_objective(loaded.objective_config)) is (Transport if objective == "sit" else GaussianDiffusion)

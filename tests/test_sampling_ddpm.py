@@ -55,7 +55,7 @@ def dit_file(tmp_path_factory):
 
 def test_official_dit_file_loads_by_name_and_samples_as_ddpm_defines(dit_file):
     info = load_model(dit_file, "DiT-S/2", overrides=ARCH)
-    assert (info.source, info.objective, info.transport["ddpm_variance"]) == ("official", "ddpm", "learned")
+    assert (info.source, info.objective, info.diffusion["ddpm_variance"]) == ("official", "ddpm", "learned")
     assert info.model.state_dict().keys() == dit_state_dict().keys()
     spec = SampleSpec(method="ddpm", num_steps=10)
     pipe = SamplingPipeline.for_model(info, spec)
@@ -103,7 +103,7 @@ def test_the_objective_of_a_bare_file_is_told_never_guessed(dit_file):
         load_model(dit_file, "DiT-S/2", overrides=ARCH, objective="sit")
     assert load_model(dit_file, "SiT-S/2", overrides=ARCH, objective="ddpm").objective == "ddpm"
     info = load_model(dit_file, "SiT-S/2", overrides=ARCH)  # a SiT name: the SiT objective
-    assert info.objective == "sit" and isinstance(create_objective(info.transport), Transport)
+    assert info.objective == "sit" and isinstance(create_objective(info.objective_config), Transport)
     x = torch.zeros(1, C, SIDE, SIDE)
     spec = SampleSpec(method="ode", sampling_method="euler", num_steps=2)
     assert SamplingPipeline.for_model(info, spec).model(x, torch.ones(1), torch.ones(1).long()).shape == \
@@ -177,8 +177,8 @@ def test_dit_protocol_flags_parse():
     args = sample.build_parser().parse_args([
         "bulk", "--ckpt", "DiT-XL-2-256x256.pt", "--model", "DiT-XL/2", "--image-size", "256", "--method", "ddpm",
         "--num-sampling-steps", "250", "--cfg-scale", "1.5", "--cfg-channels", "3", "--vae", "mse", "--out", "x"])
-    info = sample.LoadedModel(None, "DiT-XL/2", "official", 32, 4, 1000, {"objective": "ddpm"},
-                              {"name": "stabilityai/sd-vae-ft-ema"})
+    info = sample.LoadedModel(None, "DiT-XL/2", "official", 32, 4, 1000, {},
+                              {"name": "stabilityai/sd-vae-ft-ema"}, objective="ddpm")
     spec = sample.resolve_spec(args, info.sample, info.objective)
     assert (spec.method, spec.num_steps, spec.cfg_scale, spec.cfg_channels) == ("ddpm", 250, 1.5, 3)
     assert sample.resolve_vae(args, info)["name"] == "stabilityai/sd-vae-ft-mse"

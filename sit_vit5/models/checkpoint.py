@@ -25,6 +25,8 @@ from ..vae import SD_VAE_EMA, SD_VAE_SCALING_FACTOR
 from .registry import create_model, list_models, model_kwargs, name_objective
 
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP and torch.compile wrappers
+#: the transport section's create_transport keys (the rest belong to the ddpm objective)
+_TRANSPORT_KEYS = ("path_type", "prediction", "loss_weight", "train_eps", "sample_eps")
 
 
 class CheckpointError(RuntimeError):
@@ -136,9 +138,10 @@ class LoadedModel:
     ``source``: "ours" (training checkpoint of this codebase, config in ``args``) or "official"
     (bare state dict such as SiT-XL-2-256.pt, or a DiT/SiT training checkpoint with argparse
     ``args``). ``input_size``: the model's training input side (latent side for latent models).
-    ``transport``: the ``transport`` config section (set keys only; ``objective`` included, see
-    ``sit_vit5.objective.create_objective``). ``objective``: sit | ddpm (DiT), as recorded (ours) or
-    as told (official). ``vae``: ``{"name": hub id | directory | "none", "scaling_factor"}``.
+    ``transport``: ``create_transport`` kwargs (objective sit). ``objective``: sit | ddpm (DiT), as
+    recorded (ours) or as told (official); ``diffusion``: the ddpm keys of the transport section
+    (objective ddpm) or {}; ``create_objective(objective_config)`` builds either. ``vae``:
+    ``{"name": hub id | directory | "none", "scaling_factor"}``.
     ``sample``: the checkpoint's ``sample`` config section (ours) or {}. ``step``: the training step
     if recorded; ``which``: "ema" | "model" for training checkpoints, None for bare state dicts.
     """
@@ -154,10 +157,13 @@ class LoadedModel:
     sample: dict[str, Any] = field(default_factory=dict)
     step: int | None = None
     which: str | None = None
+    objective: str = "sit"
+    diffusion: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def objective(self) -> str:
-        return self.transport.get("objective") or "sit"
+    def objective_config(self) -> dict[str, Any]:
+        """The transport config section to build the objective from (``create_objective``)."""
+        return {"objective": self.objective, **self.transport, **self.diffusion}
 
 
 def _is_our_config(args: Any) -> bool:
@@ -240,16 +246,19 @@ def load_model(
             raise ValueError(f"{path} was trained as {section['name']!r}, not {model_name!r}; "
                              "drop the model name (our checkpoints carry their architecture)")
         model = create_model(section["name"], **model_kwargs(section))
-        transport = {k: v for k, v in args.get("transport", {}).items() if v is not None}
-        trained = transport.get("objective") or "sit"
+        saved = {k: v for k, v in args.get("transport", {}).items() if v is not None}
+        trained = saved.pop("objective", "sit")
+        transport = {k: v for k, v in saved.items() if k in _TRANSPORT_KEYS}
+        diffusion = {k: v for k, v in saved.items() if k not in _TRANSPORT_KEYS}
         if objective is not None and objective != trained:
             raise ValueError(f"{path} was trained with transport.objective={trained}; its output "
                              f"means {trained}, so drop the objective (our checkpoints carry it)")
         loaded = LoadedModel(
             model, section["name"], "ours", model.input_size, model.in_channels, model.num_classes,
-            transport=transport,
+            transport=transport if trained == "sit" else {},
             vae=dict(args.get("vae") or {"name": "none"}), sample=dict(args.get("sample") or {}),
-            step=step, which=which_loaded)
+            step=step, which=which_loaded, objective=trained,
+            diffusion=diffusion if trained == "ddpm" else {})
     else:
         official = vars(args) if isinstance(args, argparse.Namespace) else {}
         model_name = model_name or official.get("model")
@@ -264,15 +273,14 @@ def load_model(
         objective = objective or implied or "sit"
         arch = _infer_architecture(state, input_size, path)
         model = create_model(model_name, **{**arch, **(overrides or {})})
-        transport_keys = ("path_type", "prediction", "loss_weight", "train_eps", "sample_eps")
-        transport = {k: official[k] for k in transport_keys if official.get(k) is not None}
+        transport = {k: official[k] for k in _TRANSPORT_KEYS if official.get(k) is not None}
+        diffusion = {}
         if objective == "ddpm":
             if transport:
                 raise ValueError(f"{path}: its args set a transport ({transport}), but the "
                                  "objective is ddpm")
             # DiT: the learned-range variance when the file has the sigma half, else fixed beta_t
-            transport = {"objective": "ddpm",
-                         "ddpm_variance": "learned" if arch["learn_sigma"] else "fixed_large"}
+            diffusion = {"ddpm_variance": "learned" if arch["learn_sigma"] else "fixed_large"}
         vae_name = f"stabilityai/sd-vae-ft-{official['vae']}" if official.get("vae") else SD_VAE_EMA
         loaded = LoadedModel(
             model, model_name, "official", arch["input_size"], arch["in_channels"],
@@ -280,7 +288,7 @@ def load_model(
             transport=transport,
             vae={"name": vae_name if arch["in_channels"] == 4 else "none",
                  "scaling_factor": SD_VAE_SCALING_FACTOR},
-            step=step, which=which_loaded)
+            step=step, which=which_loaded, objective=objective, diffusion=diffusion)
     check_state_dict(model, state, source=path)
     model.load_state_dict(state, strict=True)
     model.eval().requires_grad_(False)
