@@ -15,8 +15,8 @@ import warnings
 from pathlib import Path
 
 import torch
-from accelerate import PartialState
 
+from sit_vit5.distributed import LaunchError, describe_group, join_launcher_group
 from sit_vit5.models import CheckpointError, LoadedModel, load_model
 from sit_vit5.objective import OBJECTIVES, SAMPLE_METHODS, create_objective
 from sit_vit5.precision import PRECISIONS
@@ -315,11 +315,14 @@ def _grid(args: argparse.Namespace) -> int:
 
 
 def _bulk(args: argparse.Namespace) -> int:
-    state = PartialState(cpu=args.device == "cpu")
+    # the launcher's group (gloo without a GPU): else every process would draw every sample
+    on_cpu = args.device is not None and torch.device(args.device).type == "cpu"
+    state = join_launcher_group(cpu=on_cpu)
     device = torch.device(args.device) if args.device else state.device
     pipe, info, image_size = build_pipeline(args, device)
     if state.is_main_process:
         print(_describe(info, pipe, image_size, args.ckpt))
+        print(f"bulk sampling on {describe_group(state.num_processes, device)}")
     settings = {"ckpt": str(Path(args.ckpt).resolve()), "which": info.which, "model": info.name,
                 "image_size": image_size, "vae": args.vae or info.vae.get("name"),
                 "precision": args.precision, "transport": repr(pipe.transport),
@@ -349,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
         warnings.showwarning = _show_warning  # restored by catch_warnings
         try:
             return _grid(args) if args.command == "grid" else _bulk(args)
-        except (UsageError, ResumeError, CheckpointError, ValueError, OSError) as err:
+        except (UsageError, ResumeError, CheckpointError, LaunchError, ValueError, OSError) as err:
             print(f"sample.py {args.command}: error: {err}", file=sys.stderr)
             return 2
 

@@ -6,7 +6,8 @@
     python train.py --config configs/X.yaml --resume latest # continue the run in train.out_dir
     python train.py --resume runs/X                         # the same, with the run's saved config.yaml
     accelerate launch --multi_gpu --num_processes 8 train.py --config configs/X.yaml
-    torchrun --nnodes 2 --nproc_per_node 8 ... train.py --config configs/X.yaml
+    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d ... train.py --config configs/X.yaml
+    sbatch --nodes 4 examples/slurm/train.sbatch             # Slurm: README, Multi-node training
 
 Settings: see sit_vit5/config.py (every key documented). The resolved config is saved as
 <train.out_dir>/config.yaml and inside every checkpoint.
@@ -19,6 +20,7 @@ import sys
 from pathlib import Path
 
 from sit_vit5.config import ConfigError, load_config
+from sit_vit5.distributed import LaunchError
 from sit_vit5.training import CheckpointError, NonFiniteLossError, train
 
 DEMO_CONFIG = Path(__file__).resolve().parent / "configs" / "demo.yaml"
@@ -49,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         config, implied = (args.config, []) if args.config else default_config(args.resume)
         cfg = load_config(config, implied + args.overrides)
         train(cfg, resume=args.resume)
-    except (ConfigError, CheckpointError) as err:
+    except (ConfigError, CheckpointError, LaunchError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except NonFiniteLossError as err:

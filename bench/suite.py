@@ -4,9 +4,11 @@
     python -m bench.suite --out results/bench/h200 --stages xl_eager sample
 
 Stages (each catches its own failure, so one error does not lose the others):
-  xl_eager     XL/2 bf16 eager, batch 32 and 64: SiT, ViT5, timm-SiT: img/s, MFU, peak memory
+  xl_eager     XL/2 bf16 eager, batch 32 and 64: SiT, ViT5, timm-SiT: img/s, MFU, peak memory (and
+               bench.plan's prediction of it)
   xl_compile   XL/2 bf16 torch.compile, batch 32: SiT, ViT5 (compilation takes a minute or two each)
   small        S/2 and B/2, fp32 and bf16, eager, batch 32: the ViT5/SiT and SiT/timm ratios
+  fsdp         XL/2 bf16 eager, batch 32, FSDP2-sharded in a 1-process group: SiT, ViT5
   sample       XL/2 bf16, 250-step Euler-Maruyama SDE with CFG 4.0, 32 images: img/s
   data_path    SD-VAE architecture (random weights: no download) vs latent cache, yardstick SiT-XL/2 bf16
 ``--smoke`` shrinks every stage to seconds on a CPU (tests).
@@ -26,6 +28,7 @@ STAGES = {
     "xl_compile": (train_step.main, f"--sizes XL --precisions bf16 --modes compile --models SiT ViT5 "
                                     f"--batch-size 32 {TIMING}"),
     "small": (train_step.main, f"--sizes S B --precisions fp32 bf16 --batch-size 32 {TIMING}"),
+    "fsdp": (train_step.main, f"--sizes XL --precisions bf16 --models SiT ViT5 --fsdp --batch-size 32 {TIMING}"),
     "sample": (sample.main, "--sizes XL --precisions bf16 --samplers sde --num-steps 250 --cfg-scale 4.0 "
                             "--batch-size 32 --rounds 2"),
     "data_path": (data_path.main, "--model SiT-XL/2 --precision bf16 --batch-size 32 --num-images 128"),

@@ -9,7 +9,10 @@ One step = transport loss (Linear path, velocity prediction, SiT defaults) forwa
 and labels. EMA is left out.
 MFU = achieved FLOP/s / peak, achieved = img/s x 3 x 2 x forward GFLOPs: `sit_vit5.models.flops` counts a
 multiply-add as 1 (hence x 2) and a training step is forward + backward (~2x forward, hence x 3).
-Memory: peak allocated CUDA memory of one model's warm-up steps (weights, grads, AdamW state, activations).
+Memory: peak allocated CUDA memory of one model's warm-up steps (weights, grads, AdamW state, activations),
+next to ``bench.plan``'s prediction for the same step (``plan_mem_gb``: no EMA, one process).
+``--fsdp`` shards each model with FSDP2 (one unit per block, as ``train.distributed=fsdp``) in a 1-process
+group: the FSDP code path's step time and memory on one device.
 """
 
 from __future__ import annotations
@@ -42,11 +45,13 @@ from bench.common import (
     sync,
     write_json,
 )
+from bench.plan import plan
 from sit_vit5.models import SIZES
+from sit_vit5.training.fsdp import shard_model
 from sit_vit5.transport import create_transport
 
-COLUMNS = ("model", "size", "precision", "mode", "batch", "step_ms", "step_ms_min", "img_per_s", "tflops",
-           "mfu", "peak_mem_gb", "first_step_s")
+COLUMNS = ("model", "size", "precision", "mode", "strategy", "batch", "step_ms", "step_ms_min", "img_per_s",
+           "tflops", "mfu", "peak_mem_gb", "plan_mem_gb", "first_step_s")
 RATIO_COLUMNS = ("size", "precision", "mode", "batch", "vit5_over_sit", "vit5_over_sit_min", "sit_over_timm",
                  "sit_over_timm_min")
 
@@ -64,6 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-classes", type=int, default=1000)
     p.add_argument("--optimizer", choices=("adamw", "none"), default="adamw",
                    help="none: forward + backward only (e.g. XL/2 pairs in a small CPU memory)")
+    p.add_argument("--fsdp", action="store_true", help="shard with FSDP2 (fully_shard) in a 1-process group")
     p.add_argument("--peak-tflops", type=float, default=None,
                    help="dense bf16 peak for MFU (default by GPU name: H100/H200 989, A100 312)")
     add_common_args(p)
@@ -103,6 +109,9 @@ def _warm_up(args: argparse.Namespace, device: torch.device, backbone: str, size
     baseline = memory_baseline(device)
     try:
         model = build_for(args, backbone, size).to(device).train()
+        if args.fsdp:
+            args.own_group = single_process_group(device) or getattr(args, "own_group", False)
+            shard_model(model)
         step = make_train_step(model, device, precision, mode, batch, args.input_size, args.num_classes,
                                args.seed, optimizer=args.optimizer == "adamw")
         sync(device)
@@ -126,7 +135,13 @@ def measure_group(args: argparse.Namespace, device: torch.device, size: str, pre
     for backbone in args.models:
         params_m, gflops = model_counts(backbone, size, args.patch, args.input_size, args.depth)
         rows[backbone] = dict(model=backbone, size=f"{size}/{args.patch}", precision=precision, mode=mode,
-                              batch=batch, params_m=params_m, fwd_gflops=gflops, clock=args.clock)
+                              strategy="fsdp" if args.fsdp else "single", batch=batch, params_m=params_m,
+                              fwd_gflops=gflops, clock=args.clock, plan_mem_gb=None)
+        if device.type == "cuda":  # what bench.plan predicts for this step (no EMA here, one process)
+            name = f"{'SiT' if backbone == 'Timm' else backbone}-{size}/{args.patch}"
+            predicted = plan(name, batch, precision, "fsdp" if args.fsdp else "ddp", 1, device="cuda", ema=False,
+                             input_size=args.input_size, depth=args.depth or SIZES[size][0])
+            rows[backbone]["plan_mem_gb"] = predicted.peak_gib
         step = _warm_up(args, device, backbone, size, precision, mode, batch, rows[backbone])
         if step is not None:
             steps[backbone] = step
@@ -145,6 +160,18 @@ def measure_group(args: argparse.Namespace, device: torch.device, size: str, pre
                  **ratios(times, "ViT5", "SiT", "vit5_over_sit"),
                  **ratios(times, "SiT", "Timm", "sit_over_timm"))
     return list(rows.values()), group
+
+
+def single_process_group(device: torch.device) -> bool:
+    """A 1-process torch.distributed group (FSDP2 needs one), in memory: no port, no launcher. True if this
+    call created it (the caller then destroys it)."""
+    dist = torch.distributed
+    if dist.is_initialized():
+        return False
+    cuda = torch.device("cuda", torch.cuda.current_device()) if device.type == "cuda" else None
+    dist.init_process_group("nccl" if cuda else "gloo", store=dist.HashStore(), rank=0, world_size=1,
+                            device_id=cuda)
+    return True
 
 
 def _free(device: torch.device) -> None:
@@ -169,6 +196,8 @@ def main(argv: list[str] | None = None) -> dict:
     unit = "wall" if args.clock == "wall" else "process-CPU"
     print_table(rows, COLUMNS, f"train step ({args.device}, {unit} seconds; peak bf16 {peak} TFLOP/s)")
     print_table(ratios, RATIO_COLUMNS, "step-time ratios (same run, interleaved)")
+    if getattr(args, "own_group", False):
+        torch.distributed.destroy_process_group()
     write_json(args.json, "train_step", args, device, peak_tflops=peak, rows=rows, ratios=ratios)
     return dict(rows=rows, ratios=ratios)
 

@@ -19,6 +19,7 @@ import argparse
 import hashlib
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from sit_vit5.data import (
     ImageFolderDataset,
     UnreadableImageError,
 )
+from sit_vit5.distributed import LaunchError, describe_group, join_launcher_group
 from sit_vit5.io import atomic_write_text
 from sit_vit5.vae import SD_VAE_SCALING_FACTOR, encode_moments, load_vae
 
@@ -60,7 +62,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", choices=STORAGE_DTYPES, default="float16", help="storage dtype of mean and std")
     p.add_argument("--vae-dtype", choices=VAE_DTYPES, default="float32", help="precision the VAE runs in")
     p.add_argument("--num-workers", type=int, default=min(8, os.cpu_count() or 1), help="image decoders")
-    p.add_argument("--cpu", action="store_true", help="run on the CPU (with torchrun: one gloo process each)")
+    p.add_argument("--cpu", action="store_true", help="CPU even with GPUs (automatic without)")
     p.add_argument("--skip-bad", action="store_true",
                    help="skip unreadable images (listed in the manifest; the dataset omits them)")
     args = p.parse_args(argv)
@@ -167,13 +169,14 @@ def _encode_shard(vae, images: ImageFolderDataset, entry: dict[str, Any], out: P
 
 
 def main(argv: list[str] | None = None) -> None:
-    from accelerate import PartialState  # the process-group side of Accelerator(); no model to prepare
-
     args = parse_args(argv)
-    state = PartialState(cpu=args.cpu)
-    if int(os.environ.get("WORLD_SIZE", 1)) != state.num_processes:  # else every process would do everything
-        raise RuntimeError(f"launched as {os.environ['WORLD_SIZE']} processes but accelerate formed a group of "
-                           f"{state.num_processes}; on a machine without GPUs pass --cpu")
+    try:  # the launcher's group (gloo without GPUs), else every process would encode every shard
+        state = join_launcher_group(cpu=args.cpu)
+    except LaunchError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if state.is_main_process:
+        print(f"latent cache on {describe_group(state.num_processes, state.device)}", flush=True)
     out = Path(args.out)
     images = ImageFolderDataset(args.data_dir, args.image_size, random_flip=False, skip_bad=args.skip_bad)
     files_text = "".join(f"{f}\n" for f in images.files)

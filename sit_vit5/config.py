@@ -79,7 +79,7 @@ DEFAULTS: Config = {
         "compile": False,  # torch.compile the model (inductor)
         "grad_checkpointing": False,  # recompute blocks in the backward pass to save activation memory
         "grad_accum": 1,  # micro-batches per optimizer step on each process
-        "distributed": "ddp",  # ddp | fsdp (FSDP: full-shard, minimal, untested here)
+        "distributed": "ddp",  # ddp | fsdp (FSDP2: weights, grads, AdamW sharded per block)
         "cpu": False,  # force the CPU even when a GPU is present
         "out_dir": "runs/default",  # run directory: config.yaml, checkpoints/, samples/, metrics.*
         "log_every": 100,  # steps between metric rows (JSONL/CSV/TensorBoard)

@@ -216,7 +216,7 @@ def test_missing_cache_error_says_how_to_make_it(tmp_path):
 
 @pytest.mark.slow
 def test_two_processes_share_the_work_and_match_one(vae_dir, data_dir, tmp_path):
-    """torchrun with 2 CPU (gloo) processes: disjoint shard sets, same values as a single-process run."""
+    """torchrun with 2 processes, no --cpu (no GPU: gloo): disjoint shard sets, same values as one process."""
     import os
     import re
     import signal
@@ -227,7 +227,7 @@ def test_two_processes_share_the_work_and_match_one(vae_dir, data_dir, tmp_path)
     _run(data_dir, single, vae_dir)
     out = tmp_path / "double"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "sit_vit5.cache_latents", "--cpu", "--data-dir", str(data_dir), "--out", str(out),
+           "-m", "sit_vit5.cache_latents", "--data-dir", str(data_dir), "--out", str(out),
            "--vae", str(vae_dir), "--image-size", "16", "--batch-size", "3", "--shard-size", "4",
            "--num-workers", "0"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: Components of sit_vit5 by layer, bottom first: a module may import only from lower layers.
 LAYERS: list[tuple[str, ...]] = [
-    ("io", "guidance", "precision", "vae"),
+    ("io", "guidance", "precision", "vae", "distributed"),
     ("images", "transport"),
     ("models", "diffusion"),
     ("objective",),

@@ -202,11 +202,14 @@ def run_one(spec: RunSpec, threads: int | None = None) -> dict[str, Any]:
     if threads:
         torch.set_num_threads(threads)
     cfg = load_config(spec.base_config, spec.overrides())
-    requested = json.loads(json.dumps(cfg))  # the request as JSON (tuples -> lists), to compare
+    requested = json.loads(json.dumps(cfg))  # the request as JSON (tuples -> lists), for the record
+    # A run is identified by what the sweep asked for (base config file + overrides), not by the resolved
+    # config, whose new default keys (added by later code) do not change what an existing run means.
+    identity = {"base_config": Path(spec.base_config).read_text(), "overrides": spec.overrides()}
     result: dict[str, Any] = {}
     if spec.result_path.is_file():
         result = json.loads(spec.result_path.read_text())
-        if result.get("config") != requested:
+        if result.get("identity") != identity:
             result = {}  # settings changed: start over
         elif result.get("complete"):
             return result
@@ -224,7 +227,8 @@ def run_one(spec: RunSpec, threads: int | None = None) -> dict[str, Any]:
     model = model_from_config(resolved["model"])
     result.update({
         "dataset": spec.dataset, "variant": spec.variant, "seed": spec.seed, "steps": spec.steps,
-        "num_samples": spec.num_samples, "sample_steps": spec.sample_steps, "config": requested,
+        "num_samples": spec.num_samples, "sample_steps": spec.sample_steps, "identity": identity,
+        "config": requested,
         "params": count_params(model), "mflops": flops(model) * 1e3,
         "loss_spikes": count_spikes(losses), "final_loss": statistics.fmean(losses[-100:]),
         "loss_curve": _curve(rows, "loss"), "gate_attn_curve": _curve(rows, "gate/attn/mean"),

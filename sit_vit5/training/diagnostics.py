@@ -70,7 +70,8 @@ class GateMonitor:
             for branch, (chunk, gamma_name) in _GATES.items():
                 gate = chunks[chunk]  # (B, D)
                 gamma = getattr(block, gamma_name)
-                if gamma is not None:
+                if gamma is not None:  # sharded outside the forward under FSDP: gather (collective)
+                    gamma = gamma.full_tensor() if hasattr(gamma, "full_tensor") else gamma
                     gate = gate * gamma.detach().float()
                 out[f"gate/{branch}/{i:02d}"] = gate.abs().mean().item()
                 out[f"gate_spread/{branch}/{i:02d}"] = gate.std(dim=0, unbiased=False).mean().item()

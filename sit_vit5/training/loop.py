@@ -1,5 +1,7 @@
 """The training loop: one function, ``train(cfg, resume)``, that runs unchanged on one CPU, one GPU,
-``accelerate launch`` and ``torchrun`` (DDP by default, FSDP as an option).
+``accelerate launch`` and ``torchrun`` (DDP by default, FSDP2 as an option: ``training/fsdp.py``).
+Under a multi-process launcher it joins the launcher's group (gloo when no GPU is visible) or stops
+with an error naming the variable.
 
 Reproducibility. All randomness is a pure function of ``train.seed`` and the position in training:
 
@@ -28,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate import Accelerator, FullyShardedDataParallelPlugin
+from accelerate import Accelerator
 from accelerate.state import AcceleratorState
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, Sampler
@@ -36,12 +38,14 @@ from tqdm.auto import tqdm
 
 from ..config import Config, ConfigError, save_config
 from ..data import DATASETS, build_dataset
+from ..distributed import check_group, describe_group, prepare_launch
 from ..images import save_grid
 from ..models import model_from_config
 from ..objective import Objective, create_objective, prepare_model, training_loss
 from ..sampling import SampleSpec, SamplingPipeline
 from ..transport.rng import mix_seed
 from ..vae import decoder, downsampling_factor, encode, load_vae, vae_enabled
+from . import fsdp
 from .checkpoint import (
     CKPT_DIR,
     check_compatible,
@@ -208,49 +212,19 @@ def grid_images(ema: nn.Module, transport: Objective, cfg: Config, device: torch
 
 
 def _make_accelerator(cfg: Config) -> Accelerator:
+    """accelerate in the launcher's group: gloo when no GPU is visible (or train.cpu), else NCCL; a
+    group that differs from the launcher's WORLD_SIZE is a LaunchError."""
     # accelerate keeps one process-wide state; forget the previous train() call's precision and
     # plugins so that several runs with different settings can share a process (tests, notebooks).
     AcceleratorState._reset_state(reset_partial_state=False)
     t = cfg["train"]
-    fsdp_plugin = None
-    if t["distributed"] == "fsdp":  # minimal FSDP: full shard per transformer block; untested here
-        fsdp_plugin = FullyShardedDataParallelPlugin(
-            fsdp_version=1, sharding_strategy="FULL_SHARD",
-            auto_wrap_policy="transformer_based_wrap", transformer_cls_names_to_wrap=["Block"],
-            use_orig_params=True, state_dict_type="FULL_STATE_DICT")
-    return Accelerator(cpu=t["cpu"], mixed_precision="bf16" if t["precision"] == "bf16" else "no",
-                       fsdp_plugin=fsdp_plugin, dynamo_backend="inductor" if t["compile"] else "no")
-
-
-def _is_fsdp(accelerator: Accelerator) -> bool:
-    return accelerator.distributed_type.name == "FSDP"
-
-
-def _fsdp():
-    """torch's FSDP class, imported only for FSDP runs (the import costs ~2 s)."""
-    from torch.distributed.fsdp import FullyShardedDataParallel
-
-    return FullyShardedDataParallel
-
-
-def _full_params(accelerator: Accelerator, model: nn.Module):
-    """Context in which the unwrapped model's parameters are full tensors (FSDP gathers them)."""
-    if _is_fsdp(accelerator):
-        return _fsdp().summon_full_params(model, writeback=False)
-    return nullcontext()
-
-
-def _optimizer_state(accelerator: Accelerator, model: nn.Module, optimizer) -> dict[str, Any]:
-    if _is_fsdp(accelerator):
-        return _fsdp().optim_state_dict(model, optimizer.optimizer)
-    return optimizer.state_dict()
-
-
-def _load_optimizer_state(accelerator: Accelerator, model: nn.Module, optimizer,
-                          state: dict[str, Any]) -> None:
-    if _is_fsdp(accelerator):
-        state = _fsdp().optim_state_dict_to_load(model, optimizer, state)
-    optimizer.load_state_dict(state)
+    cpu = prepare_launch(t["cpu"])
+    # FSDP is applied by the loop (FSDP2, fsdp.py): accelerate's plugin does nothing on a CPU group
+    compile_here = t["compile"] and t["distributed"] != "fsdp"
+    accelerator = Accelerator(cpu=cpu, mixed_precision="bf16" if t["precision"] == "bf16" else "no",
+                              dynamo_backend="inductor" if compile_here else "no")
+    check_group(accelerator.num_processes, cpu)
+    return accelerator
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -324,9 +298,10 @@ class Run:
     """Everything a ``train`` call builds; the named steps read it and update
     ``position``/``result``.
 
-    ``cfg`` is the resolved config; ``model`` the accelerate-prepared model, ``unwrapped`` the bare
-    module behind it; ``vae`` is None in pixel space (and on processes that neither encode nor
-    sample).
+    ``cfg`` is the resolved config; ``model`` the accelerate-prepared (DDP) or FSDP2-sharded model,
+    ``unwrapped`` the bare module behind it (the sharded module itself under FSDP); ``vae`` is None
+    in pixel space (and on processes that neither encode nor sample); ``ema_shards`` holds the EMA's
+    shards under FSDP (``ema`` is then refreshed from them for checkpoints and grids).
     """
 
     cfg: Config
@@ -345,6 +320,11 @@ class Run:
     logger: MetricLogger
     position: Position
     result: TrainResult
+    ema_shards: fsdp.ShardedEMA | None = None
+
+    @property
+    def sharded(self) -> bool:
+        return self.ema_shards is not None
 
     @property
     def device(self) -> torch.device:
@@ -410,12 +390,22 @@ def build(cfg: Config, resume: str | None) -> Run:
     if checkpoint is not None:
         ema.load_state_dict(checkpoint["ema"])
     model.train()
-    model = accelerator.prepare(model)
+    sharded = t["distributed"] == "fsdp" and world > 1  # one process: nothing to shard
+    if sharded:
+        model = fsdp.shard_model(model.to(device))
+        if t["compile"]:
+            model.compile()
+    else:
+        model = accelerator.prepare(model)
     optimizer = torch.optim.AdamW(param_groups(model, o["weight_decay"]), lr=o["lr"],
                                   betas=tuple(o["betas"]), eps=o["eps"])
-    if checkpoint is not None:
-        _load_optimizer_state(accelerator, model, optimizer, checkpoint["opt"])
-    optimizer = accelerator.prepare(optimizer)
+    if checkpoint is not None and sharded:
+        fsdp.load_optimizer_state(model, optimizer, checkpoint["opt"])
+    elif checkpoint is not None:
+        optimizer.load_state_dict(checkpoint["opt"])
+    ema_shards = fsdp.ShardedEMA(model, ema) if sharded else None
+    if not sharded:  # FSDP keeps the bare optimizer: no scaler in bf16, the wrapper adds nothing
+        optimizer = accelerator.prepare(optimizer)
     position = Position()
     if checkpoint is not None:
         position = Position(checkpoint["step"], checkpoint["epoch"], checkpoint["batch_in_epoch"])
@@ -425,7 +415,7 @@ def build(cfg: Config, resume: str | None) -> Run:
     if main:
         run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, run_dir / "config.yaml")
-    unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
+    unwrapped = model if sharded else accelerator.unwrap_model(model, keep_torch_compile=False)
     gates = GateMonitor(unwrapped)  # residual-branch strength, read from the logged step's forward
     logger = MetricLogger(run_dir, enabled=main, tensorboard=t["tensorboard"], wandb=t["wandb"],
                           config=cfg, wandb_project=t["wandb_project"], resume_step=position.step,
@@ -433,16 +423,19 @@ def build(cfg: Config, resume: str | None) -> Run:
     last = latest_checkpoint(run_dir / CKPT_DIR)
     result = TrainResult(run_dir, position.step, last, None, config=cfg)
     return Run(cfg, accelerator, run_dir, dataset, batches, loader, vae, model, unwrapped, ema,
-               optimizer, create_objective(cfg["transport"]), gates, logger, position, result)
+               optimizer, create_objective(cfg["transport"]), gates, logger, position, result,
+               ema_shards)
 
 
 def describe(run: Run) -> str:
-    """One line: model size, processes, data, batch split, step range, run directory."""
+    """One line: model size, processes and backend in use, strategy, data, batch split, step range,
+    run directory."""
     cfg, t, b = run.cfg, run.cfg["train"], run.batches
-    n_params = sum(p.numel() for p in run.unwrapped.parameters())
-    return (f"{cfg['model']['name']} ({n_params / 1e6:.2f}M parameters) on {b.world_size} "
-            f"process(es), {run.device}; {len(run.dataset)} items, global batch "
-            f"{cfg['data']['global_batch_size']} = {b.world_size} × {t['grad_accum']} × "
+    n_params = sum(p.numel() for p in run.unwrapped.parameters())  # DTensors count their full size
+    strategy = "FSDP2" if run.sharded else ("DDP" if b.world_size > 1 else "one process")
+    return (f"{cfg['model']['name']} ({n_params / 1e6:.2f}M parameters) on "
+            f"{describe_group(b.world_size, run.device)}, {strategy}; {len(run.dataset)} items, "
+            f"global batch {cfg['data']['global_batch_size']} = {b.world_size} × {t['grad_accum']} × "
             f"{b.micro_batch}; steps {run.position.step} → {t['steps']}; run dir {run.run_dir}")
 
 
@@ -472,12 +465,20 @@ def train_step(run: Run, x: Tensor, y: Tensor, lr: float) -> tuple[float, float]
         xs, ys = xs.to(run.device, non_blocking=True), ys.to(run.device, non_blocking=True)
         if run.encode_on_the_fly:
             xs = encode(run.vae, xs, scaling_factor=run.cfg["vae"]["scaling_factor"])
-        # all-reduce the gradients once per step, on the last micro-batch
-        with accelerator.no_sync(model) if a < accum - 1 else nullcontext():
+        # all-reduce (DDP) or reduce-scatter (FSDP) the gradients once per step, on the last
+        # micro-batch; FSDP's model is not accelerate-prepared, so autocast is applied here
+        last = a == accum - 1
+        if run.sharded:
+            model.set_requires_gradient_sync(last)
+        context = accelerator.autocast() if run.sharded else (
+            nullcontext() if last else accelerator.no_sync(model))
+        with context:
             loss = compute_loss(run.transport, model, xs, ys).mean()
             accelerator.backward(loss / accum)
         loss_sum += loss.detach()
-    grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), o["grad_clip"] or math.inf))
+    max_norm = o["grad_clip"] or math.inf
+    grad_norm = (fsdp.clip_grad_norm(model, max_norm) if run.sharded
+                 else float(accelerator.clip_grad_norm_(model.parameters(), max_norm)))
     loss_value = accelerator.reduce(loss_sum / accum, reduction="mean").item()
     if not (math.isfinite(loss_value) and math.isfinite(grad_norm)):
         last = latest_checkpoint(run.ckpt_dir)
@@ -487,7 +488,9 @@ def train_step(run: Run, x: Tensor, y: Tensor, lr: float) -> tuple[float, float]
             "lower optim.lr, optim.grad_clip, optim.warmup_steps or train.precision=fp32.",
             step + 1)
     optimizer.step()
-    with _full_params(accelerator, model):
+    if run.sharded:
+        run.ema_shards.update(o["ema_decay"])
+    else:
         update_ema(run.ema, run.unwrapped, o["ema_decay"])
     return loss_value, grad_norm
 
@@ -511,9 +514,12 @@ def checkpoint(run: Run) -> None:
     """Save model, EMA, optimizer, config, position and RNG states (all processes take part)."""
     accelerator, t, pos = run.accelerator, run.cfg["train"], run.position
     accelerator.wait_for_everyone()
-    fsdp = _is_fsdp(accelerator)
-    model_state = accelerator.get_state_dict(run.model) if fsdp else run.unwrapped.state_dict()
-    opt_state = _optimizer_state(accelerator, run.model, run.optimizer)
+    if run.sharded:  # full state dicts in the usual layout: resumable under DDP or FSDP, any count
+        model_state = fsdp.full_model_state(run.model)
+        opt_state = fsdp.full_optimizer_state(run.model, run.optimizer)
+        run.ema_shards.gather_into(run.ema)
+    else:
+        model_state, opt_state = run.unwrapped.state_dict(), run.optimizer.state_dict()
     if run.main:
         milestone = t["milestone_every"] > 0 and pos.step % t["milestone_every"] == 0
         state = {"model": model_state, "ema": run.ema.state_dict(), "opt": opt_state,
@@ -528,6 +534,8 @@ def checkpoint(run: Run) -> None:
 
 def sample(run: Run) -> None:
     """Write the EMA's sample grid ``samples/{step:07d}.png`` (main process) and log it."""
+    if run.sharded:
+        run.ema_shards.gather_into(run.ema)  # collective
     if run.main:
         path = run.run_dir / "samples" / f"{run.position.step:07d}.png"
         images = grid_images(run.ema, run.transport, run.cfg, run.device, run.vae)
