@@ -22,10 +22,14 @@ DATA_MEAN, DATA_STD = 0.5, 0.3
 def test_linear_betas_are_ddpm_scaled_by_step_count():
     betas = named_betas("linear", 1000)
     assert betas.dtype == torch.float64 and len(betas) == 1000
-    assert betas[0].item() == pytest.approx(1e-4, abs=1e-15) and betas[-1].item() == pytest.approx(0.02, abs=1e-15)
+    assert betas[0].item() == pytest.approx(1e-4, abs=1e-15) and betas[-1].item() == pytest.approx(
+        0.02, abs=1e-15
+    )
     half = named_betas("linear", 500)  # DiT scales both ends by 1000 / T
     assert half[0].item() == pytest.approx(2e-4) and half[-1].item() == pytest.approx(0.04)
-    assert torch.allclose(betas.diff(), torch.full((999,), (0.02 - 1e-4) / 999, dtype=torch.float64))
+    assert torch.allclose(
+        betas.diff(), torch.full((999,), (0.02 - 1e-4) / 999, dtype=torch.float64)
+    )
 
 
 def test_q_moments_follow_the_markov_chain():
@@ -38,7 +42,9 @@ def test_q_moments_follow_the_markov_chain():
         if step in (0, 10, 500, 999):
             t = torch.full((3,), step)
             q_mean, q_var, q_log_var = d.q_mean_variance(x0, t)
-            assert torch.allclose(q_mean, mean, rtol=1e-10) and torch.allclose(q_var, var, rtol=1e-10)
+            assert torch.allclose(q_mean, mean, rtol=1e-10) and torch.allclose(
+                q_var, var, rtol=1e-10
+            )
             assert torch.allclose(q_log_var, var.log(), rtol=1e-10)
     # q_sample draws from those moments
     x0 = torch.full((20000, 1), 0.7, dtype=torch.float64)
@@ -62,8 +68,9 @@ def test_posterior_is_the_bayes_product_of_gaussians():
         # likelihood q(x_t | x_{t-1}) = N(sqrt(1 - beta) x_{t-1}, beta);
         # prior q(x_{t-1} | x_0) = N(sqrt(ab') x0, 1 - ab')
         precision = (1 - beta) / beta + 1 / (1 - ab_prev)
-        bayes_mean = (math.sqrt(1 - beta) * xt[row] / beta
-                      + math.sqrt(ab_prev) * x0[row] / (1 - ab_prev)) / precision
+        bayes_mean = (
+            math.sqrt(1 - beta) * xt[row] / beta + math.sqrt(ab_prev) * x0[row] / (1 - ab_prev)
+        ) / precision
         assert torch.allclose(mean[row], bayes_mean, rtol=1e-9, atol=1e-12)
         assert var[row].item() == pytest.approx(1 / precision, rel=1e-9)
         assert log_var[row].item() == pytest.approx(math.log(1 / precision), rel=1e-9)
@@ -119,19 +126,30 @@ def test_discretized_gaussian_loglik_matches_numerical_integral():
     grid = torch.linspace(-1, 1, 256, dtype=torch.float64)
     x = grid[[0, 1, 40, 128, 200, 254, 255]]
     means = torch.tensor([-0.9, -0.95, -0.7, 0.1, 0.5, 0.95, 0.8], dtype=torch.float64)
-    log_scales = torch.log(torch.tensor([0.05, 0.02, 0.3, 0.05, 0.2, 0.1, 0.1], dtype=torch.float64))
+    log_scales = torch.log(
+        torch.tensor([0.05, 0.02, 0.3, 0.05, 0.2, 0.1, 0.1], dtype=torch.float64)
+    )
     logp = discretized_gaussian_log_likelihood(x, means=means, log_scales=log_scales)
     for xi, mu, sd, lp in zip(x.tolist(), means.tolist(), log_scales.exp().tolist(), logp.tolist()):
         lo = -math.inf if xi < -0.999 else xi - 1 / 255
         hi = math.inf if xi > 0.999 else xi + 1 / 255
-        pdf = lambda u, mu=mu, sd=sd: math.exp(-0.5 * ((u - mu) / sd) ** 2) / (sd * math.sqrt(2 * math.pi))  # noqa: E731
-        mass = integrate.quad(pdf, lo, hi, points=None if math.isinf(lo) or math.isinf(hi) else [mu],
-                              epsabs=1e-13, epsrel=1e-11)[0]
+        def pdf(u, mu=mu, sd=sd):
+            return math.exp(-0.5 * ((u - mu) / sd) ** 2) / (sd * math.sqrt(2 * math.pi))
+
+        mass = integrate.quad(
+            pdf,
+            lo,
+            hi,
+            points=None if math.isinf(lo) or math.isinf(hi) else [mu],
+            epsabs=1e-13,
+            epsrel=1e-11,
+        )[0]
         assert lp == pytest.approx(math.log(mass), abs=1e-3, rel=3e-3)
     # the 256 bins tile the real line: probabilities sum to one for any Gaussian
     for mu, sd in ((0.3, 0.05), (-0.99, 0.5), (2.0, 0.4)):
-        p = discretized_gaussian_log_likelihood(grid, means=torch.full_like(grid, mu),
-                                                log_scales=torch.full_like(grid, math.log(sd))).exp()
+        p = discretized_gaussian_log_likelihood(
+            grid, means=torch.full_like(grid, mu), log_scales=torch.full_like(grid, math.log(sd))
+        ).exp()
         assert p.sum().item() == pytest.approx(1.0, abs=1e-9)
 
 
@@ -181,14 +199,21 @@ def _gaussian_eps_model(base, learned_v: float | None):
     def model(x, t_model):
         ab = base.alphas_cumprod[t_model].reshape(-1, 1).to(x)
         eps = (1 - ab).sqrt() * (x - ab.sqrt() * DATA_MEAN) / (ab * DATA_STD**2 + 1 - ab)
-        return eps if learned_v is None else torch.cat([eps, torch.full_like(eps, learned_v)], dim=1)
+        return (
+            eps if learned_v is None else torch.cat([eps, torch.full_like(eps, learned_v)], dim=1)
+        )
 
     return model
 
 
 @pytest.mark.parametrize(
     "respacing, learn_sigma, v, sampler",
-    [("", False, None, "ddpm"), ("250", True, 1.0, "ddpm"), ("250", True, 0.0, "ddpm"), ("ddim250", True, 0.0, "ddim")],
+    [
+        ("", False, None, "ddpm"),
+        ("250", True, 1.0, "ddpm"),
+        ("250", True, 0.0, "ddpm"),
+        ("ddim250", True, 0.0, "ddim"),
+    ],
 )
 def test_samplers_recover_gaussian_data_with_exact_eps(respacing, learn_sigma, v, sampler):
     base = create_diffusion("", learn_sigma=False)
@@ -209,14 +234,20 @@ def test_ddim_eta0_is_deterministic_and_ddpm_is_seeded_per_sample():
     base = create_diffusion("", learn_sigma=False)
     model = _gaussian_eps_model(base, 0.3)
     z = torch.randn(4, 1, generator=torch.Generator().manual_seed(0))
-    assert torch.equal(d.ddim_sample_loop(model, (4, 1), noise=z), d.ddim_sample_loop(model, (4, 1), noise=z))
+    assert torch.equal(
+        d.ddim_sample_loop(model, (4, 1), noise=z), d.ddim_sample_loop(model, (4, 1), noise=z)
+    )
     seeds = [11, 12, 13, 14]
     for loop, kwargs in ((d.p_sample_loop, {}), (d.ddim_sample_loop, {"eta": 1.0})):
         batch = loop(model, (4, 1), generator=seeds, **kwargs)
         alone = loop(model, (1, 1), generator=[seeds[2]], **kwargs)
-        assert torch.equal(batch[2:3], alone)  # initial noise and every step's noise come from row 2's seed
+        assert torch.equal(
+            batch[2:3], alone
+        )  # initial noise and every step's noise come from row 2's seed
         other = loop(model, (4, 1), generator=[11, 12, 99, 14], **kwargs)
-        assert torch.equal(other[[0, 1, 3]], batch[[0, 1, 3]]) and not torch.equal(other[2], batch[2])
+        assert torch.equal(other[[0, 1, 3]], batch[[0, 1, 3]]) and not torch.equal(
+            other[2], batch[2]
+        )
 
 
 def test_training_losses_hybrid_with_stop_gradient_on_the_mean():
@@ -251,7 +282,9 @@ def test_learned_sigma_needs_two_c_outputs_and_fixed_needs_c():
     with pytest.raises(ValueError, match="learn_sigma=True"):
         create_diffusion("").training_losses(lambda x, tt: x, x0, t)
     with pytest.raises(ValueError, match="learn_sigma=True in create_diffusion"):
-        create_diffusion("", learn_sigma=False).training_losses(lambda x, tt: x.repeat(1, 2, 1, 1), x0, t)
+        create_diffusion("", learn_sigma=False).training_losses(
+            lambda x, tt: x.repeat(1, 2, 1, 1), x0, t
+        )
     terms = create_diffusion("", learn_sigma=False).training_losses(lambda x, tt: x, x0, t)
     assert set(terms) == {"loss", "mse", "pred"} and torch.equal(terms["loss"], terms["mse"])
     with pytest.raises(ValueError, match="noise_schedule"):
@@ -264,4 +297,6 @@ def test_sample_timesteps_cover_the_range_and_follow_seeds():
     assert t.dtype == torch.long and t.min().item() == 0 and t.max().item() == 49
     with pytest.raises(ValueError, match="diffusion_steps=10 gives betas up to 2"):
         create_diffusion("", diffusion_steps=10)
-    assert torch.equal(d.sample_timesteps(3, generator=[5, 6, 7])[1:2], d.sample_timesteps(1, generator=[6]))
+    assert torch.equal(
+        d.sample_timesteps(3, generator=[5, 6, 7])[1:2], d.sample_timesteps(1, generator=[6])
+    )

@@ -35,9 +35,18 @@ def test_dit_names_are_the_sit_network_under_ddpm():
 @pytest.mark.parametrize(
     "overrides, needle",
     [
-        (["transport.objective=ddpm", "sample.method=ddpm", "model.learn_sigma=false"], "model.learn_sigma=true"),
-        (["transport.objective=ddpm", "sample.method=ddpm", "transport.ddpm_variance=fixed_large"],
-         "model.learn_sigma=false"),
+        (
+            ["transport.objective=ddpm", "sample.method=ddpm", "model.learn_sigma=false"],
+            "model.learn_sigma=true",
+        ),
+        (
+            [
+                "transport.objective=ddpm",
+                "sample.method=ddpm",
+                "transport.ddpm_variance=fixed_large",
+            ],
+            "model.learn_sigma=false",
+        ),
         (["transport.objective=ddpm"], "sample.method='ode'"),
         (["sample.method=ddpm"], "sample.method='ddpm'"),
         (["model.name=DiT-XL/2"], "transport.objective=ddpm"),
@@ -55,8 +64,15 @@ def test_contradictory_objective_settings_are_config_errors(overrides, needle):
 def test_valid_objective_configs_load():
     cfg = load_config(None, [*DDPM, "model.name=DiT-XL/2"])
     assert cfg["transport"]["objective"] == "ddpm"
-    cfg = load_config(None, ["transport.objective=ddpm", "sample.method=ddim", "model.learn_sigma=false",
-                             "transport.ddpm_variance=fixed_small"])
+    cfg = load_config(
+        None,
+        [
+            "transport.objective=ddpm",
+            "sample.method=ddim",
+            "model.learn_sigma=false",
+            "transport.ddpm_variance=fixed_small",
+        ],
+    )
     diffusion = create_objective(cfg["transport"])
     assert isinstance(diffusion, GaussianDiffusion) and diffusion.model_var_type == "fixed_small"
     assert isinstance(create_objective(DEFAULTS["transport"]), Transport)
@@ -83,7 +99,9 @@ def test_ddpm_backbone_returns_2c_channels_and_receives_integer_steps():
     assert loss.shape == (3,) and torch.isfinite(loss).all()
     assert seen[0].dtype == torch.long and 0 <= seen[0].min() and seen[0].max() <= 999
     loss.mean().backward()  # the mean and variance halves of the output layer both get gradients
-    grad = model.final_layer.linear.weight.grad.reshape(2 * 2, 2, -1)  # (p*p, C_out, D), C_out = [eps, v]
+    grad = model.final_layer.linear.weight.grad.reshape(
+        2 * 2, 2, -1
+    )  # (p*p, C_out, D), C_out = [eps, v]
     assert grad[:, 0].abs().sum() > 0 and grad[:, 1].abs().sum() > 0
 
 
@@ -125,13 +143,32 @@ def test_configs_without_the_objective_key_resume_as_sit():
 
 
 def test_tiny_ddpm_training_run_records_its_objective(tmp_path):
-    cfg = load_config(None, [
-        "model.name=ViT5-S/2", "model.depth=2", "model.hidden_size=32", "model.num_heads=2", *DDPM,
-        "data.kind=digits", "data.image_size=8", "data.random_flip=false", "data.num_workers=0", "vae.name=none",
-        "optim.lr=1e-3", "train.tensorboard=false", "train.log_every=5", "train.milestone_every=0",
-        "train.steps=30", "train.ckpt_every=30", "data.global_batch_size=32", "train.sample_every=30",
-        "sample.num_images=4", "sample.num_steps=5", f"train.out_dir={tmp_path / 'run'}",
-    ])
+    cfg = load_config(
+        None,
+        [
+            "model.name=ViT5-S/2",
+            "model.depth=2",
+            "model.hidden_size=32",
+            "model.num_heads=2",
+            *DDPM,
+            "data.kind=digits",
+            "data.image_size=8",
+            "data.random_flip=false",
+            "data.num_workers=0",
+            "vae.name=none",
+            "optim.lr=1e-3",
+            "train.tensorboard=false",
+            "train.log_every=5",
+            "train.milestone_every=0",
+            "train.steps=30",
+            "train.ckpt_every=30",
+            "data.global_batch_size=32",
+            "train.sample_every=30",
+            "sample.num_images=4",
+            "sample.num_steps=5",
+            f"train.out_dir={tmp_path / 'run'}",
+        ],
+    )
     result = train(cfg)
     assert all(torch.isfinite(torch.tensor(result.losses)))
     assert sum(result.losses[-5:]) < sum(result.losses[:5])
@@ -142,15 +179,39 @@ def test_tiny_ddpm_training_run_records_its_objective(tmp_path):
 @pytest.mark.parametrize("objective", ["sit", "ddpm"])
 def test_loaded_checkpoints_split_transport_kwargs_from_the_ddpm_keys(tmp_path, objective):
     extra = DDPM if objective == "ddpm" else []
-    cfg = load_config(None, ["model.name=SiT-S/2", "model.input_size=8", "model.in_channels=1",
-                             "model.num_classes=10", *[f"model.{k}={v}" for k, v in TINY_MODEL.items()
-                                                       if k in ("depth", "hidden_size", "num_heads")], *extra])
-    model = create_model("SiT-S/2", **{**TINY_MODEL, "learn_sigma": cfg["model"].get("learn_sigma", True)})
-    state = {"model": model.state_dict(), "ema": model.state_dict(), "opt": {}, "args": cfg, "step": 1}
+    cfg = load_config(
+        None,
+        [
+            "model.name=SiT-S/2",
+            "model.input_size=8",
+            "model.in_channels=1",
+            "model.num_classes=10",
+            *[
+                f"model.{k}={v}"
+                for k, v in TINY_MODEL.items()
+                if k in ("depth", "hidden_size", "num_heads")
+            ],
+            *extra,
+        ],
+    )
+    model = create_model(
+        "SiT-S/2", **{**TINY_MODEL, "learn_sigma": cfg["model"].get("learn_sigma", True)}
+    )
+    state = {
+        "model": model.state_dict(),
+        "ema": model.state_dict(),
+        "opt": {},
+        "args": cfg,
+        "step": 1,
+    }
     loaded = load_model(save_checkpoint(state, tmp_path / "checkpoints", step=1))
     assert loaded.objective == objective
     if objective == "sit":  # still create_transport's kwargs, as callers use them
-        assert isinstance(create_transport(**loaded.transport), Transport) and loaded.diffusion == {}
+        assert (
+            isinstance(create_transport(**loaded.transport), Transport) and loaded.diffusion == {}
+        )
     else:
         assert loaded.transport == {} and loaded.diffusion["ddpm_variance"] == "learned"
-    assert type(create_objective(loaded.objective_config)) is (Transport if objective == "sit" else GaussianDiffusion)
+    assert type(create_objective(loaded.objective_config)) is (
+        Transport if objective == "sit" else GaussianDiffusion
+    )
