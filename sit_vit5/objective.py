@@ -71,48 +71,51 @@ def check_objective(
     sample_method: str | None = None,
 ) -> str:
     """Validate the objective against the model and sampler; returns its name. Raises
-    ObjectiveError."""
+    ObjectiveError naming every contradiction at once (so one run shows all keys to set)."""
     name = objective_name(cfg_transport)
+    problems: list[str] = []
     implied = name_objective(model_name) if model_name else None
     if implied is not None and implied != name:
-        raise ObjectiveError(
+        problems.append(
             f"model.name={model_name!r} is the SiT network trained with the {implied} objective: "
             f"set transport.objective={implied}, or use the SiT-* name for transport.objective="
             f"{name}"
         )
     if sample_method is not None and sample_method not in SAMPLE_METHODS[name]:
-        raise ObjectiveError(
+        problems.append(
             f"sample.method={sample_method!r} does not sample the {name} objective; valid: "
             f"{', '.join(SAMPLE_METHODS[name])}"
         )
     if name == "ddpm":
         ddpm = ddpm_settings(cfg_transport)
         if ddpm["noise_schedule"] not in NOISE_SCHEDULES:
-            raise ObjectiveError(
+            problems.append(
                 f"transport.noise_schedule={ddpm['noise_schedule']!r}; valid: "
                 f"{', '.join(NOISE_SCHEDULES)}"
             )
         if not isinstance(ddpm["diffusion_steps"], int) or ddpm["diffusion_steps"] < 2:
-            raise ObjectiveError(
+            problems.append(
                 f"transport.diffusion_steps={ddpm['diffusion_steps']!r}; need an integer >= 2"
             )
         variance = ddpm["ddpm_variance"]
         if variance not in DDPM_VARIANCES:
-            raise ObjectiveError(
+            problems.append(
                 f"transport.ddpm_variance={variance!r}; valid: {', '.join(DDPM_VARIANCES)}"
             )
-        if (variance == "learned") != bool(learn_sigma):
-            if variance == "learned":
-                raise ObjectiveError(
-                    "transport.ddpm_variance=learned (DiT's learned variance and hybrid loss) needs "
-                    "model.learn_sigma=true (2C output channels); or choose "
-                    "transport.ddpm_variance=fixed_large / fixed_small for a C-channel model"
-                )
-            raise ObjectiveError(
+        elif variance == "learned" and not learn_sigma:
+            problems.append(
+                "transport.ddpm_variance=learned (DiT's learned variance and hybrid loss) needs "
+                "model.learn_sigma=true (2C output channels); or choose "
+                "transport.ddpm_variance=fixed_large / fixed_small for a C-channel model"
+            )
+        elif variance != "learned" and learn_sigma:
+            problems.append(
                 f"transport.ddpm_variance={variance} has no use for the variance half of a "
                 "model.learn_sigma=true model; set transport.ddpm_variance=learned (DiT) or "
                 "model.learn_sigma=false"
             )
+    if problems:
+        raise ObjectiveError("; ".join(problems))
     return name
 
 

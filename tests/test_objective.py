@@ -215,3 +215,9 @@ def test_loaded_checkpoints_split_transport_kwargs_from_the_ddpm_keys(tmp_path, 
     assert type(create_objective(loaded.objective_config)) is (
         Transport if objective == "sit" else GaussianDiffusion
     )
+
+
+def test_every_contradiction_is_named_at_once():
+    with pytest.raises(ConfigError) as err:
+        load_config("configs/demo.yaml", ["transport.objective=ddpm"])  # demo: ode sampler, no sigma
+    assert "sample.method='ode'" in str(err.value) and "model.learn_sigma=true" in str(err.value)
