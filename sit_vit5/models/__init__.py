@@ -1,6 +1,7 @@
 """Backbones: the SiT/DiT baseline and the ViT-5 diffusion transformer, one registry for both."""
 
 from .checkpoint import CheckpointError, LoadedModel, load_checkpoint, load_model, load_state_dict
+from .official import OFFICIAL_WEIGHTS, WeightsUnavailableError, resolve_checkpoint
 from .registry import (
     BACKBONES,
     SIZES,
@@ -16,6 +17,7 @@ from .vit5 import VIT5_SWITCHES, ViT5
 
 __all__ = [
     "BACKBONES",
+    "OFFICIAL_WEIGHTS",
     "SIZES",
     "SIT_SWITCHES",
     "VIT5_SWITCHES",
@@ -23,6 +25,7 @@ __all__ = [
     "LoadedModel",
     "SiT",
     "ViT5",
+    "WeightsUnavailableError",
     "count_params",
     "create_model",
     "flops",
@@ -31,5 +34,6 @@ __all__ = [
     "load_model",
     "model_from_config",
     "load_state_dict",
+    "resolve_checkpoint",
     "valid_overrides",
 ]
