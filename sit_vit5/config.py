@@ -81,8 +81,8 @@ DEFAULTS: Config = {
         "keep_last": 3,  # regular checkpoints kept (milestones are never deleted)
         "milestone_every": 100_000,  # steps between milestone checkpoints; 0 = none
         "sample_every": 10_000,  # steps between sample grids from the EMA (one at the end); 0 = none
-        "tensorboard": True,  # write TensorBoard events (warns if tensorboard is not installed)
-        "wandb": False,  # log to Weights & Biases (warns if wandb is not installed)
+        "tensorboard": None,  # TensorBoard events in out_dir/tb: None = when installed; true (warns if not)
+        "wandb": False,  # log to Weights & Biases, one run across resumes (warns if wandb is not installed)
         "wandb_project": "sit-vit5",  # wandb project name
     },
     # Sample grids during training, and sample.py's starting point for this run's checkpoints.
@@ -206,6 +206,9 @@ def validate(cfg: Config) -> None:
                          ("train", "log_every"), ("train", "ckpt_every"), ("train", "keep_last")):
         if not isinstance(cfg[section][key], int) or cfg[section][key] < 1:
             raise ConfigError(f"{section}.{key}={cfg[section][key]!r}; must be a positive integer")
+    if cfg["train"]["tensorboard"] not in (None, True, False):
+        raise ConfigError(f"train.tensorboard={cfg['train']['tensorboard']!r}; valid: true, false, null (= when "
+                          "installed)")
     if len(cfg["optim"]["betas"]) != 2:
         raise ConfigError(f"optim.betas={cfg['optim']['betas']!r}; expected two numbers")
     validate_model_section(cfg)
