@@ -214,13 +214,37 @@ def validate(cfg: Config) -> None:
     validate_model_section(cfg)
 
 
+def configs_dir() -> Path:
+    """The shipped ``configs/`` folder: inside the installed package (``sit_vit5/configs``, put there by
+    ``pip install .``), else the repository's top-level ``configs/`` next to the package (a checkout)."""
+    package = Path(__file__).resolve().parent
+    installed = package / "configs"
+    return installed if installed.is_dir() else package.parent / "configs"
+
+
+def find_config(path: str | os.PathLike) -> Path:
+    """A config file: ``path`` itself when it exists, else the same relative path (a leading ``configs/``
+    and the ``.yaml`` suffix optional) in the shipped configs, so ``configs/demo.yaml``, ``demo`` and
+    ``imagenet/sit-xl-2`` work from any directory once the package is installed."""
+    given = Path(path)
+    if given.is_file():
+        return given
+    rel = Path(*given.parts[1:]) if given.parts[:1] == ("configs",) else given
+    root = configs_dir()
+    for candidate in (root / rel, root / rel.parent / f"{rel.name}.yaml") if rel.name else ():
+        if not given.is_absolute() and candidate.is_file():
+            return candidate
+    shipped = sorted(p.relative_to(root).as_posix() for p in root.rglob("*.yaml")) if root.is_dir() else []
+    raise ConfigError(f"config file {path} does not exist (nor in the shipped configs {root}: "
+                      f"{', '.join(shipped) or 'none'})")
+
+
 def load_config(path: str | os.PathLike | None = None, overrides: list[str] | None = None) -> Config:
-    """Defaults ← YAML file ``path`` (optional) ← dotted ``overrides``; validated. Returns a new nested dict."""
+    """Defaults ← YAML file ``path`` (optional; see ``find_config``) ← dotted ``overrides``; validated.
+    Returns a new nested dict."""
     cfg = copy.deepcopy(DEFAULTS)
     if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file {path} does not exist")
+        path = find_config(path)
         with open(path) as f:
             cfg = merge(cfg, _load_yaml(f) or {}, str(path))
     cfg = merge(cfg, parse_overrides(list(overrides or [])), "command line")
