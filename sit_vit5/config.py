@@ -6,7 +6,7 @@ Every section is closed (an unknown key is an error naming the full dotted key a
 section) except ``model``, whose extra keys are ``create_model`` overrides and are checked against
 ``sit_vit5.models.valid_overrides()``. Files and CLI values are parsed as safe YAML, with ``1e-4`` read as a
 float (``optim.betas=[0.9,0.95]``, ``optim.grad_clip=null``, ``optim.lr=3e-4``). The defaults are the
-SiT/DiT ImageNet-256 recipe (DESIGN §5): AdamW lr 1e-4, betas (0.9, 0.999), no weight decay, global batch 256,
+SiT/DiT ImageNet-256 recipe (docs/DESIGN.md §5): AdamW lr 1e-4, betas (0.9, 0.999), no weight decay, global batch 256,
 EMA 0.9999.
 """
 
