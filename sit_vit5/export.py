@@ -24,12 +24,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .models import CheckpointError, resolve_checkpoint
+from .models import CheckpointError, load_model, resolve_checkpoint
 from .models.official import OfficialWeights
 from .pipeline import SiTPipeline, scheduler_from
-from .sampling import SampleSpec, load_model_for_sampling, vae_enabled
+from .sampling import SampleSpec
 from .training.checkpoint import latest_checkpoint
-from .vae import SD_VAE_SCALING_FACTOR, load_vae
+from .vae import SD_VAE_SCALING_FACTOR, load_vae, vae_enabled
 
 
 class ExportError(ValueError):
@@ -48,15 +48,6 @@ def checkpoint_path(run_or_ckpt: str | os.PathLike) -> tuple[Path, OfficialWeigh
     return resolve_checkpoint(run_or_ckpt)
 
 
-def default_spec(sample_defaults: dict) -> SampleSpec:
-    """The sampler settings ``sample.py`` uses for a checkpoint when no sampler flag is given."""
-    method = sample_defaults.get("method") or "ode"
-    same = sample_defaults.get("method", "ode") == method
-    return SampleSpec(mode=method, sampling_method=sample_defaults.get("sampling_method") if same else None,
-                      num_steps=sample_defaults.get("num_steps") or 250,
-                      cfg_scale=sample_defaults.get("cfg_scale", 1.0))
-
-
 def build_pipeline(run_or_ckpt: str | os.PathLike, which: str = "ema", model_name: str | None = None,
                    vae_name: str | None = None) -> SiTPipeline:
     """The pipeline a checkpoint describes: its weights (``which``), transport, default sampler settings and
@@ -65,15 +56,16 @@ def build_pipeline(run_or_ckpt: str | os.PathLike, which: str = "ema", model_nam
     if official is not None and official.objective != "sit":
         raise ExportError(f"{run_or_ckpt}: a {official.objective} model (DiT's objective); SiTPipeline samples "
                           "SiT (interpolant) models only")
-    model, info = load_model_for_sampling(ckpt, model_name or (official and official.model), which)
-    vae_cfg = {**info.vae, **({"name": vae_name} if vae_name else {})}
+    loaded = load_model(ckpt, model_name or (official and official.model), which)
+    vae_cfg = {**loaded.vae, **({"name": vae_name} if vae_name else {})}
     vae = None
-    if vae_enabled(vae_cfg):
+    if vae_enabled(vae_cfg.get("name")):
         vae = load_vae(vae_cfg["name"])
         # diffusers pipelines read the latent scale from the VAE's config: record the one the model used
         vae.register_to_config(scaling_factor=float(vae_cfg.get("scaling_factor", SD_VAE_SCALING_FACTOR)))
-    scheduler = scheduler_from(info.transport, default_spec(info.sample_defaults), vae_cfg)
-    return SiTPipeline(transformer=model, scheduler=scheduler, vae=vae)
+    # the checkpoint's sample section over SampleSpec's defaults: what sample.py uses without flags
+    scheduler = scheduler_from(loaded.transport, SampleSpec.resolve(loaded.sample), vae_cfg)
+    return SiTPipeline(transformer=loaded.model, scheduler=scheduler, vae=vae)
 
 
 def export(run_or_ckpt: str | os.PathLike, out_dir: str | os.PathLike, which: str = "ema",

@@ -26,7 +26,7 @@ from PIL import Image
 from .models import SiT
 from .sampling import SampleSpec, SamplingPipeline
 from .transport import create_transport
-from .vae import SD_VAE_SCALING_FACTOR, decode
+from .vae import SD_VAE_SCALING_FACTOR, decoder, downsampling_factor
 
 OUTPUT_TYPES = ("pil", "np", "pt")
 
@@ -75,22 +75,18 @@ class SiTPipeline(DiffusionPipeline):
 
     def vae_scale_factor(self) -> int:
         """Pixels per latent along each side (1 for a pixel-space model)."""
-        return 1 if self.vae is None else 2 ** (len(self.vae.config.block_out_channels) - 1)
+        return 1 if self.vae is None else downsampling_factor(self.vae)
 
     def sampling_pipeline(self, num_inference_steps: int | None = None, guidance_scale: float | None = None,
                           ) -> SamplingPipeline:
         """The ``sit_vit5.sampling.SamplingPipeline`` this pipeline's settings describe (what sample.py runs)."""
         model = self.transformer
         spec = self.scheduler.spec(num_steps=num_inference_steps, cfg_scale=guidance_scale)
-        decoder = None
+        decode = None
         if self.vae is not None:
-            vae, scale = self.vae, self.vae.config.get("scaling_factor", SD_VAE_SCALING_FACTOR)
-
-            def decoder(z: torch.Tensor) -> torch.Tensor:
-                return decode(vae, z, scaling_factor=scale)
-
+            decode = decoder(self.vae, self.vae.config.get("scaling_factor", SD_VAE_SCALING_FACTOR))
         shape = (model.in_channels, model.input_size, model.input_size)
-        return SamplingPipeline(model, self.scheduler.transport(), spec, shape, model.num_classes, decoder,
+        return SamplingPipeline(model, self.scheduler.transport(), spec, shape, model.num_classes, decode,
                                 self.device)
 
     @staticmethod

@@ -13,8 +13,8 @@ import sample
 from sit_vit5 import SiTPipeline
 from sit_vit5.config import load_config
 from sit_vit5.export import main as export_main
+from sit_vit5.images import to_uint8
 from sit_vit5.models import create_model
-from sit_vit5.sampling import to_uint8
 from sit_vit5.training import save_checkpoint
 
 TINY = dict(depth=2, hidden_size=32, num_heads=2, input_size=8, num_classes=10, learn_sigma=False)
