@@ -30,7 +30,7 @@ def test_every_package_is_listed_and_configs_map_to_the_top_level_folder():
     assert set(found) <= set(tool["packages"]), "a new package is missing from pyproject's packages list"
     assert tool["package-dir"] == {"sit_vit5.configs": "configs"}
     scripts = PYPROJECT["project"]["scripts"]
-    assert {"sit-vit5-train", "sit-vit5-fid"} <= set(scripts)
+    assert {"sit-vit5-train", "sit-vit5-sample", "sit-vit5-fid"} <= set(scripts)
     for target in scripts.values():  # each entry point names a real function
         module, _, func = target.partition(":")
         assert callable(getattr(__import__(module, fromlist=[func]), func))
