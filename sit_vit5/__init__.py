@@ -8,8 +8,9 @@ from typing import Any
 __version__ = "0.1.0"
 
 # Top-level names, imported on first use (diffusers is heavy). diffusers' pipeline loader resolves a
-# component saved as ["sit_vit5", "ViT5"] by getattr on this package, and picks the load method by testing
-# the class against getattr(sit_vit5, "ModelMixin") / ("SchedulerMixin"): hence those two re-exports.
+# component saved as ["sit_vit5", "ViT5"] by getattr on this package, and picks the load method by
+# testing the class against getattr(sit_vit5, "ModelMixin") / ("SchedulerMixin"): hence those two
+# re-exports.
 _LAZY = {
     "SiT": "sit_vit5.models",
     "ViT5": "sit_vit5.models",

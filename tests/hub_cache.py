@@ -9,8 +9,9 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
 def add_to_hub_cache(cache: Path, repo: str, filename: str, content: bytes, kind: str = "models") -> Path:
-    """Store ``content`` as ``repo``'s ``filename`` at revision main: ``blobs/<sha256>`` (the hub names an
-    LFS blob by its SHA-256), ``refs/main`` -> COMMIT, ``snapshots/COMMIT/filename`` -> the blob."""
+    """Store ``content`` as ``repo``'s ``filename`` at revision main: ``blobs/<sha256>`` (the hub
+    names an LFS blob by its SHA-256), ``refs/main`` -> COMMIT, ``snapshots/COMMIT/filename`` -> the
+    blob."""
     repo_dir = Path(cache) / f"{kind}--{repo.replace('/', '--')}"
     sha = hashlib.sha256(content).hexdigest()
     (repo_dir / "blobs").mkdir(parents=True, exist_ok=True)

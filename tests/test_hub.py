@@ -80,7 +80,8 @@ def test_from_pretrained_by_repo_id_through_the_hub_cache(tmp_path, monkeypatch)
     assert _same_outputs(loaded, model)
 
 
-# ----------------------------------------------------------------------------- official weights by name
+# ----------------------------------------------------------------------------- official weights by
+# name
 
 
 def _tiny_official_bytes() -> tuple[bytes, torch.nn.Module]:

@@ -1,5 +1,6 @@
-"""Packaging: every package is listed, configs/ ships inside the package and is found from any directory,
-and a non-editable install runs the ``sit-vit5-train`` console script on the demo config."""
+"""Packaging: every package is listed, configs/ ships inside the package and is found from any
+directory, and a non-editable install runs the ``sit-vit5-train`` console script on the demo
+config."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""SiTPipeline and the exporter: a diffusers pipeline that reproduces ``sample.py grid`` pixel for pixel."""
+"""SiTPipeline and the exporter: a diffusers pipeline that reproduces ``sample.py grid`` pixel for
+pixel."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ TINY = dict(depth=2, hidden_size=32, num_heads=2, input_size=8, num_classes=10, 
 
 
 def checkpoint(root, in_channels: int, vae: str = "none", *sample_overrides: str) -> str:
-    """A training checkpoint as the loop writes it (random weights; the config's sample section included)."""
+    """A training checkpoint as the loop writes it (random weights; the config's sample section
+    included)."""
     overrides = [f"model.{k}={v}" for k, v in {"name": "ViT5-S/2", "in_channels": in_channels, **TINY}.items()]
     cfg = load_config("configs/demo.yaml", [*overrides, f"vae.name={vae}", "sample.num_steps=4",
                                             *sample_overrides])

@@ -1,4 +1,5 @@
-"""sample.py as SiT/DiT users type it (mode word, flag aliases) and with official names for --ckpt."""
+"""sample.py as SiT/DiT users type it (mode word, flag aliases) and with official names for
+--ckpt."""
 
 from __future__ import annotations
 

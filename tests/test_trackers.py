@@ -1,5 +1,6 @@
-"""Trackers across a resume: wandb continues one run (id kept in the run dir), TensorBoard purges the steps
-after the resumed checkpoint, and TensorBoard is on by default exactly when it is installed."""
+"""Trackers across a resume: wandb continues one run (id kept in the run dir), TensorBoard purges
+the steps after the resumed checkpoint, and TensorBoard is on by default exactly when it is
+installed."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ class FakeRun:
 
 @pytest.fixture
 def fake_wandb(monkeypatch):
-    """A stand-in ``wandb`` module recording every ``init`` call; new runs get ids run-0, run-1, ..."""
+    """A stand-in ``wandb`` module recording every ``init`` call; new runs get ids run-0, run-1,
+    ..."""
     calls = []
 
     def init(**kwargs):
@@ -40,7 +42,8 @@ def fake_wandb(monkeypatch):
 
 @pytest.fixture
 def fake_tensorboard(monkeypatch):
-    """A stand-in ``torch.utils.tensorboard`` recording each SummaryWriter's arguments and scalars."""
+    """A stand-in ``torch.utils.tensorboard`` recording each SummaryWriter's arguments and
+    scalars."""
     writers = []
 
     class SummaryWriter:

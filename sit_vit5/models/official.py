@@ -1,16 +1,17 @@
 """Official SiT / DiT weights by name: ``--ckpt SiT-XL-2-256.pt`` resolves to a verified local file.
 
-One table, ``OFFICIAL_WEIGHTS``: name -> where the file lives (a Hugging Face repo, or DiT's own file
-host), its SHA-256 when pinned, its licence and how its outputs are to be read. ``resolve_checkpoint``
-turns a ``--ckpt`` value into a path: an existing local path is returned as is; a table name is found in
-(or downloaded to) the Hugging Face cache with ``hf_hub_download`` (so ``HF_HUB_CACHE`` and
-``HF_HUB_OFFLINE`` apply), or in torch's hub cache for DiT's files, and its SHA-256 is checked before
-anything reads it.
+One table, ``OFFICIAL_WEIGHTS``: name -> where the file lives (a Hugging Face repo, or DiT's own
+file host), its SHA-256 when pinned, its licence and how its outputs are to be read.
+``resolve_checkpoint`` turns a ``--ckpt`` value into a path: an existing local path is returned as
+is; a table name is found in (or downloaded to) the Hugging Face cache with ``hf_hub_download`` (so
+``HF_HUB_CACHE`` and ``HF_HUB_OFFLINE`` apply), or in torch's hub cache for DiT's files, and its
+SHA-256 is checked before anything reads it.
 
-Checks, in order: a pinned ``sha256`` in the table; else, for hub files, the hub's own record (the cache
-stores a Git-LFS file under its SHA-256, so the content must hash to its blob name); else, for DiT's
-files, the ``<file>.sha256`` sidecar written when the file was first downloaded (trust on first use).
-No digest is pinned yet: none of these files could be downloaded where this table was written.
+Checks, in order: a pinned ``sha256`` in the table; else, for hub files, the hub's own record (the
+cache stores a Git-LFS file under its SHA-256, so the content must hash to its blob name); else, for
+DiT's files, the ``<file>.sha256`` sidecar written when the file was first downloaded (trust on
+first use). No digest is pinned yet: none of these files could be downloaded where this table was
+written.
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ from pathlib import Path
 from ..io import ChecksumError, sha256_file, sidecar, verify_sha256, verify_sidecar
 from .checkpoint import CheckpointError
 
-SIT_REPO = "nyu-visionx/SiT-collections"  # announced in willisma/SiT issue #42 (the Dropbox link is dead)
-DIT_URL = "https://dl.fbaipublicfiles.com/DiT/models/{filename}"  # DiT's download.py host (not the hub)
+# announced in willisma/SiT issue #42 (SiT's old Dropbox link is dead)
+SIT_REPO = "nyu-visionx/SiT-collections"
+# DiT's download.py host (not the hub: facebook/DiT-XL-2-256 there is diffusers' converted format)
+DIT_URL = "https://dl.fbaipublicfiles.com/DiT/models/{filename}"
 SIT_LICENCE = "MIT (willisma/SiT licence; check the hub repo's card)"
 DIT_LICENCE = "CC-BY-NC 4.0 (facebookresearch/DiT: code and weights; non-commercial use only)"
 
@@ -71,8 +74,9 @@ def _dit(filename: str, image_size: int) -> OfficialWeights:
     return OfficialWeights(filename, "SiT-XL/2", image_size, DIT_LICENCE, "ddpm", url=url)
 
 
-#: name -> file. XL/2-256, S/2 and B/2 file names are seen in public download scripts; L/2 and XL/2-512
-#: follow the repo's naming pattern (unverified here: a wrong name fails with the hub's 404).
+#: name -> file. XL/2-256, S/2 and B/2 file names are seen in public download scripts; L/2 and
+#: XL/2-512 follow the repo's naming pattern (unverified here: a wrong name fails with the hub's
+#: 404).
 OFFICIAL_WEIGHTS: dict[str, OfficialWeights] = {
     "SiT-XL-2-256.pt": _sit("SiT-XL-2-256.pt", "SiT-XL/2", 256),
     "SiT-XL-2-512.pt": _sit("SiT-XL-2-512.pt", "SiT-XL/2", 512),
@@ -89,11 +93,13 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 class WeightsUnavailableError(CheckpointError):
-    """An official file that is neither cached nor downloadable now (offline, or the host failed)."""
+    """An official file that is neither cached nor downloadable now (offline, or the host
+    failed)."""
 
 
 def official_weights(name: str) -> OfficialWeights | None:
-    """The table entry for ``name`` (or one of its aliases), None when it is not an official name."""
+    """The table entry for ``name`` (or one of its aliases), None when it is not an official
+    name."""
     return OFFICIAL_WEIGHTS.get(ALIASES.get(name, name))
 
 
@@ -110,7 +116,8 @@ def _hub_offline() -> bool:
 
 
 def _verify(path: Path, entry: OfficialWeights, name: str) -> str:
-    """Check ``path`` against the best digest available; returns how it was checked (for the log line)."""
+    """Check ``path`` against the best digest available; returns how it was checked (for the log
+    line)."""
     try:
         if entry.sha256:
             verify_sha256(path, entry.sha256)
@@ -122,42 +129,66 @@ def _verify(path: Path, entry: OfficialWeights, name: str) -> str:
         if verify_sidecar(path):
             return f"SHA-256 matches {sidecar(path).name}"
     except ChecksumError as err:
-        raise CheckpointError(f"{name} ({path}) is corrupt or was altered: {err}; delete it and download again "
-                              f"with: {entry.download_command()}") from err
+        raise CheckpointError(
+            f"{name} ({path}) is corrupt or was altered: {err}; delete it and download again "
+            f"with: {entry.download_command()}"
+        ) from err
     return f"SHA-256 {sha256_file(path)} (no reference digest to compare with)"
 
 
-def _from_hub(entry: OfficialWeights, name: str, cache_dir: str | os.PathLike | None, offline: bool) -> Path:
+def _from_hub(
+    entry: OfficialWeights, name: str, cache_dir: str | os.PathLike | None, offline: bool
+) -> Path:
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, LocalEntryNotFoundError
 
     try:
-        return Path(hf_hub_download(entry.repo, entry.filename, cache_dir=cache_dir, local_files_only=offline))
+        return Path(
+            hf_hub_download(
+                entry.repo, entry.filename, cache_dir=cache_dir, local_files_only=offline
+            )
+        )
     except LocalEntryNotFoundError as err:
-        why = "offline (HF_HUB_OFFLINE)" if offline else f"the hub cannot be reached ({type(err).__name__})"
-        raise WeightsUnavailableError(f"{name}: {entry.source} is not in the Hugging Face cache and {why}; "
-                                      f"download it with: {entry.download_command()}") from None
+        why = (
+            "offline (HF_HUB_OFFLINE)"
+            if offline
+            else f"the hub cannot be reached ({type(err).__name__})"
+        )
+        raise WeightsUnavailableError(
+            f"{name}: {entry.source} is not in the Hugging Face cache and {why}; "
+            f"download it with: {entry.download_command()}"
+        ) from None
     except (EntryNotFoundError, HfHubHTTPError) as err:
-        raise WeightsUnavailableError(f"{name}: the hub has no {entry.source} ({type(err).__name__}); see "
-                                      f"https://huggingface.co/{entry.repo}") from None
+        raise WeightsUnavailableError(
+            f"{name}: the hub has no {entry.source} ({type(err).__name__}); see "
+            f"https://huggingface.co/{entry.repo}"
+        ) from None
 
 
-def _from_url(entry: OfficialWeights, name: str, cache_dir: str | os.PathLike | None, offline: bool) -> Path:
+def _from_url(
+    entry: OfficialWeights, name: str, cache_dir: str | os.PathLike | None, offline: bool
+) -> Path:
     target_dir = Path(cache_dir) if cache_dir is not None else _url_cache_dir()
     path = target_dir / entry.filename
     if path.is_file():
         return path
     if offline:
-        raise WeightsUnavailableError(f"{name}: not in {target_dir} and offline (HF_HUB_OFFLINE); download it "
-                                      f"with: {entry.download_command(target_dir)}")
+        raise WeightsUnavailableError(
+            f"{name}: not in {target_dir} and offline (HF_HUB_OFFLINE); download it "
+            f"with: {entry.download_command(target_dir)}"
+        )
     import torch
 
     target_dir.mkdir(parents=True, exist_ok=True)
     try:
-        torch.hub.download_url_to_file(str(entry.url), str(path), progress=True)  # temp file, then a rename
+        torch.hub.download_url_to_file(
+            str(entry.url), str(path), progress=True
+        )  # temp file, then a rename
     except OSError as err:
-        raise WeightsUnavailableError(f"{name}: download of {entry.url} failed ({err}); download it with: "
-                                      f"{entry.download_command(target_dir)}") from None
+        raise WeightsUnavailableError(
+            f"{name}: download of {entry.url} failed ({err}); download it with: "
+            f"{entry.download_command(target_dir)}"
+        ) from None
     if entry.sha256 is None:  # trust on first use: later loads are checked against this digest
         sidecar(path).write_text(sha256_file(path) + "\n")
     return path
@@ -171,26 +202,30 @@ def resolve_checkpoint(
 ) -> tuple[Path, OfficialWeights | None]:
     """``(local path, table entry or None)`` for a ``--ckpt`` value.
 
-    An existing path wins (entry None). Otherwise ``ckpt`` must be a name of ``OFFICIAL_WEIGHTS``: the
-    file comes from the Hugging Face cache (``cache_dir``, default ``HF_HUB_CACHE``), downloading it unless
-    ``offline`` (default: ``HF_HUB_OFFLINE``), is SHA-256-checked, and one line naming its source and
-    licence goes to ``log`` (default stderr). Raises CheckpointError (WeightsUnavailableError when it
-    cannot be fetched: the message names the repo, the file and the download command).
+    An existing path wins (entry None). Otherwise ``ckpt`` must be a name of ``OFFICIAL_WEIGHTS``:
+    the file comes from the Hugging Face cache (``cache_dir``, default ``HF_HUB_CACHE``),
+    downloading it unless ``offline`` (default: ``HF_HUB_OFFLINE``), is SHA-256-checked, and one
+    line naming its source and licence goes to ``log`` (default stderr). Raises CheckpointError
+    (WeightsUnavailableError when it cannot be fetched: the message names the repo, the file and the
+    download command).
     """
     if os.path.exists(ckpt):
         return Path(ckpt), None
     name = os.fspath(ckpt)
     entry = official_weights(name)
     if entry is None:
-        raise CheckpointError(f"checkpoint not found: {name} (not a file, nor an official name: "
-                              f"{', '.join([*OFFICIAL_WEIGHTS, *ALIASES])})")
+        raise CheckpointError(
+            f"checkpoint not found: {name} (not a file, nor an official name: "
+            f"{', '.join([*OFFICIAL_WEIGHTS, *ALIASES])})"
+        )
     offline = _hub_offline() if offline is None else offline
     fetch = _from_hub if entry.repo else _from_url
     path = fetch(entry, name, cache_dir, offline)
     checked = _verify(path, entry, name)
     (log or (lambda line: print(line, file=sys.stderr)))(
-        f"{name}: {entry.source} ({entry.model}, {entry.image_size}px, objective {entry.objective}); "
-        f"licence: {entry.licence}; {checked}; {path}")
+        f"{name}: {entry.source} ({entry.model}, {entry.image_size}px, objective "
+        f"{entry.objective}); licence: {entry.licence}; {checked}; {path}"
+    )
     return path, entry
 
 
