@@ -17,6 +17,7 @@ from sit_vit5.export import main as export_main
 from sit_vit5.images import to_uint8
 from sit_vit5.models import create_model
 from sit_vit5.training import save_checkpoint
+from tests.hub_cache import add_folder_to_hub_cache
 
 TINY = dict(depth=2, hidden_size=32, num_heads=2, input_size=8, num_classes=10, learn_sigma=False)
 
@@ -113,3 +114,14 @@ def test_generator_argument_rules(tmp_path):
         pipe([1, 2], generator=[torch.Generator(), torch.Generator()])
     with pytest.raises(ValueError, match="output_type"):
         pipe([1], generator=0, output_type="latent")
+
+
+def test_pipeline_loads_by_repo_id_from_the_hub_cache(tmp_path, monkeypatch):
+    pipe = exported(checkpoint(tmp_path / "run", 1), tmp_path / "export")
+    add_folder_to_hub_cache(tmp_path / "hub", "someone/tiny-sit-pipeline", tmp_path / "export")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    hub = SiTPipeline.from_pretrained("someone/tiny-sit-pipeline", cache_dir=tmp_path / "hub",
+                                      local_files_only=True)
+    hub.set_progress_bar_config(disable=True)
+    local = pipe([2, 7], generator=4, output_type="np").images
+    assert np.array_equal(hub([2, 7], generator=4, output_type="np").images, local)
