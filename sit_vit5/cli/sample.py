@@ -24,10 +24,10 @@ from pathlib import Path
 
 import torch
 
-from ..distributed import LaunchError, describe_group, join_launcher_group
-from ..models import CheckpointError, LoadedModel, load_model, resolve_checkpoint
-from ..precision import PRECISIONS
-from ..sampling import (
+from sit_vit5.distributed import LaunchError, describe_group, join_launcher_group
+from sit_vit5.models import CheckpointError, LoadedModel, load_model, resolve_checkpoint
+from sit_vit5.precision import PRECISIONS
+from sit_vit5.sampling import (
     DEFAULT_SAMPLING_METHOD,
     ResumeError,
     SampleSpec,
@@ -35,9 +35,9 @@ from ..sampling import (
     sample_bulk,
     sample_grid,
 )
-from ..transport import DIFFUSION_FORMS, LAST_STEPS, PATHS, PREDICTIONS, create_transport
-from ..transport.sampler import METHODS
-from ..vae import (
+from sit_vit5.transport import DIFFUSION_FORMS, LAST_STEPS, PATHS, PREDICTIONS, create_transport
+from sit_vit5.transport.sampler import METHODS
+from sit_vit5.vae import (
     SD_VAE_EMA,
     SD_VAE_IDS,
     SD_VAE_SCALING_FACTOR,

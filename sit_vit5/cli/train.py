@@ -19,9 +19,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..config import ConfigError, configs_dir, load_config
-from ..distributed import LaunchError
-from ..training import CheckpointError, NonFiniteLossError, train
+from sit_vit5.config import ConfigError, configs_dir, load_config
+from sit_vit5.distributed import LaunchError
+from sit_vit5.training import CheckpointError, NonFiniteLossError, train
 
 DEMO_CONFIG = "demo.yaml"  # in the shipped configs, found wherever the command runs
 
