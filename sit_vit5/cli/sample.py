@@ -12,7 +12,7 @@ is bulk when --num-fid-samples/--num-samples/--png is given, else grid) and the 
 --num-sampling-steps (= --num-steps), --per-proc-batch-size (= --batch-size), --num-fid-samples
 (= --num-samples), --sample-dir (= --out), --global-seed (= --seed), --vae ema|mse (= the
 stabilityai/sd-vae-ft-ema|mse decoders) and --tf32/--no-tf32. Only the names are shared: the
-defaults stay ours (e.g. TF32 stays off unless asked for, CFG stays 1). Unknown flags are errors.
+defaults stay ours (e.g. TF32 stays at PyTorch's setting unless asked for, CFG stays 1). Unknown flags are errors.
 """
 
 from __future__ import annotations
@@ -264,7 +264,9 @@ def build_pipeline(args: argparse.Namespace, device: torch.device
                    ) -> tuple[SamplingPipeline, LoadedModel, int]:
     """Load the model, transport and decoder named by ``args``; returns (pipeline, loaded, image
     side)."""
-    official = args.official
+    # a local file, or an official name -> the hub cache (SHA-256 checked, licence printed);
+    # after the launcher check of bulk runs, so a bad launch is reported before any download
+    args.ckpt_path, official = resolve_checkpoint(args.ckpt)
     if official is not None and official.objective != "sit":
         raise UsageError(f"--ckpt {args.ckpt}: a {official.objective} model (DiT's objective), which "
                          "this sampler cannot read; its outputs are not SiT velocities")
@@ -375,8 +377,6 @@ def main(argv: list[str] | None = None) -> int:
         warnings.simplefilter("always")
         warnings.showwarning = _show_warning  # restored by catch_warnings
         try:
-            # a local file, or an official name -> the hub cache (SHA-256 checked, licence printed)
-            args.ckpt_path, args.official = resolve_checkpoint(args.ckpt)
             return _grid(args) if args.command == "grid" else _bulk(args)
         except (UsageError, ResumeError, CheckpointError, LaunchError, ValueError, OSError) as err:
             print(f"sample.py {args.command}: error: {err}", file=sys.stderr)
