@@ -6,7 +6,7 @@ Every section is closed (an unknown key is an error naming the full dotted key a
 section) except ``model``, whose extra keys are ``create_model`` overrides and are checked against
 ``sit_vit5.models.valid_overrides()``. Files and CLI values are parsed as safe YAML, with ``1e-4`` read as a
 float (``optim.betas=[0.9,0.95]``, ``optim.grad_clip=null``, ``optim.lr=3e-4``). The defaults are the
-SiT/DiT ImageNet-256 recipe (DESIGN §5): AdamW lr 1e-4, betas (0.9, 0.999), no weight decay, global batch 256,
+SiT/DiT ImageNet-256 recipe (docs/DESIGN.md §5): AdamW lr 1e-4, betas (0.9, 0.999), no weight decay, global batch 256,
 EMA 0.9999.
 """
 
@@ -87,8 +87,8 @@ DEFAULTS: Config = {
         "keep_last": 3,  # regular checkpoints kept (milestones are never deleted)
         "milestone_every": 100_000,  # steps between milestone checkpoints; 0 = none
         "sample_every": 10_000,  # steps between sample grids from the EMA (one at the end); 0 = none
-        "tensorboard": True,  # write TensorBoard events (warns if tensorboard is not installed)
-        "wandb": False,  # log to Weights & Biases (warns if wandb is not installed)
+        "tensorboard": None,  # TensorBoard events in out_dir/tb: None = when installed; true (warns if not)
+        "wandb": False,  # log to Weights & Biases, one run across resumes (warns if wandb is not installed)
         "wandb_project": "sit-vit5",  # wandb project name
     },
     # Sample grids during training, and sample.py's starting point for this run's checkpoints.
@@ -211,6 +211,9 @@ def validate(cfg: Config) -> None:
                          ("train", "log_every"), ("train", "ckpt_every"), ("train", "keep_last")):
         if not isinstance(cfg[section][key], int) or cfg[section][key] < 1:
             raise ConfigError(f"{section}.{key}={cfg[section][key]!r}; must be a positive integer")
+    if cfg["train"]["tensorboard"] not in (None, True, False):
+        raise ConfigError(f"train.tensorboard={cfg['train']['tensorboard']!r}; valid: true, false, null (= when "
+                          "installed)")
     if len(cfg["optim"]["betas"]) != 2:
         raise ConfigError(f"optim.betas={cfg['optim']['betas']!r}; expected two numbers")
     validate_model_section(cfg)
@@ -221,13 +224,37 @@ def validate(cfg: Config) -> None:
         raise ConfigError(str(err)) from None
 
 
+def configs_dir() -> Path:
+    """The shipped ``configs/`` folder: inside the installed package (``sit_vit5/configs``, put there by
+    ``pip install .``), else the repository's top-level ``configs/`` next to the package (a checkout)."""
+    package = Path(__file__).resolve().parent
+    installed = package / "configs"
+    return installed if installed.is_dir() else package.parent / "configs"
+
+
+def find_config(path: str | os.PathLike) -> Path:
+    """A config file: ``path`` itself when it exists, else the same relative path (a leading ``configs/``
+    and the ``.yaml`` suffix optional) in the shipped configs, so ``configs/demo.yaml``, ``demo`` and
+    ``imagenet/sit-xl-2`` work from any directory once the package is installed."""
+    given = Path(path)
+    if given.is_file():
+        return given
+    rel = Path(*given.parts[1:]) if given.parts[:1] == ("configs",) else given
+    root = configs_dir()
+    for candidate in (root / rel, root / rel.parent / f"{rel.name}.yaml") if rel.name else ():
+        if not given.is_absolute() and candidate.is_file():
+            return candidate
+    shipped = sorted(p.relative_to(root).as_posix() for p in root.rglob("*.yaml")) if root.is_dir() else []
+    raise ConfigError(f"config file {path} does not exist (nor in the shipped configs {root}: "
+                      f"{', '.join(shipped) or 'none'})")
+
+
 def load_config(path: str | os.PathLike | None = None, overrides: list[str] | None = None) -> Config:
-    """Defaults ← YAML file ``path`` (optional) ← dotted ``overrides``; validated. Returns a new nested dict."""
+    """Defaults ← YAML file ``path`` (optional; see ``find_config``) ← dotted ``overrides``; validated.
+    Returns a new nested dict."""
     cfg = copy.deepcopy(DEFAULTS)
     if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file {path} does not exist")
+        path = find_config(path)
         with open(path) as f:
             cfg = merge(cfg, _load_yaml(f) or {}, str(path))
     cfg = merge(cfg, parse_overrides(list(overrides or [])), "command line")

@@ -90,7 +90,7 @@ class SampleSpec:
     atol: float = 1e-6
     rtol: float = 1e-3
     # sigma, not SiT's Sampler-API default SBDM: it is SiT's sample.py default, the setting
-    # behind the published FID 2.06 (DESIGN §4)
+    # behind the published FID 2.06 (docs/DESIGN.md §4)
     diffusion_form: str = "sigma"
     diffusion_norm: float = 1.0
     last_step: str | None = "Mean"

@@ -46,7 +46,7 @@ def test_imagenet_configs_differ_only_in_the_backbone():
             if section == "train":
                 a.pop("out_dir"), b.pop("out_dir")
             assert a == b, section
-        assert sit["optim"]["lr"] == 1e-4 and sit["optim"]["ema_decay"] == 0.9999  # the SiT recipe (DESIGN §5)
+        assert sit["optim"]["lr"] == 1e-4 and sit["optim"]["ema_decay"] == 0.9999  # the SiT recipe (docs/DESIGN.md §5)
         assert sit["data"]["global_batch_size"] == 256 and sit["vae"]["scaling_factor"] == 0.18215
 
 

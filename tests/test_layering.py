@@ -19,8 +19,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("objective",),
     ("config", "data"),
     ("sampling", "cache_latents"),
-    ("training",),
-    ("experiments",),
+    ("training", "pipeline"),
+    ("experiments", "export"),
+    ("cli",),
 ]
 RANK = {component: rank for rank, layer in enumerate(LAYERS) for component in layer}
 CLI_RANK = len(LAYERS)  # sample.py, train.py: on top of everything

@@ -11,7 +11,7 @@ import torch
 import sample
 from sit_vit5.config import load_config
 from sit_vit5.diffusion import create_diffusion
-from sit_vit5.models import create_model, load_model
+from sit_vit5.models import LoadedModel, create_model, load_model
 from sit_vit5.objective import create_objective
 from sit_vit5.sampling import SampleSpec, SamplingPipeline
 from sit_vit5.training import save_checkpoint
@@ -297,13 +297,11 @@ def test_dit_protocol_flags_parse():
             "1.5",
             "--cfg-channels",
             "3",
-            "--vae",
-            "mse",
             "--out",
             "x",
         ]
     )
-    info = sample.LoadedModel(
+    info = LoadedModel(
         None,
         "DiT-XL/2",
         "official",
@@ -316,7 +314,6 @@ def test_dit_protocol_flags_parse():
     )
     spec = sample.resolve_spec(args, info.sample, info.objective)
     assert (spec.method, spec.num_steps, spec.cfg_scale, spec.cfg_channels) == ("ddpm", 250, 1.5, 3)
-    assert sample.resolve_vae(args, info)["name"] == "stabilityai/sd-vae-ft-mse"
     no_method = sample.build_parser().parse_args(
         ["grid", "--ckpt", "DiT-XL-2-256x256.pt", "--model", "DiT-XL/2"]
     )

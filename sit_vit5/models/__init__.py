@@ -2,6 +2,7 @@
 (``DiT-*`` names: the SiT network under DiT's ddpm objective)."""
 
 from .checkpoint import CheckpointError, LoadedModel, load_checkpoint, load_model, load_state_dict
+from .official import OFFICIAL_WEIGHTS, WeightsUnavailableError, resolve_checkpoint
 from .registry import (
     BACKBONES,
     NAME_OBJECTIVES,
@@ -20,6 +21,7 @@ from .vit5 import VIT5_SWITCHES, ViT5
 __all__ = [
     "BACKBONES",
     "NAME_OBJECTIVES",
+    "OFFICIAL_WEIGHTS",
     "SIZES",
     "SIT_SWITCHES",
     "VIT5_SWITCHES",
@@ -27,6 +29,7 @@ __all__ = [
     "LoadedModel",
     "SiT",
     "ViT5",
+    "WeightsUnavailableError",
     "count_params",
     "create_model",
     "flops",
@@ -36,5 +39,6 @@ __all__ = [
     "load_model",
     "model_from_config",
     "load_state_dict",
+    "resolve_checkpoint",
     "valid_overrides",
 ]

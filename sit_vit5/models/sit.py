@@ -3,12 +3,21 @@
 State-dict keys, initialisation and forward match the official code, so a released checkpoint loads with
 ``strict=True``. The architecture switches used by ViT-5 live here too (defaults = SiT) so that the two
 backbones share every line where the architectures agree.
+
+Hub-native: the classes are diffusers ``ModelMixin`` + ``ConfigMixin`` models, so
+``model.save_pretrained(dir)`` writes ``config.json`` (every constructor argument and switch) and
+``diffusion_pytorch_model.safetensors`` (the same DiT key names), ``SiT.from_pretrained(dir_or_repo_id)`` /
+``ViT5.from_pretrained(...)`` rebuild them, ``push_to_hub(repo_id)`` uploads them, and a model can be a
+component of a ``diffusers.DiffusionPipeline`` (``sit_vit5.pipeline.SiTPipeline``).
 """
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 import torch.nn.functional as F
+from diffusers import ConfigMixin, ModelMixin
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
@@ -40,8 +49,17 @@ def _compute_dtype(x: Tensor) -> torch.dtype:
     return x.dtype
 
 
-class SiT(nn.Module):
+class SiT(ModelMixin, ConfigMixin):
     """Class-conditional velocity network: (x (B, C, H, W), t (B,) in [0, 1], y (B,)) -> (B, C, H, W)."""
+
+    # grad_checkpointing is a runtime choice, not part of the architecture a saved model records
+    ignore_for_config = ["grad_checkpointing"]
+
+    @staticmethod
+    def _get_init_keys(input_class: type) -> set[str]:
+        """Constructor keys diffusers passes back from config.json: the signature's and every switch
+        (switches arrive through ``**switches``, which diffusers cannot see in the signature)."""
+        return {*inspect.signature(SiT.__init__).parameters, *SIT_SWITCHES} - {"switches"}
 
     def __init__(
         self,
@@ -105,6 +123,20 @@ class SiT(nn.Module):
         )
         self.final_layer = FinalLayer(hidden_size, patch_size, self.out_channels, sw["norm"])
         self.initialize_weights()
+        # config.json: the resolved architecture (ViT5's switch defaults included), not just what was passed.
+        # Registered last: the switch `pos_embed` shares its name with the parameter built above.
+        self.register_to_config(
+            input_size=input_size, patch_size=patch_size, in_channels=in_channels, hidden_size=hidden_size,
+            depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio, class_dropout_prob=class_dropout_prob,
+            num_classes=num_classes, learn_sigma=learn_sigma, **sw,
+        )
+
+    def __getattr__(self, name: str):
+        # parameters and submodules first, then diffusers' config-key fallback (pos_embed is both)
+        try:
+            return nn.Module.__getattr__(self, name)
+        except AttributeError:
+            return super().__getattr__(name)
 
     def initialize_weights(self) -> None:
         """DiT init: xavier Linears, N(0, 0.02) embedders, zero adaLN and output => output is exactly 0."""
