@@ -6,7 +6,7 @@ Every section is closed (an unknown key is an error naming the full dotted key a
 section) except ``model``, whose extra keys are ``create_model`` overrides and are checked against
 ``sit_vit5.models.valid_overrides()``. Files and CLI values are parsed as safe YAML, with ``1e-4`` read as a
 float (``optim.betas=[0.9,0.95]``, ``optim.grad_clip=null``, ``optim.lr=3e-4``). The defaults are the
-SiT/DiT ImageNet-256 recipe (DESIGN §5): AdamW lr 1e-4, betas (0.9, 0.999), no weight decay, global batch 256,
+SiT/DiT ImageNet-256 recipe (docs/DESIGN.md §5): AdamW lr 1e-4, betas (0.9, 0.999), no weight decay, global batch 256,
 EMA 0.9999.
 """
 
@@ -27,26 +27,32 @@ from .models.layers import MLPS, NORMS
 from .models.registry import _NAME, DATA_DERIVED_KEYS, SIZES
 from .models.sit import POS_EMBED_KINDS, SIT_SWITCHES, SiT
 from .models.vit5 import LAYER_SCALE_INITS, VIT5_SWITCHES
+from .objective import ObjectiveError, check_objective
 from .precision import PRECISIONS
-from .transport.sampler import METHODS
 from .vae import SD_VAE_SCALING_FACTOR
 
 Config = dict[str, dict[str, Any]]
 
 DEFAULTS: Config = {
     "model": {
-        "name": "SiT-XL/2",  # registry name: {SiT,ViT5}-{S,B,L,XL}/{2,4,8}
+        "name": "SiT-XL/2",  # registry: {SiT,ViT5,DiT}-{S,B,L,XL}/{2,4,8} (DiT-*: SiT + ddpm)
         "input_size": None,  # latent (or pixel) side; None = taken from the data
         "in_channels": None,  # None = taken from the data (4 for SD-VAE latents)
         "num_classes": None,  # None = the dataset's class count (the CFG null class is added by the model)
         # any other create_model override may be added (depth, hidden_size, learn_sigma, ViT-5 switches...)
     },
     "transport": {
-        "path_type": "Linear",  # Linear | GVP | VP
-        "prediction": "velocity",  # velocity | score | noise
-        "loss_weight": None,  # None | velocity | likelihood (score/noise predictions only)
-        "train_eps": None,  # None = the transport's default for this path/prediction
-        "sample_eps": None,  # None = the transport's default for this path/prediction
+        "objective": "sit",  # sit (SiT's transport: the 5 keys below) | ddpm (DiT's diffusion: ddpm keys)
+        "path_type": "Linear",  # sit: Linear | GVP | VP
+        "prediction": "velocity",  # sit: velocity | score | noise
+        "loss_weight": None,  # sit: None | velocity | likelihood (score/noise predictions only)
+        "train_eps": None,  # sit: None = the transport's default for this path/prediction
+        "sample_eps": None,  # sit: None = the transport's default for this path/prediction
+        "diffusion_steps": 1000,  # ddpm: steps T; the model sees integer t in 0..T-1 (T-1 = noise)
+        "noise_schedule": "linear",  # ddpm: linear (DiT: betas 1e-4..0.02, x 1000/T) | cosine
+        # ddpm: learned (DiT: IDDPM learned range, loss MSE(eps) + VLB; needs model.learn_sigma=true)
+        #   | fixed_large (beta_t) | fixed_small (posterior variance): MSE(eps) only, learn_sigma=false
+        "ddpm_variance": "learned",
     },
     "data": {
         "kind": "imagefolder",  # digits | imagefolder | latents (see sit_vit5.data.DATASETS)
@@ -88,16 +94,16 @@ DEFAULTS: Config = {
         "keep_last": 3,  # regular checkpoints kept (milestones are never deleted)
         "milestone_every": 100_000,  # steps between milestone checkpoints; 0 = none
         "sample_every": 10_000,  # steps between sample grids from the EMA (one at the end); 0 = none
-        "tensorboard": True,  # write TensorBoard events (warns if tensorboard is not installed)
-        "wandb": False,  # log to Weights & Biases (warns if wandb is not installed)
+        "tensorboard": None,  # TensorBoard events in out_dir/tb: None = when installed; true (warns if not)
+        "wandb": False,  # log to Weights & Biases, one run across resumes (warns if wandb is not installed)
         "wandb_project": "sit-vit5",  # wandb project name
     },
     # Sample grids during training, and sample.py's starting point for this run's checkpoints.
     # Sampler keys are sit_vit5.sampling.SampleSpec's fields; None = the SampleSpec default.
     "sample": {
-        "method": "ode",  # ode | sde
+        "method": "ode",  # objective sit: ode | sde; objective ddpm: ddpm (DiT) | ddim (eta 0)
         "sampling_method": "euler",  # cheap fixed step; ode: euler | heun2 | dopri5 ...; sde: Euler
-        "num_steps": 50,  # time-grid points (fixed-step ODE: num_steps - 1 steps)
+        "num_steps": 50,  # time-grid points (fixed-step ODE: num_steps - 1); ddpm/ddim: steps
         "atol": None,  # adaptive ODE tolerances
         "rtol": None,
         "diffusion_form": None,  # SDE diffusion coefficient D(t): sigma | SBDM | linear | ...
@@ -361,8 +367,7 @@ def _switches_of(cfg_model: dict[str, Any]) -> dict[str, Any]:
 def validate(cfg: Config) -> None:
     """Cross-key checks that need no data: choices, numeric ranges (``RANGES``), the model section
     (raises ConfigError naming the dotted key and its value)."""
-    choices = {("train", "precision"): tuple(PRECISIONS), ("train", "distributed"): ("ddp", "fsdp"),
-               ("sample", "method"): METHODS}
+    choices = {("train", "precision"): tuple(PRECISIONS), ("train", "distributed"): ("ddp", "fsdp")}
     for (section, key), valid in choices.items():
         if cfg[section][key] not in valid:
             raise ConfigError(f"{section}.{key}={cfg[section][key]!r}; valid: {', '.join(valid)}")
@@ -372,21 +377,53 @@ def validate(cfg: Config) -> None:
         if not valid_range.holds(value):
             what = "a positive integer" if valid_range == _COUNT else valid_range.describe()
             raise ConfigError(f"{dotted}={value!r}; must be {what}")
+    if cfg["train"]["tensorboard"] not in (None, True, False):
+        raise ConfigError(f"train.tensorboard={cfg['train']['tensorboard']!r}; valid: true, false, null (= when "
+                          "installed)")
     betas = cfg["optim"]["betas"]
     if len(betas) != 2:
         raise ConfigError(f"optim.betas={betas!r}; expected two numbers")
     if not all(BETA_RANGE.holds(b) for b in betas):
         raise ConfigError(f"optim.betas={betas!r}; each must be {BETA_RANGE.describe()}")
     validate_model_section(cfg)
+    try:  # objective vs model (learn_sigma, DiT-* names) and sampler (sample.method)
+        check_objective(cfg["transport"], learn_sigma=cfg["model"].get("learn_sigma", True),
+                        model_name=cfg["model"]["name"], sample_method=cfg["sample"]["method"])
+    except ObjectiveError as err:
+        raise ConfigError(str(err)) from None
+
+
+def configs_dir() -> Path:
+    """The shipped ``configs/`` folder: inside the installed package (``sit_vit5/configs``, put there by
+    ``pip install .``), else the repository's top-level ``configs/`` next to the package (a checkout)."""
+    package = Path(__file__).resolve().parent
+    installed = package / "configs"
+    return installed if installed.is_dir() else package.parent / "configs"
+
+
+def find_config(path: str | os.PathLike) -> Path:
+    """A config file: ``path`` itself when it exists, else the same relative path (a leading ``configs/``
+    and the ``.yaml`` suffix optional) in the shipped configs, so ``configs/demo.yaml``, ``demo`` and
+    ``imagenet/sit-xl-2`` work from any directory once the package is installed."""
+    given = Path(path)
+    if given.is_file():
+        return given
+    rel = Path(*given.parts[1:]) if given.parts[:1] == ("configs",) else given
+    root = configs_dir()
+    for candidate in (root / rel, root / rel.parent / f"{rel.name}.yaml") if rel.name else ():
+        if not given.is_absolute() and candidate.is_file():
+            return candidate
+    shipped = sorted(p.relative_to(root).as_posix() for p in root.rglob("*.yaml")) if root.is_dir() else []
+    raise ConfigError(f"config file {path} does not exist (nor in the shipped configs {root}: "
+                      f"{', '.join(shipped) or 'none'})")
 
 
 def load_config(path: str | os.PathLike | None = None, overrides: list[str] | None = None) -> Config:
-    """Defaults ← YAML file ``path`` (optional) ← dotted ``overrides``; validated. Returns a new nested dict."""
+    """Defaults ← YAML file ``path`` (optional; see ``find_config``) ← dotted ``overrides``; validated.
+    Returns a new nested dict."""
     cfg = copy.deepcopy(DEFAULTS)
     if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file {path} does not exist")
+        path = find_config(path)
         with open(path) as f:
             cfg = merge(cfg, _load_yaml(f) or {}, str(path))
     cfg = merge(cfg, parse_overrides(list(overrides or [])), "command line")

@@ -38,18 +38,21 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from .diffusion import GaussianDiffusion
 from .guidance import ClassifierFreeGuidance
 from .images import save_png, save_uint8_grid, to_rgb, to_uint8
 from .io import atomic_write, atomic_write_text
 from .models.checkpoint import LoadedModel
+from .objective import SAMPLE_METHODS, DiffusionSampler, create_objective, guided_channels, prepare_model
 from .precision import autocast, check_precision
-from .transport import Sampler, Transport, create_transport
+from .transport import Sampler, Transport
 from .transport.integrators import is_adaptive
 from .transport.rng import sample_seed
-from .transport.sampler import METHODS
 
 NOISE_STREAM, LABEL_STREAM = 0, 1  # per-sample generator streams: noise (initial + SDE) and label
 DEFAULT_SAMPLING_METHOD = {"ode": "dopri5", "sde": "Euler"}  # SiT's sample.py defaults per method
+#: every sampler: ode | sde for the transport (objective sit), ddpm | ddim for DiT's diffusion
+METHODS = (*SAMPLE_METHODS["sit"], *SAMPLE_METHODS["ddpm"])
 
 
 def random_labels(indices: Sequence[int], global_seed: int, num_classes: int) -> np.ndarray:
@@ -69,7 +72,10 @@ class SampleSpec:
     """How to integrate from noise to data, and how to guide: the one home of every sampler default.
 
     Field names are the config's ``sample`` keys and sample.py's flags (``--num-steps`` =
-    num_steps). Defaults are SiT's sample.py defaults. ``method``: ode | sde. ``sampling_method``:
+    num_steps). Defaults are SiT's sample.py defaults. ``method``: ode | sde (objective sit), or
+    ddpm | ddim (objective ddpm: DiT's ancestral sampler, or DDIM with eta 0, on ``num_steps``
+    respaced steps; ``sampling_method`` and the ODE/SDE keys do not apply, ``cfg_interval`` is
+    refused). ``sampling_method``:
     ODE: a torchdiffeq method (dopri5, euler, heun2, midpoint, rk4, ...); SDE: Euler | Heun; None =
     dopri5 / Euler. ``num_steps``: grid points (fixed-step ODE: num_steps - 1 steps; adaptive ODE:
     only where the solution is reported). ``atol``/``rtol``: adaptive ODE tolerances.
@@ -85,7 +91,7 @@ class SampleSpec:
     atol: float = 1e-6
     rtol: float = 1e-3
     # sigma, not SiT's Sampler-API default SBDM: it is SiT's sample.py default, the setting
-    # behind the published FID 2.06 (DESIGN §4)
+    # behind the published FID 2.06 (docs/DESIGN.md §4)
     diffusion_form: str = "sigma"
     diffusion_norm: float = 1.0
     last_step: str | None = "Mean"
@@ -103,7 +109,14 @@ class SampleSpec:
             if isinstance(value, bool) or not isinstance(value, kinds):
                 raise ValueError(f"{name}={value!r}: expected "
                                  + ("an int" if kinds is int else "a number"))
-        if self.sampling_method is None:  # frozen: fill the default through object.__setattr__
+        diffusion = self.method in SAMPLE_METHODS["ddpm"]
+        if diffusion and self.sampling_method is not None:
+            raise ValueError(f"sampling_method={self.sampling_method!r} applies to ode / sde, not "
+                             f"method={self.method!r}")
+        if diffusion and self.cfg_interval is not None:
+            raise ValueError(f"cfg_interval is defined on the transport's t in [0, 1]; method="
+                             f"{self.method!r} (objective ddpm) does not support it")
+        if self.sampling_method is None and not diffusion:  # frozen: set via object.__setattr__
             object.__setattr__(self, "sampling_method", DEFAULT_SAMPLING_METHOD[self.method])
         if self.last_step == "none":
             object.__setattr__(self, "last_step", None)
@@ -135,6 +148,8 @@ class SampleSpec:
         known = [{k: v for k, v in layer.items() if k in cls.keys() and v is not None}
                  for layer in layers]
         method = next((layer["method"] for layer in known if "method" in layer), cls.method)
+        if method in SAMPLE_METHODS["ddpm"]:  # a config's ODE/SDE solver (default euler): unused
+            known = [{k: v for k, v in layer.items() if k != "sampling_method"} for layer in known]
         values: dict[str, Any] = {"method": method}
         for layer in known:
             if layer.get("method", method) != method:
@@ -150,8 +165,15 @@ class SampleSpec:
         """True when images depend on the batch composition (adaptive ODE step-size control)."""
         return self.method == "ode" and is_adaptive(self.sampling_method)
 
-    def build(self, sampler: Sampler) -> Callable[..., Any]:
-        """The transport's sampling function ``fn(z, model_fn, *, generator, **model_kwargs)``."""
+    def build(self, sampler: Sampler | DiffusionSampler) -> Callable[..., Any]:
+        """The sampling function ``fn(z, model_fn, *, generator, **model_kwargs)`` of a transport
+        :class:`Sampler` (ode / sde) or a :class:`DiffusionSampler` (ddpm / ddim)."""
+        objective = "ddpm" if isinstance(sampler, DiffusionSampler) else "sit"
+        if self.method not in SAMPLE_METHODS[objective]:
+            raise ValueError(f"method={self.method!r} cannot sample a model trained with the "
+                             f"{objective} objective; valid: {', '.join(SAMPLE_METHODS[objective])}")
+        if objective == "ddpm":
+            return sampler.build(self.method, self.num_steps)
         if self.method == "ode":
             return sampler.sample_ode(sampling_method=self.sampling_method,
                                       num_steps=self.num_steps, atol=self.atol, rtol=self.rtol)
@@ -185,7 +207,11 @@ class Generated:
 
 @dataclass
 class SamplingPipeline:
-    """Model + transport + sampler settings + decoder: ``generate(indices, global_seed)`` -> images.
+    """Model + objective + sampler settings + decoder: ``generate(indices, global_seed)`` -> images.
+
+    ``transport`` is the model's objective: a :class:`Transport` (sit) or a
+    :class:`GaussianDiffusion` (ddpm; the model is then set to return its variance half, and
+    guidance of "all channels" means the C noise channels, as DiT's).
 
     ``latent_shape`` is ``(C, h, w)`` of the model input; ``decode`` maps samples to images in [-1,
     1] ``(B, 3 or C, H, W)`` (None: pixel-space model, identity). ``precision`` bf16 runs the model
@@ -195,7 +221,7 @@ class SamplingPipeline:
     """
 
     model: nn.Module
-    transport: Transport
+    transport: Transport | GaussianDiffusion
     spec: SampleSpec
     latent_shape: tuple[int, int, int]
     num_classes: int
@@ -203,7 +229,7 @@ class SamplingPipeline:
     device: torch.device | str = "cpu"
     precision: str = "fp32"
     source: str = "the model"  # what errors call the weights (sample.py: the checkpoint path)
-    sampler: Sampler = field(init=False, repr=False)
+    sampler: Sampler | DiffusionSampler = field(init=False, repr=False)
     sample_fn: Callable[..., Any] = field(init=False, repr=False)
     model_fn: Callable[..., Tensor] = field(init=False, repr=False)
 
@@ -222,22 +248,28 @@ class SamplingPipeline:
             warnings.warn(f"cfg_scale={spec.cfg_scale} < 0 steers samples away from their class",
                           stacklevel=2)
         self.device = torch.device(self.device)
-        self.model = self.model.to(self.device).eval()  # eval: no label dropout
-        self.sampler = Sampler(self.transport)
+        objective = "ddpm" if isinstance(self.transport, GaussianDiffusion) else "sit"
+        # eval: no label dropout
+        self.model = prepare_model(self.model, objective).to(self.device).eval()
+        if objective == "ddpm":
+            self.sampler = DiffusionSampler(self.transport)
+        else:
+            self.sampler = Sampler(self.transport)
         self.sample_fn = spec.build(self.sampler)
         self.model_fn = self._forward
         if spec.cfg_scale != 1.0:
             self.model_fn = ClassifierFreeGuidance(
                 self._forward, spec.cfg_scale, null_class=self.num_classes,
-                cfg_channels=spec.cfg_channels, interval=spec.cfg_interval,
+                cfg_channels=guided_channels({"objective": objective}, spec.cfg_channels, channels),
+                interval=spec.cfg_interval,
             )
 
     @classmethod
     def for_model(cls, loaded: LoadedModel, spec: SampleSpec, **kwargs: Any) -> SamplingPipeline:
-        """The pipeline of a loaded checkpoint at its training size, with its transport; ``kwargs``:
-        ``decode``, ``device``, ``precision``."""
+        """The pipeline of a loaded checkpoint at its training size, with its objective (transport
+        or DiT's diffusion); ``kwargs``: ``decode``, ``device``, ``precision``."""
         side = loaded.input_size
-        return cls(loaded.model, create_transport(**loaded.transport), spec,
+        return cls(loaded.model, create_objective(loaded.objective_config), spec,
                    (loaded.in_channels, side, side), loaded.num_classes, **kwargs)
 
     def _forward(self, x: Tensor, t: Tensor, y: Tensor) -> Tensor:

@@ -61,16 +61,19 @@ def calls(log: Path) -> list[dict]:
 def parse_train_cli(argv: list[str]) -> tuple[dict, str | None]:
     """train.py's own parsing and config resolution on ``argv``; returns (config, resume) it would train."""
     spec = importlib.util.spec_from_file_location("train_cli", ROOT / "train.py")
-    cli = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cli)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    cli = sys.modules[script.main.__module__]  # train.py runs sit_vit5.cli.train's main
     seen = {}
+    train = cli.train
     cli.train = lambda cfg, resume=None: seen.update(cfg=cfg, resume=resume)
     cwd = os.getcwd()
     try:
         os.chdir(ROOT)  # the scripts cd to the repository root; config paths are relative to it
-        assert cli.main(argv) == 0
+        assert script.main(argv) == 0
     finally:
         os.chdir(cwd)
+        cli.train = train
     return seen["cfg"], seen["resume"]
 
 

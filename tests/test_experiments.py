@@ -34,7 +34,7 @@ def tiny_imagenet(tmp_path_factory, vae_dir) -> tuple[Path, Path]:
 
 
 def test_imagenet_configs_differ_only_in_the_backbone():
-    assert len(IMAGENET_CONFIGS) == 8
+    assert len([p for p in IMAGENET_CONFIGS if not p.stem.startswith("dit-")]) == 8  # the SiT / ViT5 pairs
     for size in ("s", "b", "l", "xl"):
         sit = load_config(REPO / "configs" / "imagenet" / f"sit-{size}-2.yaml")
         vit5 = load_config(REPO / "configs" / "imagenet" / f"vit5-{size}-2.yaml")
@@ -46,8 +46,22 @@ def test_imagenet_configs_differ_only_in_the_backbone():
             if section == "train":
                 a.pop("out_dir"), b.pop("out_dir")
             assert a == b, section
-        assert sit["optim"]["lr"] == 1e-4 and sit["optim"]["ema_decay"] == 0.9999  # the SiT recipe (DESIGN §5)
+        assert sit["optim"]["lr"] == 1e-4 and sit["optim"]["ema_decay"] == 0.9999  # the SiT recipe (docs/DESIGN.md §5)
         assert sit["data"]["global_batch_size"] == 256 and sit["vae"]["scaling_factor"] == 0.18215
+
+
+def test_dit_configs_are_the_sit_recipe_with_dits_objective():
+    assert len([p for p in IMAGENET_CONFIGS if p.stem.startswith("dit-")]) == 4
+    for size in ("s", "b", "l", "xl"):
+        sit = load_config(REPO / "configs" / "imagenet" / f"sit-{size}-2.yaml")
+        dit = load_config(REPO / "configs" / "imagenet" / f"dit-{size}-2.yaml")
+        assert dit["model"]["name"] == sit["model"]["name"].replace("SiT-", "DiT-")
+        assert dit["transport"]["objective"] == "ddpm" and dit["model"]["learn_sigma"] is True
+        assert (dit["sample"]["method"], dit["sample"]["num_steps"]) == ("ddpm", 250)
+        for section in ("data", "vae", "optim"):  # DiT's recipe = SiT's (AdamW 1e-4, batch 256, EMA 0.9999)
+            assert dit[section] == sit[section], section
+        assert {k: v for k, v in dit["model"].items() if k != "name"} == \
+            {k: v for k, v in sit["model"].items() if k != "name"}
 
 
 @pytest.mark.slow
@@ -78,6 +92,9 @@ def test_eval_protocols_parse_into_sample_specs(protocol):
         assert (spec.cfg_scale, spec.cfg_channels) == (1.5, 3) and p["paper"] == {"SiT-XL/2": 2.06, "ViT5-XL/2": 1.84}
     if protocol.stem == "scaling":
         assert spec.cfg_scale == 1.0 and p["eval"]["steps"] == list(range(50_000, 400_001, 50_000))
+    if protocol.stem == "headline_dit":  # the published DiT protocol: 250 DDPM steps, CFG 1.5 on 3 channels
+        assert (spec.method, spec.num_steps, spec.cfg_scale, spec.cfg_channels) == ("ddpm", 250, 1.5, 3)
+        assert p["paper"] == {"DiT-XL/2": 2.27}
 
 
 def test_protocol_with_unknown_key_names_it(tmp_path):

@@ -15,11 +15,13 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS: list[tuple[str, ...]] = [
     ("io", "guidance", "precision", "vae", "distributed", "errors", "runtime"),
     ("images", "transport"),
-    ("models",),
+    ("models", "diffusion"),
+    ("objective",),
     ("config", "data"),
     ("sampling", "cache_latents"),
-    ("training",),
-    ("experiments",),
+    ("training", "pipeline"),
+    ("experiments", "export"),
+    ("cli",),
 ]
 RANK = {component: rank for rank, layer in enumerate(LAYERS) for component in layer}
 CLI_RANK = len(LAYERS)  # sample.py, train.py: on top of everything

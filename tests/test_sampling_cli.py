@@ -13,10 +13,10 @@ from PIL import Image
 import sample
 from sit_vit5.config import load_config
 from sit_vit5.models import create_model, load_model
+from sit_vit5.objective import create_objective
 from sit_vit5.sampling import SampleSpec
 from sit_vit5.training import save_checkpoint, train
 from sit_vit5.training.loop import grid_images
-from sit_vit5.transport import create_transport
 
 TINY = dict(depth=1, hidden_size=32, num_heads=2, input_size=8, num_classes=10, learn_sigma=False)
 
@@ -193,7 +193,7 @@ def test_training_grid_is_sample_py_grid(tmp_path):
     assert sample.main(argv) == 0
     cfg = result.config
     loaded = load_model(result.checkpoint)
-    images = grid_images(loaded.model, create_transport(**cfg["transport"]), cfg, torch.device("cpu"))
+    images = grid_images(loaded.model, create_objective(cfg["transport"]), cfg, torch.device("cpu"))
     for i in range(4):
         with Image.open(out / f"{i:06d}.png") as im:
             assert np.array_equal(np.asarray(im), (images[i, 0] * 255).round().to(torch.uint8).numpy())

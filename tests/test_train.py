@@ -15,6 +15,7 @@ from PIL import Image
 
 from sit_vit5.config import ConfigError, load_config, save_config
 from sit_vit5.models import load_model, model_from_config
+from sit_vit5.objective import create_objective
 from sit_vit5.training import (
     IncompatibleCheckpointError,
     NonFiniteLossError,
@@ -24,7 +25,6 @@ from sit_vit5.training import (
     train,
 )
 from sit_vit5.training import loop as loop_module
-from sit_vit5.transport import create_transport
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [
@@ -241,7 +241,7 @@ def test_sample_grid_is_saved_and_reproducible(tmp_path):
     state = read_checkpoint(result.checkpoint)
     ema = model_from_config(state["args"]["model"])
     ema.load_state_dict(state["ema"])
-    transport = create_transport(**cfg["transport"])
+    transport = create_objective(cfg["transport"])
     images = loop_module.grid_images(ema, transport, state["args"], torch.device("cpu"))
     again = loop_module.grid_images(ema, transport, state["args"], torch.device("cpu"))
     assert images.shape == (6, 1, 8, 8) and torch.equal(images, again)  # fixed noise and classes

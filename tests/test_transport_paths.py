@@ -1,4 +1,4 @@
-"""Paths: DESIGN §4 numbers, derivatives, drift/diffusion, and velocity <-> score <-> noise conversions."""
+"""Paths: docs/DESIGN.md §4 numbers, derivatives, drift/diffusion, and velocity <-> score <-> noise conversions."""
 
 import math
 
@@ -14,7 +14,7 @@ F64 = torch.float64
 
 
 def coefficients(path_type: str, t: float) -> tuple[float, float, float, float]:
-    """(alpha, alpha_dot, sigma, sigma_dot) written out independently of the library (DESIGN §4 table)."""
+    """(alpha, alpha_dot, sigma, sigma_dot) written out independently of the library (docs/DESIGN.md §4 table)."""
     if path_type == "Linear":
         return t, 1.0, 1 - t, -1.0
     if path_type == "GVP":

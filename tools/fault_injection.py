@@ -38,6 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from sit_vit5.cli.train import EXIT_PREEMPTED  # noqa: E402
 from sit_vit5.io import payload_sha256  # noqa: E402
 from sit_vit5.training import checkpoint as ck  # noqa: E402
 
@@ -79,7 +80,6 @@ def main(argv: list[str] | None = None) -> int:
     signals = [s.strip().upper().removeprefix("SIG") for s in args.signals.split(",") if s.strip()]
     rng = random.Random(args.seed)
     began = time.perf_counter()
-    from train import EXIT_PREEMPTED  # noqa: PLC0415  (train.py's pre-emption exit status)
 
     with tempfile.TemporaryDirectory(prefix="faults-") as tmp:
         ref_dir, run_dir = Path(tmp) / "reference", Path(tmp) / "faulty"

@@ -35,7 +35,7 @@ from tqdm import tqdm
 from fid.digits import digits_metrics
 
 from .. import training
-from ..config import load_config
+from ..config import configs_dir, load_config
 from ..data import DigitsDataset, build_dataset
 from ..models import count_params, flops, load_model, model_from_config
 from ..sampling import SampleSpec, SamplingPipeline
@@ -44,8 +44,8 @@ from ..transport import create_transport
 from . import report
 
 REPO = Path(__file__).resolve().parents[2]
-BASE_CONFIG = REPO / "configs" / "digits" / "repro.yaml"
-RESULTS = REPO / "results" / "digits"
+BASE_CONFIG = configs_dir() / "digits" / "repro.yaml"
+RESULTS = Path("results") / "digits"  # relative: the report goes where the command runs
 
 #: The two datasets: dotted overrides of the base config.
 DATASETS: dict[str, list[str]] = {"digits8": ["data.image_size=8"], "digits16": ["data.image_size=16"]}

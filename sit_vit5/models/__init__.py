@@ -1,14 +1,18 @@
-"""Backbones: the SiT/DiT baseline and the ViT-5 diffusion transformer, one registry for both."""
+"""Backbones: the SiT/DiT baseline and the ViT-5 diffusion transformer, one registry for both
+(``DiT-*`` names: the SiT network under DiT's ddpm objective)."""
 
 from .checkpoint import CheckpointError, LoadedModel, load_checkpoint, load_model, load_state_dict
+from .official import OFFICIAL_WEIGHTS, WeightsUnavailableError, resolve_checkpoint
 from .registry import (
     BACKBONES,
+    NAME_OBJECTIVES,
     SIZES,
     count_params,
     create_model,
     flops,
     list_models,
     model_from_config,
+    name_objective,
     valid_overrides,
 )
 from .sit import SIT_SWITCHES, SiT
@@ -16,6 +20,8 @@ from .vit5 import VIT5_SWITCHES, ViT5
 
 __all__ = [
     "BACKBONES",
+    "NAME_OBJECTIVES",
+    "OFFICIAL_WEIGHTS",
     "SIZES",
     "SIT_SWITCHES",
     "VIT5_SWITCHES",
@@ -23,13 +29,16 @@ __all__ = [
     "LoadedModel",
     "SiT",
     "ViT5",
+    "WeightsUnavailableError",
     "count_params",
     "create_model",
     "flops",
     "list_models",
+    "name_objective",
     "load_checkpoint",
     "load_model",
     "model_from_config",
     "load_state_dict",
+    "resolve_checkpoint",
     "valid_overrides",
 ]

@@ -22,9 +22,11 @@ from torch import Tensor, nn
 
 from ..io import PAYLOAD_DIGEST_KEY, ChecksumError, verify_payload_digest, verify_sha256, verify_sidecar
 from ..vae import SD_VAE_EMA, SD_VAE_SCALING_FACTOR
-from .registry import create_model, list_models, model_kwargs
+from .registry import create_model, list_models, model_kwargs, name_objective
 
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP and torch.compile wrappers
+#: the transport section's create_transport keys (the rest belong to the ddpm objective)
+_TRANSPORT_KEYS = ("path_type", "prediction", "loss_weight", "train_eps", "sample_eps")
 
 
 class CheckpointError(RuntimeError):
@@ -175,10 +177,12 @@ class LoadedModel:
     ``source``: "ours" (training checkpoint of this codebase, config in ``args``) or "official"
     (bare state dict such as SiT-XL-2-256.pt, or a DiT/SiT training checkpoint with argparse
     ``args``). ``input_size``: the model's training input side (latent side for latent models).
-    ``transport``: ``create_transport`` kwargs. ``vae``: ``{"name": hub id | directory | "none",
-    "scaling_factor"}``. ``sample``: the checkpoint's ``sample`` config section (ours) or {}.
-    ``step``: the training step if recorded; ``which``: "ema" | "model" for training checkpoints,
-    None for bare state dicts.
+    ``transport``: ``create_transport`` kwargs (objective sit). ``objective``: sit | ddpm (DiT), as
+    recorded (ours) or as told (official); ``diffusion``: the ddpm keys of the transport section
+    (objective ddpm) or {}; ``create_objective(objective_config)`` builds either. ``vae``:
+    ``{"name": hub id | directory | "none", "scaling_factor"}``.
+    ``sample``: the checkpoint's ``sample`` config section (ours) or {}. ``step``: the training step
+    if recorded; ``which``: "ema" | "model" for training checkpoints, None for bare state dicts.
     """
 
     model: nn.Module
@@ -192,6 +196,13 @@ class LoadedModel:
     sample: dict[str, Any] = field(default_factory=dict)
     step: int | None = None
     which: str | None = None
+    objective: str = "sit"
+    diffusion: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def objective_config(self) -> dict[str, Any]:
+        """The transport config section to build the objective from (``create_objective``)."""
+        return {"objective": self.objective, **self.transport, **self.diffusion}
 
 
 def _is_our_config(args: Any) -> bool:
@@ -239,6 +250,7 @@ def load_model(
     input_size: int | None = None,
     sha256: str | None = None,
     overrides: dict[str, Any] | None = None,
+    objective: str | None = None,
 ) -> LoadedModel:
     """Build the model stored in ``ckpt`` and load its weights (``which``: ema | model), on the CPU,
     in eval mode without gradients.
@@ -252,6 +264,10 @@ def load_model(
     (pixel space otherwise). ``input_size`` (model input side) is only needed when the state dict
     has no ``pos_embed``. ``overrides``: ``create_model`` keywords for a bare state dict whose
     architecture is not the registry's (depth, hidden_size, num_heads, switches).
+
+    ``objective`` (sit | ddpm): ours record it (a different one is an error). Official files cannot
+    tell, DiT and SiT sharing their key layout: the model name does (``DiT-*`` = ddpm, other names
+    sit), or ``objective`` with a SiT name; a contradiction is an error, never a guess.
     """
     path = os.fspath(ckpt)
     if which not in ("ema", "model"):
@@ -269,11 +285,19 @@ def load_model(
             raise ValueError(f"{path} was trained as {section['name']!r}, not {model_name!r}; "
                              "drop the model name (our checkpoints carry their architecture)")
         model = create_model(section["name"], **model_kwargs(section))
+        saved = {k: v for k, v in args.get("transport", {}).items() if v is not None}
+        trained = saved.pop("objective", "sit")
+        transport = {k: v for k, v in saved.items() if k in _TRANSPORT_KEYS}
+        diffusion = {k: v for k, v in saved.items() if k not in _TRANSPORT_KEYS}
+        if objective is not None and objective != trained:
+            raise ValueError(f"{path} was trained with transport.objective={trained}; its output "
+                             f"means {trained}, so drop the objective (our checkpoints carry it)")
         loaded = LoadedModel(
             model, section["name"], "ours", model.input_size, model.in_channels, model.num_classes,
-            transport={k: v for k, v in args.get("transport", {}).items() if v is not None},
+            transport=transport if trained == "sit" else {},
             vae=dict(args.get("vae") or {"name": "none"}), sample=dict(args.get("sample") or {}),
-            step=step, which=which_loaded)
+            step=step, which=which_loaded, objective=trained,
+            diffusion=diffusion if trained == "ddpm" else {})
     else:
         official = vars(args) if isinstance(args, argparse.Namespace) else {}
         model_name = model_name or official.get("model")
@@ -281,17 +305,29 @@ def load_model(
             raise ValueError(f"{path} is a bare state dict without a config: name its "
                              "architecture (model_name / --model), e.g. SiT-XL/2; valid: "
                              + ", ".join(list_models()))
+        implied = name_objective(model_name)
+        if objective is not None and implied is not None and objective != implied:
+            raise ValueError(f"{model_name} names the {implied} objective, not {objective}: use the "
+                             f"SiT-* name for a SiT network trained with {objective}")
+        objective = objective or implied or "sit"
         arch = _infer_architecture(state, input_size, path)
         model = create_model(model_name, **{**arch, **(overrides or {})})
-        transport_keys = ("path_type", "prediction", "loss_weight", "train_eps", "sample_eps")
+        transport = {k: official[k] for k in _TRANSPORT_KEYS if official.get(k) is not None}
+        diffusion = {}
+        if objective == "ddpm":
+            if transport:
+                raise ValueError(f"{path}: its args set a transport ({transport}), but the "
+                                 "objective is ddpm")
+            # DiT: the learned-range variance when the file has the sigma half, else fixed beta_t
+            diffusion = {"ddpm_variance": "learned" if arch["learn_sigma"] else "fixed_large"}
         vae_name = f"stabilityai/sd-vae-ft-{official['vae']}" if official.get("vae") else SD_VAE_EMA
         loaded = LoadedModel(
             model, model_name, "official", arch["input_size"], arch["in_channels"],
             arch["num_classes"],
-            transport={k: official[k] for k in transport_keys if official.get(k) is not None},
+            transport=transport,
             vae={"name": vae_name if arch["in_channels"] == 4 else "none",
                  "scaling_factor": SD_VAE_SCALING_FACTOR},
-            step=step, which=which_loaded)
+            step=step, which=which_loaded, objective=objective, diffusion=diffusion)
     check_state_dict(model, state, source=path)
     model.load_state_dict(state, strict=True)
     model.eval().requires_grad_(False)

@@ -1,5 +1,6 @@
-"""Model registry: ``create_model("SiT-XL/2" | "ViT5-B/4" | ..., **overrides)``, parameter and FLOP
-counts."""
+"""Model registry: ``create_model("SiT-XL/2" | "ViT5-B/4" | "DiT-XL/2" | ..., **overrides)``, parameter and
+FLOP counts. ``DiT-*`` names are the SiT architecture (DiT and SiT share it, key for key) that is trained and
+sampled with DiT's objective: :func:`name_objective` says so."""
 
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ SIZES: dict[str, tuple[int, int, int]] = {
     "XL": (28, 1152, 16),
 }
 PATCH_SIZES = (2, 4, 8)
-BACKBONES: dict[str, type[SiT]] = {"SiT": SiT, "ViT5": ViT5}
+BACKBONES: dict[str, type[SiT]] = {"SiT": SiT, "ViT5": ViT5, "DiT": SiT}
+#: backbone prefixes that also name a training objective (DiT = the SiT network under the ddpm objective)
+NAME_OBJECTIVES: dict[str, str] = {"DiT": "ddpm"}
 #: ``model`` config keys whose None means "take it from the data" (training fills them in).
 DATA_DERIVED_KEYS = ("input_size", "in_channels", "num_classes")
 _NAME = re.compile(r"^(?P<backbone>\w+?)-(?P<size>S|B|L|XL)/(?P<patch>\d+)$")
@@ -29,6 +32,12 @@ _NAME = re.compile(r"^(?P<backbone>\w+?)-(?P<size>S|B|L|XL)/(?P<patch>\d+)$")
 def list_models() -> list[str]:
     """All registered names, e.g. ``SiT-XL/2``."""
     return [f"{b}-{s}/{p}" for b in BACKBONES for s in SIZES for p in PATCH_SIZES]
+
+
+def name_objective(name: str) -> str | None:
+    """The objective a model name implies ("ddpm" for ``DiT-*``), or None when the name leaves it open."""
+    match = _NAME.match(name)
+    return NAME_OBJECTIVES.get(match["backbone"]) if match else None
 
 
 def valid_overrides() -> list[str]:

@@ -3,12 +3,21 @@
 State-dict keys, initialisation and forward match the official code, so a released checkpoint loads with
 ``strict=True``. The architecture switches used by ViT-5 live here too (defaults = SiT) so that the two
 backbones share every line where the architectures agree.
+
+Hub-native: the classes are diffusers ``ModelMixin`` + ``ConfigMixin`` models, so
+``model.save_pretrained(dir)`` writes ``config.json`` (every constructor argument and switch) and
+``diffusion_pytorch_model.safetensors`` (the same DiT key names), ``SiT.from_pretrained(dir_or_repo_id)`` /
+``ViT5.from_pretrained(...)`` rebuild them, ``push_to_hub(repo_id)`` uploads them, and a model can be a
+component of a ``diffusers.DiffusionPipeline`` (``sit_vit5.pipeline.SiTPipeline``).
 """
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 import torch.nn.functional as F
+from diffusers import ConfigMixin, ModelMixin
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
@@ -40,8 +49,17 @@ def _compute_dtype(x: Tensor) -> torch.dtype:
     return x.dtype
 
 
-class SiT(nn.Module):
+class SiT(ModelMixin, ConfigMixin):
     """Class-conditional velocity network: (x (B, C, H, W), t (B,) in [0, 1], y (B,)) -> (B, C, H, W)."""
+
+    # grad_checkpointing is a runtime choice, not part of the architecture a saved model records
+    ignore_for_config = ["grad_checkpointing"]
+
+    @staticmethod
+    def _get_init_keys(input_class: type) -> set[str]:
+        """Constructor keys diffusers passes back from config.json: the signature's and every switch
+        (switches arrive through ``**switches``, which diffusers cannot see in the signature)."""
+        return {*inspect.signature(SiT.__init__).parameters, *SIT_SWITCHES} - {"switches"}
 
     def __init__(
         self,
@@ -72,6 +90,8 @@ class SiT(nn.Module):
         self.out_channels = in_channels * 2 if learn_sigma else in_channels
         self.learn_sigma, self.num_classes, self.num_heads = learn_sigma, num_classes, num_heads
         self.grad_checkpointing = grad_checkpointing
+        # SiT's transport reads only the first C channels; DiT's objective also needs the variance half
+        self.return_sigma = False
         self.grid = (input_size // patch_size, input_size // patch_size)  # training grid (rows, cols)
         self.num_registers = sw["num_registers"]
 
@@ -103,6 +123,20 @@ class SiT(nn.Module):
         )
         self.final_layer = FinalLayer(hidden_size, patch_size, self.out_channels, sw["norm"])
         self.initialize_weights()
+        # config.json: the resolved architecture (ViT5's switch defaults included), not just what was passed.
+        # Registered last: the switch `pos_embed` shares its name with the parameter built above.
+        self.register_to_config(
+            input_size=input_size, patch_size=patch_size, in_channels=in_channels, hidden_size=hidden_size,
+            depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio, class_dropout_prob=class_dropout_prob,
+            num_classes=num_classes, learn_sigma=learn_sigma, **sw,
+        )
+
+    def __getattr__(self, name: str):
+        # parameters and submodules first, then diffusers' config-key fallback (pos_embed is both)
+        try:
+            return nn.Module.__getattr__(self, name)
+        except AttributeError:
+            return super().__getattr__(name)
 
     def initialize_weights(self) -> None:
         """DiT init: xavier Linears, N(0, 0.02) embedders, zero adaLN and output => output is exactly 0."""
@@ -150,7 +184,8 @@ class SiT(nn.Module):
         return torch.einsum("nhwpqc->nchpwq", x).reshape(x.shape[0], c, h * p, w * p)
 
     def forward(self, x: Tensor, t: Tensor, y: Tensor) -> Tensor:
-        """Velocity (B, C, H, W); with learn_sigma the sigma half is dropped, as in SiT."""
+        """Velocity (B, C, H, W); with learn_sigma the sigma half is dropped, as in SiT, unless
+        ``return_sigma`` is set (DiT's objective: (B, 2C, H, W), noise then variance values)."""
         p = self.patch_size
         if x.shape[-2] % p or x.shape[-1] % p:
             raise ValueError(f"input spatial size {tuple(x.shape[-2:])} is not divisible by patch size {p}")
@@ -171,7 +206,7 @@ class SiT(nn.Module):
                 x = block(x, c, rope)
         x = self.final_layer(x[:, : grid[0] * grid[1]], c)  # registers are dropped before the output layer
         x = self.unpatchify(x, grid)
-        return x[:, : self.in_channels] if self.learn_sigma else x
+        return x[:, : self.in_channels] if self.learn_sigma and not self.return_sigma else x
 
     def forward_with_cfg(
         self,

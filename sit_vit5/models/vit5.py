@@ -10,6 +10,8 @@ and LayerScale multiplies the adaLN gate. Every component is a switch; with all 
 
 from __future__ import annotations
 
+from diffusers import ModelMixin  # noqa: F401  diffusers' pipeline loader looks the base class up here
+
 from .sit import SIT_SWITCHES, SiT
 
 #: The ViT-5 recipe (official classification code, commit b7b0796).

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..config import DEFAULTS
 from ..errors import find_errno
 from ..io import (
     PAYLOAD_DIGEST_KEY,
@@ -204,7 +205,8 @@ def package_versions() -> dict[str, str]:
 
 
 def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """Lines ``key: saved → current`` for every RESUME_FIXED key whose value differs."""
+    """Lines ``key: saved → current`` for every RESUME_FIXED key whose value differs. A key the saved config
+    lacks because it was added to the defaults later counts as its default (e.g. ``transport.objective``)."""
     missing = "<unset>"
     lines = []
     for fixed in RESUME_FIXED:
@@ -214,7 +216,7 @@ def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[s
         for k in keys:
             if section == "model" and k in RESUME_FREE_MODEL_KEYS:
                 continue
-            a, b = old.get(k, missing), new.get(k, missing)
+            a, b = old.get(k, DEFAULTS.get(section, {}).get(k, missing)), new.get(k, missing)
             if a != b:
                 lines.append(f"{section}.{k}: {a!r} (checkpoint) != {b!r} (this run)")
     return lines

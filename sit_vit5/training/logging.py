@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import math
 import os
@@ -10,8 +11,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..io import atomic_write_text
+
 #: CSV columns (a JSONL row may hold more keys).
 CSV_FIELDS = ("step", "epoch", "loss", "grad_norm", "lr", "steps_per_s", "img_per_s", "time_s")
+WANDB_ID_FILE = "wandb_run_id"  # in the run directory: the wandb run a resumed training continues
 
 
 def _warn(message: str) -> None:
@@ -33,16 +37,24 @@ def _truncate_csv(path: Path, after_step: int, fields: tuple[str, ...]) -> None:
         writer.writerows(row for row in rows if int(row["step"]) <= after_step)
 
 
+def tensorboard_installed() -> bool:
+    """Whether ``torch.utils.tensorboard`` can be used (it needs the ``tensorboard`` package)."""
+    return importlib.util.find_spec("tensorboard") is not None
+
+
 class MetricLogger:
     """Append one row per ``log`` call to ``metrics.jsonl`` and ``metrics.csv`` in ``run_dir`` (main process
-    only: pass ``enabled=False`` elsewhere), mirrored to TensorBoard (``runs_dir/tb``) and wandb if asked.
+    only: pass ``enabled=False`` elsewhere), mirrored to TensorBoard (``run_dir/tb``) and wandb if asked.
 
+    ``tensorboard``: True (warns when it is not installed), False, or None = on exactly when installed.
     On resume from ``resume_step``, rows after that step (written by the interrupted run after its last
-    checkpoint) are dropped so that the files read as one uninterrupted run. ``extra_fields`` are CSV columns
-    after the standard ones (e.g. the per-block gate diagnostics).
+    checkpoint) are dropped so that the files read as one uninterrupted run; TensorBoard purges its events
+    after that step (``purge_step``) for the same reason; wandb continues the same run, whose id is kept in
+    ``run_dir/wandb_run_id`` (a fresh start, ``resume_step`` None or 0, begins a new wandb run).
+    ``extra_fields`` are CSV columns after the standard ones (e.g. the per-block gate diagnostics).
     """
 
-    def __init__(self, run_dir: str | os.PathLike, enabled: bool = True, tensorboard: bool = False,
+    def __init__(self, run_dir: str | os.PathLike, enabled: bool = True, tensorboard: bool | None = None,
                  wandb: bool = False, config: dict[str, Any] | None = None, wandb_project: str = "sit-vit5",
                  resume_step: int | None = None, extra_fields: tuple[str, ...] = ()) -> None:
         self.enabled = enabled
@@ -65,22 +77,38 @@ class MetricLogger:
         if new_csv:
             self.csv_writer.writeheader()
         self.jsonl_file = open(self.jsonl_path, "a")
+        if tensorboard is None:
+            tensorboard = tensorboard_installed()  # the default: on when available, no warning when not
         if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-
-                self.tb_writer = SummaryWriter(str(self.run_dir / "tb"))
-            except ImportError:
-                _warn("train.tensorboard=true but tensorboard is not installed (pip install tensorboard); "
-                      "metrics go to metrics.jsonl/csv only")
+            self._open_tensorboard(resume_step)
         if wandb:
-            try:
-                import wandb as wandb_lib
+            self._open_wandb(config, wandb_project, resume_step)
 
-                self.wandb_run = wandb_lib.init(project=wandb_project, dir=str(self.run_dir), config=config,
-                                                name=self.run_dir.name, resume="allow")
-            except ImportError:
-                _warn("train.wandb=true but wandb is not installed (pip install wandb)")
+    def _open_tensorboard(self, resume_step: int | None) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            _warn("train.tensorboard=true but tensorboard is not installed (pip install tensorboard); "
+                  "metrics go to metrics.jsonl/csv only")
+            return
+        # events at steps > resume_step come from the interrupted run: purge them, as the JSONL/CSV rows
+        purge = None if resume_step is None else resume_step + 1
+        self.tb_writer = SummaryWriter(str(self.run_dir / "tb"), purge_step=purge)
+
+    def _open_wandb(self, config: dict[str, Any] | None, project: str, resume_step: int | None) -> None:
+        try:
+            import wandb as wandb_lib
+        except ImportError:
+            _warn("train.wandb=true but wandb is not installed (pip install wandb)")
+            return
+        id_path = self.run_dir / WANDB_ID_FILE
+        run_id = id_path.read_text().strip() if resume_step and id_path.is_file() else None
+        # wandb keeps a run's history monotonic: steps the interrupted run logged after its last
+        # checkpoint are not re-logged (wandb warns and drops them); the local files are the exact record
+        self.wandb_run = wandb_lib.init(project=project, dir=str(self.run_dir), config=config,
+                                        name=self.run_dir.name, id=run_id, resume="allow")
+        if self.wandb_run is not None and self.wandb_run.id != run_id:
+            atomic_write_text(id_path, f"{self.wandb_run.id}\n")
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """Write one row: ``{"step": step, **metrics}`` (non-finite floats as null in JSON)."""

@@ -44,9 +44,9 @@ from ..distributed import check_group, describe_group, prepare_launch
 from ..images import save_grid
 from ..io import unwritable_dir_reason
 from ..models import model_from_config
+from ..objective import Objective, create_objective, prepare_model, training_loss
 from ..runtime import set_cpu_threads
 from ..sampling import SampleSpec, SamplingPipeline
-from ..transport import Transport, create_transport
 from ..transport.rng import mix_seed
 from ..vae import decoder, downsampling_factor, encode, load_vae, vae_enabled
 from . import fsdp
@@ -172,9 +172,10 @@ def sample_spec(cfg_sample: dict[str, Any]) -> SampleSpec:
         raise ConfigError(f"sample: {err}") from err
 
 
-def compute_loss(transport: Transport, model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
-    """Per-sample training loss (B,). A module-level function so that tests can wrap it."""
-    return transport.training_losses(model, x, model_kwargs=dict(y=y))["loss"]
+def compute_loss(transport: Objective, model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
+    """Per-sample training loss (B,) of either objective (SiT's transport, DiT's diffusion). A
+    module-level function so that tests can wrap it."""
+    return training_loss(transport, model, x, y)
 
 
 def learning_rate(cfg_optim: dict[str, Any], step: int) -> float:
@@ -195,7 +196,7 @@ def grid_classes(cfg_sample: dict[str, Any], num_classes: int) -> list[int]:
     return [int(classes[i % len(classes)]) for i in range(n)]
 
 
-def grid_images(ema: nn.Module, transport: Transport, cfg: Config, device: torch.device,
+def grid_images(ema: nn.Module, transport: Objective, cfg: Config, device: torch.device,
                 vae: nn.Module | None = None) -> Tensor:
     """Grid images (N, C, H, W) in [0, 1] (uint8 steps) from the EMA model: samples 0..N-1 of the
     sampling pipeline with the ``sample`` section's settings, global seed ``sample.seed`` and
@@ -322,7 +323,7 @@ class Run:
     unwrapped: nn.Module
     ema: nn.Module
     optimizer: Any
-    transport: Transport
+    transport: Objective  # SiT's Transport or DiT's GaussianDiffusion (transport.objective)
     gates: GateMonitor
     logger: MetricLogger
     position: Position
@@ -392,7 +393,7 @@ def build(cfg: Config, resume: str | None) -> Run:
     torch.manual_seed(t["seed"])
     random.seed(t["seed"])
     np.random.seed(t["seed"] % 2**32)  # noqa: NPY002  (the legacy global RNG is what others draw from)
-    model = model_from_config(cfg["model"])
+    model = prepare_model(model_from_config(cfg["model"]), cfg["transport"])
     threads = None
     if device.type == "cpu":
         count, reason = set_cpu_threads(sum(p.numel() for p in model.parameters()), t["cpu_threads"])
@@ -441,7 +442,7 @@ def build(cfg: Config, resume: str | None) -> Run:
     last = latest_checkpoint(run_dir / CKPT_DIR)
     result = TrainResult(run_dir, position.step, last, None, config=cfg, cpu_threads=threads)
     return Run(cfg, accelerator, run_dir, dataset, batches, loader, vae, model, unwrapped, ema,
-               optimizer, create_transport(**cfg["transport"]), gates, logger, position, result,
+               optimizer, create_objective(cfg["transport"]), gates, logger, position, result,
                ema_shards)
 
 

@@ -1,0 +1,434 @@
+"""Generate images from a trained model: a PNG grid, or N samples in an ADM-compatible .npz for FID.
+
+    python sample.py grid --ckpt runs/demo/checkpoints/0002000.pt --classes 0 1 2 3 --seed 1
+    torchrun --nproc_per_node 8 sample.py bulk --ckpt SiT-XL-2-256.pt --num-samples 50000 ...
+
+``--ckpt`` takes a checkpoint file or an official name (SiT-XL-2-256.pt, ...: fetched through the
+Hugging Face cache and SHA-256-checked). ``python sample.py`` in a checkout = ``sit-vit5-sample`` when
+installed; the library behind it is ``sit_vit5.sampling``; see ``sample.py {grid,bulk} --help``.
+
+SiT/DiT habits work too: SiT's mode word (``sample.py ODE|SDE [grid|bulk] ...``; without grid/bulk it
+is bulk when --num-fid-samples/--num-samples/--png is given, else grid) and the flag names
+--num-sampling-steps (= --num-steps), --per-proc-batch-size (= --batch-size), --num-fid-samples
+(= --num-samples), --sample-dir (= --out), --global-seed (= --seed), --vae ema|mse (= the
+stabilityai/sd-vae-ft-ema|mse decoders) and --tf32/--no-tf32. Only the names are shared: the
+defaults stay ours (e.g. TF32 stays at PyTorch's setting unless asked for, CFG stays 1). Unknown flags are errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+
+from sit_vit5.distributed import LaunchError, describe_group, join_launcher_group
+from sit_vit5.errors import debug_enabled, one_line
+from sit_vit5.models import CheckpointError, LoadedModel, load_model, resolve_checkpoint
+from sit_vit5.objective import OBJECTIVES, SAMPLE_METHODS, create_objective
+from sit_vit5.precision import PRECISIONS
+from sit_vit5.sampling import (
+    DEFAULT_SAMPLING_METHOD,
+    METHODS,
+    NonFiniteSampleError,
+    ResumeError,
+    SampleSpec,
+    SamplingPipeline,
+    sample_bulk,
+    sample_grid,
+)
+from sit_vit5.transport import DIFFUSION_FORMS, LAST_STEPS, PATHS, PREDICTIONS
+from sit_vit5.vae import (
+    SD_VAE_EMA,
+    SD_VAE_IDS,
+    SD_VAE_SCALING_FACTOR,
+    decoder,
+    downsampling_factor,
+    load_vae,
+    vae_enabled,
+)
+
+SPEC = SampleSpec()  # the sampler defaults shown in --help (flags default to None = the spec's)
+#: SiT/DiT's --vae words -> decoders (their sample.py: stabilityai/sd-vae-ft-{ema,mse})
+VAE_WORDS = {"ema": SD_VAE_IDS[0], "mse": SD_VAE_IDS[1]}
+#: SiT's positional mode word (sample.py ODE|SDE) -> --method
+MODE_WORDS = {"ODE": "ode", "SDE": "sde"}
+BULK_ONLY_FLAGS = ("--num-samples", "--num-fid-samples", "--png")
+
+PROTOCOL = """\
+Published SiT-XL/2 protocol (FID 2.06 at 256x256): SDE, Euler-Maruyama, diffusion form sigma,
+250 steps, last step Mean of size 0.04, CFG 1.5 on the legacy 3 latent channels, 50,000 samples
+with uniform labels:
+
+  torchrun --nproc_per_node 8 sample.py bulk --ckpt SiT-XL-2-256.pt --model SiT-XL/2 \\
+      --image-size 256 --method sde --sampling-method Euler --diffusion-form sigma \\
+      --num-steps 250 --cfg-scale 1.5 --cfg-channels 3 --num-samples 50000 --batch-size 64 \\
+      --out samples/sit-xl-2-sde-cfg1.5
+
+(ODE Heun, 250 NFE: --method ode --sampling-method heun2 --num-steps 126 gives the published
+2.15 setting.)
+Published DiT-XL/2 protocol (FID 2.27): DiT's file (the SiT network under DiT's ddpm objective),
+250 DDPM steps, CFG 1.5 on 3 channels:
+
+  torchrun --nproc_per_node 8 sample.py bulk --ckpt DiT-XL-2-256x256.pt --image-size 256 \
+      --method ddpm --num-sampling-steps 250 --cfg-scale 1.5 --cfg-channels 3 \
+      --num-samples 50000 --batch-size 64 --out samples/dit-xl-2-ddpm-cfg1.5
+
+(a local DiT file under another name: add --model DiT-XL/2, or --model SiT-XL/2 --objective ddpm.)
+New work should guide all channels (the default, --cfg-channels all).
+Exit status: 0 ok, 2 bad flag / value / file."""
+
+
+class UsageError(ValueError):
+    """A flag or value the CLI rejects (exit status 2)."""
+
+
+def _cfg_channels(text: str) -> int | None:
+    if text == "all":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        message = f"expected a positive integer or 'all', got {text!r}"
+        raise argparse.ArgumentTypeError(message) from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'all', got {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _common_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    g = p.add_argument_group("model")
+    g.add_argument("--ckpt", required=True,
+                   help="our training checkpoint (.pt), an official SiT/DiT state dict, or an "
+                   "official name (SiT-XL-2-256.pt, ...: see sit_vit5/models/official.py)")
+    g.add_argument("--model", help="architecture of an official / bare checkpoint: SiT-XL/2 for a "
+                   "SiT file, DiT-XL/2 for a DiT file (the same network under the ddpm objective); "
+                   "ours: from the checkpoint, a different name is an error")
+    g.add_argument("--objective", choices=OBJECTIVES, help="what the model was trained for: sit "
+                   "(transport) or ddpm (DiT). Bare files: implied by --model (DiT-* = ddpm, other "
+                   "names sit) or the official name; ours: recorded in the checkpoint")
+    g.add_argument("--which", choices=("ema", "model"), default="ema",
+                   help="weights of a training checkpoint (default ema)")
+    g.add_argument("--image-size", type=_positive_int, help="output side in pixels (default: the "
+                   "training size; latent side = image size / VAE factor)")
+    g.add_argument("--vae", help="decoder: hub id, diffusers directory, none, or SiT/DiT's ema | mse "
+                   f"(default: the checkpoint's; official 4-channel models: {SD_VAE_EMA})")
+    g.add_argument("--path-type", choices=list(PATHS), help="transport path (official checkpoints; "
+                   "default Linear). Ours: must match the checkpoint")
+    g.add_argument("--prediction", choices=list(PREDICTIONS), help="what the model predicts "
+                   "(official checkpoints; default velocity). Ours: must match the checkpoint")
+    g.add_argument("--sample-eps", type=float,
+                   help="sampling time-interval eps (default: the transport's)")
+
+    # every sampler flag defaults to None: the checkpoint's sample section, else SampleSpec's
+    g = p.add_argument_group("sampler (defaults: the checkpoint's sample section, else SiT's "
+                             "sample.py)")
+    g.add_argument("--method", choices=METHODS,
+                   help=f"objective sit: ode (probability flow) or sde (default {SPEC.method}); "
+                   "objective ddpm: ddpm (DiT's ancestral sampler, default) or ddim (eta 0)")
+    g.add_argument("--sampling-method", help="ode: torchdiffeq method (dopri5, euler, heun2, "
+                   f"midpoint, rk4, ...; default {DEFAULT_SAMPLING_METHOD['ode']}); sde: Euler | "
+                   f"Heun (default {DEFAULT_SAMPLING_METHOD['sde']})")
+    g.add_argument("--num-steps", "--num-sampling-steps", type=_positive_int,
+                   help=f"time-grid points (default "
+                   f"{SPEC.num_steps}; fixed-step ODE takes num_steps-1 steps; adaptive ODE: "
+                   "output grid only); ddpm / ddim: respaced diffusion steps")
+    g.add_argument("--atol", type=float,
+                   help=f"adaptive ODE absolute tolerance (default {SPEC.atol})")
+    g.add_argument("--rtol", type=float,
+                   help=f"adaptive ODE relative tolerance (default {SPEC.rtol})")
+    g.add_argument("--diffusion-form", choices=list(DIFFUSION_FORMS),
+                   help=f"SDE diffusion coefficient D(t) (default {SPEC.diffusion_form})")
+    g.add_argument("--diffusion-norm", type=float,
+                   help=f"SDE diffusion scale (default {SPEC.diffusion_norm})")
+    g.add_argument("--last-step", choices=[k for k in LAST_STEPS if k is not None],
+                   help=f"SDE final step (default {SPEC.last_step})")
+    g.add_argument("--last-step-size", type=float,
+                   help=f"SDE final step size (default {SPEC.last_step_size})")
+    g.add_argument("--cfg-scale", type=float,
+                   help=f"classifier-free guidance scale (default {SPEC.cfg_scale:g} = off; < 0 "
+                   "needs --allow-negative-cfg)")
+    g.add_argument("--allow-negative-cfg", action="store_true",
+                   help="accept --cfg-scale < 0 (steers samples away from their class)")
+    g.add_argument("--cfg-channels", type=_cfg_channels, help="guided channels: all (default) or 3 "
+                   "for the SiT/DiT legacy mode behind the published numbers")
+    g.add_argument("--cfg-interval", type=float, nargs=2, metavar=("T_LO", "T_HI"),
+                   help="guide only for t in [T_LO, T_HI] (t = 0 noise, 1 data)")
+
+    g = p.add_argument_group("run")
+    g.add_argument("--seed", "--global-seed", type=int, default=0,
+                   help="global seed: sample i depends on (seed, i) only")
+    g.add_argument("--batch-size", "--per-proc-batch-size", type=_positive_int, default=32,
+                   help="images per forward batch, per process")
+    g.add_argument("--device",
+                   help="cuda, cuda:1, cpu (default: the launcher's device / cuda if available)")
+    g.add_argument("--precision", choices=list(PRECISIONS), default="fp32",
+                   help="model precision (bf16 = autocast; the integrator stays fp32)")
+    g.add_argument("--tf32", action=argparse.BooleanOptionalAction, default=None,
+                   help="allow TF32 matmuls/convolutions on Ampere+ GPUs (faster, ~1e-3 relative error; "
+                   "default: PyTorch's own setting)")
+    g.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _common_parser()
+    fmt = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(prog="sample.py", description=__doc__, epilog=PROTOCOL,
+                                     formatter_class=fmt)
+    sub = parser.add_subparsers(dest="command", required=True)
+    grid = sub.add_parser("grid", parents=[common], epilog=PROTOCOL, formatter_class=fmt,
+                          help="a PNG grid and the single images, prints NFE and images/s")
+    grid.add_argument("--classes", type=int, nargs="+", help="class of each image (cycled to "
+                      "--num-images); default: uniform random labels")
+    grid.add_argument("--num-images", type=_positive_int,
+                      help="images (default: len(--classes), else 16)")
+    grid.add_argument("--nrow", type=_positive_int,
+                      help="images per grid row (default ceil(sqrt(n)))")
+    grid.add_argument("--out", "--sample-dir", default="samples/grid",
+                      help="output folder: grid.png + 000000.png ...")
+    bulk = sub.add_parser("bulk", parents=[common], epilog=PROTOCOL, formatter_class=fmt,
+                          help="N samples with uniform labels -> samples_NxHxWx3.npz (sharded, "
+                          "resumable)")
+    bulk.add_argument("--num-samples", "--num-fid-samples", type=_positive_int, default=50_000,
+                      help="samples (default 50000)")
+    bulk.add_argument("--out", "--sample-dir", required=True,
+                      help="output folder (parts/, settings.json, the .npz)")
+    bulk.add_argument("--png", action="store_true", help="also write out/images/{index:06d}.png")
+    return parser
+
+
+def translate_mode_word(argv: list[str]) -> list[str]:
+    """SiT's ``sample.py ODE|SDE [grid|bulk] ...`` as ours: the word becomes ``--method``; without a
+    command, bulk when a bulk-only flag is given (SiT's sample_ddp.py habit), else grid."""
+    args = list(argv)
+    if args[:1] and args[0] in MODE_WORDS:
+        method = MODE_WORDS[args.pop(0)]
+        if args[:1] and args[0] in ("grid", "bulk"):
+            command = args.pop(0)
+        else:
+            bulk = any(a.split("=", 1)[0] in BULK_ONLY_FLAGS for a in args)
+            command = "bulk" if bulk else "grid"
+    elif len(args) > 1 and args[0] in ("grid", "bulk") and args[1] in MODE_WORDS:
+        command, method = args[0], MODE_WORDS[args[1]]
+        args = args[2:]
+    else:
+        return args
+    if any(a.split("=", 1)[0] == "--method" for a in args):
+        raise UsageError(f"both the mode word {method.upper()} and --method were given; keep one")
+    return [command, "--method", method, *args]
+
+
+# ----------------------------------------------------------------------------- resolution
+
+
+def resolve_spec(args: argparse.Namespace, saved: dict, objective: str = "sit") -> SampleSpec:
+    """Flags, else the checkpoint's ``sample`` section ``saved`` (ours), else the objective's
+    default method (ddpm: DiT's sampler) and the SampleSpec defaults."""
+    valid = SAMPLE_METHODS[objective]
+    if args.method is not None and args.method not in valid:
+        raise UsageError(f"--method {args.method}: {args.ckpt} is a {objective}-objective model; "
+                         f"valid: {', '.join(valid)}")
+    if args.sampling_method is not None and objective == "ddpm":
+        raise UsageError(f"--sampling-method {args.sampling_method}: ddpm-objective models sample "
+                         "with --method ddpm | ddim")
+    flags = {key: getattr(args, key) for key in SampleSpec.keys()}
+    return SampleSpec.resolve(flags, saved, {"method": valid[0]})
+
+
+def resolve_transport(args: argparse.Namespace, info: LoadedModel) -> dict:
+    """Transport kwargs: the checkpoint's; --path-type/--prediction only for official checkpoints.
+    """
+    transport = dict(info.transport)
+    for flag, key in (("--path-type", "path_type"), ("--prediction", "prediction"),
+                      ("--sample-eps", "sample_eps")):
+        value = getattr(args, key)
+        if value is not None and info.objective == "ddpm":
+            raise UsageError(f"{flag} {value}: {args.ckpt} is a ddpm-objective (DiT) model, not a "
+                             "transport model")
+    for flag, key in (("--path-type", "path_type"), ("--prediction", "prediction")):
+        value = getattr(args, key)
+        if value is None:
+            continue
+        trained = transport.get(key, {"path_type": "Linear", "prediction": "velocity"}[key])
+        if info.source == "ours" and value != trained:
+            raise UsageError(f"{flag} {value}: {args.ckpt} was trained with {key}={trained}; the "
+                             f"model's output means {trained}, so drop {flag}")
+        transport[key] = value
+    if args.sample_eps is not None:
+        transport["sample_eps"] = args.sample_eps
+    return transport
+
+
+def resolve_vae(args: argparse.Namespace, info: LoadedModel) -> dict:
+    """The decoder config; a pixel model cannot take a VAE and a latent model needs one."""
+    vae = dict(info.vae)
+    if args.vae is not None:
+        trained_on_latents = vae_enabled(vae.get("name"))
+        if info.source == "ours" and trained_on_latents != vae_enabled(args.vae):
+            raise UsageError(f"--vae {args.vae}: {args.ckpt} was trained "
+                             + (f"on {vae['name']} latents; it needs a decoder"
+                                if trained_on_latents
+                                else "in pixel space (vae.name=none); it takes no decoder"))
+        if info.source == "ours" and args.vae != vae["name"]:
+            warnings.warn(f"--vae {args.vae}: decoding latents of a model trained with "
+                          f"{vae['name']}", stacklevel=2)
+        vae["name"] = args.vae
+    if not vae_enabled(vae.get("name")) and info.in_channels not in (1, 3):
+        raise UsageError(f"{args.ckpt}: the model makes {info.in_channels}-channel latents; name a "
+                         f"decoder with --vae (e.g. {SD_VAE_EMA})")
+    return vae
+
+
+def build_pipeline(args: argparse.Namespace, device: torch.device
+                   ) -> tuple[SamplingPipeline, LoadedModel, int]:
+    """Load the model, transport and decoder named by ``args``; returns (pipeline, loaded, image
+    side)."""
+    # a local file, or an official name -> the hub cache (SHA-256 checked, licence printed);
+    # after the launcher check of bulk runs, so a bad launch is reported before any download
+    args.ckpt_path, official = resolve_checkpoint(args.ckpt)
+    objective = args.objective
+    if official is not None:  # the table says what the file is (DiT's: the ddpm objective)
+        if objective is not None and objective != official.objective:
+            raise UsageError(f"--objective {objective}: {args.ckpt} is a {official.objective}-"
+                             "objective model")
+        objective = official.objective
+    loaded = load_model(args.ckpt_path, args.model or (official and official.model), args.which,
+                        objective=objective)
+    spec = resolve_spec(args, loaded.sample, loaded.objective)
+    if spec.cfg_scale < 0 and not args.allow_negative_cfg:
+        raise UsageError(f"--cfg-scale {spec.cfg_scale:g}: a negative scale steers samples away from "
+                         "their class (1 = no guidance, > 1 = stronger); pass --allow-negative-cfg "
+                         "if that is meant")
+    transport = create_objective({**loaded.objective_config, **resolve_transport(args, loaded)})
+    vae_cfg, decode, factor = resolve_vae(args, loaded), None, 1
+    if vae_enabled(vae_cfg.get("name")):
+        vae = load_vae(vae_cfg["name"], device=device)
+        factor = downsampling_factor(vae)
+        if vae.config.latent_channels != loaded.in_channels:
+            raise UsageError(f"--vae {vae_cfg['name']}: {vae.config.latent_channels}-channel "
+                             f"latents, but the model works on {loaded.in_channels} channels")
+        decode = decoder(vae, vae_cfg.get("scaling_factor", SD_VAE_SCALING_FACTOR))
+    patch = loaded.model.patch_size
+    image_size = args.image_size or loaded.input_size * factor
+    latent_side = image_size // factor
+    if image_size % factor or latent_side % patch:
+        raise UsageError(f"--image-size {image_size}: must be a multiple of {factor * patch} "
+                         f"(VAE factor {factor} x patch size {patch})")
+    if latent_side != loaded.input_size:
+        warnings.warn(f"--image-size {image_size}: the model was trained at "
+                      f"{loaded.input_size * factor}; sampling at another size interpolates its "
+                      "position embedding", stacklevel=2)
+    latent_shape = (loaded.in_channels, latent_side, latent_side)
+    which = f" ({loaded.which})" if loaded.which else ""
+    pipe = SamplingPipeline(loaded.model, transport, spec, latent_shape, loaded.num_classes, decode,
+                            device, args.precision, source=f"checkpoint {args.ckpt}{which}")
+    return pipe, loaded, image_size
+
+
+def _describe(info: LoadedModel, pipe: SamplingPipeline, image_size: int, ckpt: str) -> str:
+    step = f", step {info.step}" if info.step is not None else ""
+    which = f" ({info.which})" if info.which else ""
+    spec = ", ".join(f"{k}={v}" for k, v in vars(pipe.spec).items())
+    return (f"{ckpt}: {info.name} [{info.source}{which}{step}], {image_size}x{image_size}, "
+            f"objective {info.objective}: {pipe.transport!r}\nsampler: {spec}")
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def _grid(args: argparse.Namespace) -> int:
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    pipe, info, image_size = build_pipeline(args, device)
+    num_images = args.num_images or (len(args.classes) if args.classes else 16)
+    labels = None
+    if args.classes:
+        bad = [c for c in args.classes if not 0 <= c < info.num_classes]
+        if bad:
+            raise UsageError(f"--classes {bad}: class ids must lie in [0, {info.num_classes})")
+        labels = [args.classes[i % len(args.classes)] for i in range(num_images)]
+    print(_describe(info, pipe, image_size, args.ckpt))
+    result = sample_grid(pipe, args.out, num_images, labels, args.seed, args.batch_size, args.nrow,
+                         progress=not args.no_progress)
+    print(f"labels: {result.labels.tolist()}")
+    print(f"NFE per image: {result.nfe}; {result.images_per_second:.2f} images/s ({num_images} in "
+          f"{result.seconds:.1f} s on {device})")
+    print(f"wrote {result.grid} and {len(result.images)} images in {Path(args.out)}")
+    return 0
+
+
+def _bulk(args: argparse.Namespace) -> int:
+    # the launcher's group (gloo without a GPU): else every process would draw every sample
+    on_cpu = args.device is not None and torch.device(args.device).type == "cpu"
+    state = join_launcher_group(cpu=on_cpu)
+    device = torch.device(args.device) if args.device else state.device
+    pipe, info, image_size = build_pipeline(args, device)
+    if state.is_main_process:
+        print(_describe(info, pipe, image_size, args.ckpt))
+        print(f"bulk sampling on {describe_group(state.num_processes, device)}")
+    settings = {"ckpt": str(args.ckpt_path.resolve()), "which": info.which, "model": info.name,
+                "image_size": image_size, "vae": args.vae or info.vae.get("name"),
+                "precision": args.precision, "transport": repr(pipe.transport),
+                "objective": info.objective}
+    barrier = state.wait_for_everyone if state.num_processes > 1 else None
+    result = sample_bulk(pipe, args.num_samples, args.out, global_seed=args.seed,
+                         batch_size=args.batch_size, rank=state.process_index,
+                         world_size=state.num_processes, png=args.png, settings=settings,
+                         barrier=barrier, progress=not args.no_progress)
+    rank = f"[rank {state.process_index}/{state.num_processes}]"
+    rate = (f"NFE per image: {result.nfe}; {result.images_per_second:.2f} images/s" if result.generated
+            else f"nothing to do: this process's samples were all in {args.out}")
+    print(f"{rank} generated {result.generated}, skipped {result.skipped} (done before); {rate}")
+    if result.npz is not None:
+        print(f"wrote {result.npz}")
+    return 0
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    print(f"warning: {message}", file=sys.stderr)  # one line, without the source echo
+
+
+def set_tf32(enabled: bool | None) -> None:
+    """--tf32 / --no-tf32: TF32 for CUDA matmuls and cuDNN convolutions (None: leave PyTorch's)."""
+    if enabled is not None:
+        torch.backends.cuda.matmul.allow_tf32 = enabled
+        torch.backends.cudnn.allow_tf32 = enabled
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        argv = translate_mode_word(sys.argv[1:] if argv is None else argv)
+    except UsageError as err:
+        parser.error(str(err))
+    args = parser.parse_args(argv)
+    args.vae = VAE_WORDS.get(args.vae, args.vae)
+    set_tf32(args.tf32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = _show_warning  # restored by catch_warnings
+        try:
+            return _grid(args) if args.command == "grid" else _bulk(args)
+        except (UsageError, ResumeError, CheckpointError, NonFiniteSampleError, LaunchError,
+                ValueError, OSError) as err:
+            if debug_enabled():
+                raise
+            print(f"sample.py {args.command}: error: {one_line(err)}", file=sys.stderr)
+            return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

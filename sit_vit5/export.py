@@ -1,0 +1,145 @@
+"""Export a checkpoint as a diffusers pipeline folder.
+
+    python -m sit_vit5.export RUN_OR_CKPT OUT_DIR [--push-to-hub user/name]
+
+RUN_OR_CKPT: a run directory (its newest checkpoint), a checkpoint file, or an official name such as
+``SiT-XL-2-256.pt`` (see ``sit_vit5.models.official``). OUT_DIR receives what
+``SiTPipeline.from_pretrained`` needs to reproduce ``sample.py grid``'s images for the same seed and
+settings:
+
+    model_index.json
+    transformer/   config.json + diffusion_pytorch_model.safetensors (the EMA weights by default)
+    scheduler/     scheduler_config.json: transport (path, prediction, eps), default sampler
+                   settings (what sample.py uses without flags), the VAE's source id and scale
+    vae/           the decoder (an AutoencoderKL; absent for pixel-space models)
+
+Then ``SiTPipeline.from_pretrained(OUT_DIR)``, or ``--push-to-hub user/name`` (or
+``pipe.push_to_hub(...)`` after ``hf auth login``) to share it. The folder is written next
+to OUT_DIR and renamed into place: a crash leaves no half-written export.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from .models import CheckpointError, load_model, resolve_checkpoint
+from .models.official import OfficialWeights
+from .pipeline import SiTPipeline, scheduler_from
+from .sampling import SampleSpec
+from .training.checkpoint import latest_checkpoint
+from .vae import SD_VAE_SCALING_FACTOR, load_vae, vae_enabled
+
+
+class ExportError(ValueError):
+    """A source or destination the exporter refuses (exit status 2)."""
+
+
+def checkpoint_path(run_or_ckpt: str | os.PathLike) -> tuple[Path, OfficialWeights | None]:
+    """The checkpoint file a run directory, file or official name stands for (official: resolved and
+    checked), with its official-table entry (None for other files)."""
+    path = Path(run_or_ckpt)
+    if path.is_dir():
+        latest = latest_checkpoint(path / "checkpoints") or latest_checkpoint(path)
+        if latest is None:
+            raise ExportError(
+                f"{path}: no checkpoints in {path / 'checkpoints'} (is it a run directory?)"
+            )
+        return latest, None
+    return resolve_checkpoint(run_or_ckpt)
+
+
+def build_pipeline(
+    run_or_ckpt: str | os.PathLike,
+    which: str = "ema",
+    model_name: str | None = None,
+    vae_name: str | None = None,
+) -> SiTPipeline:
+    """The pipeline a checkpoint describes: its weights (``which``), transport, default sampler
+    settings and decoder (``vae_name`` overrides the checkpoint's, e.g. for an official file)."""
+    ckpt, official = checkpoint_path(run_or_ckpt)
+    if official is not None and official.objective != "sit":
+        raise ExportError(
+            f"{run_or_ckpt}: a {official.objective} model (DiT's objective); SiTPipeline samples "
+            "SiT (interpolant) models only"
+        )
+    loaded = load_model(ckpt, model_name or (official and official.model), which)
+    vae_cfg = {**loaded.vae, **({"name": vae_name} if vae_name else {})}
+    vae = None
+    if vae_enabled(vae_cfg.get("name")):
+        vae = load_vae(vae_cfg["name"])
+        # diffusers pipelines read the latent scale from the VAE's config: record the one the model
+        # used
+        vae.register_to_config(
+            scaling_factor=float(vae_cfg.get("scaling_factor", SD_VAE_SCALING_FACTOR))
+        )
+    # the checkpoint's sample section over SampleSpec's defaults: what sample.py uses without flags
+    scheduler = scheduler_from(loaded.transport, SampleSpec.resolve(loaded.sample), vae_cfg)
+    return SiTPipeline(transformer=loaded.model, scheduler=scheduler, vae=vae)
+
+
+def export(
+    run_or_ckpt: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    which: str = "ema",
+    model_name: str | None = None,
+    vae_name: str | None = None,
+    push_to_hub: str | None = None,
+) -> Path:
+    """Write the pipeline folder (see the module docstring); returns ``out_dir``."""
+    out = Path(out_dir)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ExportError(f"{out} exists and is not empty; choose a new output folder")
+    pipe = build_pipeline(run_or_ckpt, which, model_name, vae_name)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        pipe.save_pretrained(staging)
+        if out.exists():
+            out.rmdir()
+        staging.rename(out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    if push_to_hub:
+        pipe.push_to_hub(push_to_hub)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m sit_vit5.export",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "source", metavar="RUN_OR_CKPT", help="run directory, checkpoint file or official name"
+    )
+    parser.add_argument("out", metavar="OUT_DIR", help="new folder for the pipeline")
+    parser.add_argument(
+        "--which", choices=("ema", "model"), default="ema", help="weights (default ema)"
+    )
+    parser.add_argument(
+        "--model", help="architecture of a bare / official state dict, e.g. SiT-XL/2"
+    )
+    parser.add_argument(
+        "--vae", help="decoder to bundle (hub id or folder; default: the checkpoint's)"
+    )
+    parser.add_argument(
+        "--push-to-hub", metavar="REPO_ID", help="also upload the folder (needs a login)"
+    )
+    args = parser.parse_args(argv)
+    try:
+        out = export(args.source, args.out, args.which, args.model, args.vae, args.push_to_hub)
+    except (ExportError, CheckpointError, ValueError, OSError) as err:
+        print(f"export: error: {err}", file=sys.stderr)
+        return 2
+    print(f"wrote {out} (load with SiTPipeline.from_pretrained({str(out)!r}))")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

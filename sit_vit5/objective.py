@@ -1,0 +1,241 @@
+"""The training objective of a run, in one place: SiT's transport (``objective: sit``, the default)
+or DiT's discrete Gaussian diffusion (``objective: ddpm``), both read from the config's
+``transport`` section.
+
+* ``sit``: ``path_type / prediction / loss_weight / train_eps / sample_eps`` ->
+  :mod:`sit_vit5.transport`; t in [0, 1] (0 = noise), samplers ``ode | sde``.
+* ``ddpm``: ``diffusion_steps / noise_schedule / ddpm_variance`` -> :mod:`sit_vit5.diffusion`; the
+  backbone receives DiT's integer steps 0 .. T-1 through the same timestep embedder (T-1 = noise),
+  samplers ``ddpm | ddim`` on ``num_steps`` respaced steps. ``ddpm_variance: learned`` (DiT) needs a
+  2C-channel model (``model.learn_sigma: true``).
+
+"DiT w. ViT" is a SiT backbone with ``objective: ddpm``; ``DiT-*`` model names say so themselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from torch import Tensor, nn
+
+from .diffusion import METHODS as DIFFUSION_METHODS
+from .diffusion import GaussianDiffusion, create_diffusion
+from .diffusion.schedule import NOISE_SCHEDULES
+from .models import name_objective
+from .transport import Transport, create_transport
+from .transport.sampler import METHODS as TRANSPORT_METHODS
+
+OBJECTIVES = ("sit", "ddpm")
+#: transport-section keys each objective reads (the others must stay at their defaults' meaning:
+#: unused)
+SIT_KEYS = ("path_type", "prediction", "loss_weight", "train_eps", "sample_eps")
+DDPM_KEYS = ("diffusion_steps", "noise_schedule", "ddpm_variance")
+#: config name -> GaussianDiffusion variance type (DiT: learned = IDDPM's learned range + the hybrid
+#: loss)
+DDPM_VARIANCES = {
+    "learned": "learned_range",
+    "fixed_small": "fixed_small",
+    "fixed_large": "fixed_large",
+}
+DDPM_DEFAULTS: dict[str, Any] = {
+    "diffusion_steps": 1000,
+    "noise_schedule": "linear",
+    "ddpm_variance": "learned",
+}
+#: sample.method values each objective can sample with
+SAMPLE_METHODS: dict[str, tuple[str, ...]] = {"sit": TRANSPORT_METHODS, "ddpm": DIFFUSION_METHODS}
+
+Objective = Transport | GaussianDiffusion
+
+
+class ObjectiveError(ValueError):
+    """An objective setting that contradicts itself, the model or the sampler (names the keys at
+    fault)."""
+
+
+def objective_name(cfg_transport: Mapping[str, Any] | None) -> str:
+    """``transport.objective`` of a config section; sections written before the key existed mean
+    ``sit``."""
+    name = (cfg_transport or {}).get("objective") or "sit"
+    if name not in OBJECTIVES:
+        raise ObjectiveError(f"transport.objective={name!r}; valid: {', '.join(OBJECTIVES)}")
+    return name
+
+
+def check_objective(
+    cfg_transport: Mapping[str, Any],
+    *,
+    learn_sigma: bool,
+    model_name: str | None = None,
+    sample_method: str | None = None,
+) -> str:
+    """Validate the objective against the model and sampler; returns its name. Raises
+    ObjectiveError naming every contradiction at once (so one run shows all keys to set)."""
+    name = objective_name(cfg_transport)
+    problems: list[str] = []
+    implied = name_objective(model_name) if model_name else None
+    if implied is not None and implied != name:
+        problems.append(
+            f"model.name={model_name!r} is the SiT network trained with the {implied} objective: "
+            f"set transport.objective={implied}, or use the SiT-* name for transport.objective="
+            f"{name}"
+        )
+    if sample_method is not None and sample_method not in SAMPLE_METHODS[name]:
+        problems.append(
+            f"sample.method={sample_method!r} does not sample the {name} objective; valid: "
+            f"{', '.join(SAMPLE_METHODS[name])}"
+        )
+    if name == "ddpm":
+        ddpm = ddpm_settings(cfg_transport)
+        if ddpm["noise_schedule"] not in NOISE_SCHEDULES:
+            problems.append(
+                f"transport.noise_schedule={ddpm['noise_schedule']!r}; valid: "
+                f"{', '.join(NOISE_SCHEDULES)}"
+            )
+        if not isinstance(ddpm["diffusion_steps"], int) or ddpm["diffusion_steps"] < 2:
+            problems.append(
+                f"transport.diffusion_steps={ddpm['diffusion_steps']!r}; need an integer >= 2"
+            )
+        variance = ddpm["ddpm_variance"]
+        if variance not in DDPM_VARIANCES:
+            problems.append(
+                f"transport.ddpm_variance={variance!r}; valid: {', '.join(DDPM_VARIANCES)}"
+            )
+        elif variance == "learned" and not learn_sigma:
+            problems.append(
+                "transport.ddpm_variance=learned (DiT's learned variance and hybrid loss) needs "
+                "model.learn_sigma=true (2C output channels); or choose "
+                "transport.ddpm_variance=fixed_large / fixed_small for a C-channel model"
+            )
+        elif variance != "learned" and learn_sigma:
+            problems.append(
+                f"transport.ddpm_variance={variance} has no use for the variance half of a "
+                "model.learn_sigma=true model; set transport.ddpm_variance=learned (DiT) or "
+                "model.learn_sigma=false"
+            )
+    if problems:
+        raise ObjectiveError("; ".join(problems))
+    return name
+
+
+def ddpm_settings(cfg_transport: Mapping[str, Any]) -> dict[str, Any]:
+    """The ddpm keys of a transport section, missing or None ones at :data:`DDPM_DEFAULTS`."""
+    return {
+        k: DDPM_DEFAULTS[k] if cfg_transport.get(k) is None else cfg_transport[k] for k in DDPM_KEYS
+    }
+
+
+def transport_kwargs(cfg_transport: Mapping[str, Any]) -> dict[str, Any]:
+    """``create_transport`` keywords of a transport section (SiT keys that are set)."""
+    return {k: cfg_transport[k] for k in SIT_KEYS if cfg_transport.get(k) is not None}
+
+
+def create_ddpm(
+    cfg_transport: Mapping[str, Any], timestep_respacing: str = ""
+) -> GaussianDiffusion:
+    """DiT's ``create_diffusion`` from a transport section ("" = all steps, training; "250",
+    "ddim50")."""
+    ddpm = ddpm_settings(cfg_transport)
+    variance = DDPM_VARIANCES[ddpm["ddpm_variance"]]
+    return create_diffusion(
+        timestep_respacing,
+        noise_schedule=ddpm["noise_schedule"],
+        learn_sigma=variance == "learned_range",
+        sigma_small=variance == "fixed_small",
+        diffusion_steps=ddpm["diffusion_steps"],
+    )
+
+
+def create_objective(cfg_transport: Mapping[str, Any]) -> Objective:
+    """The training objective: a :class:`Transport` (sit) or the full-step
+    :class:`GaussianDiffusion` (ddpm)."""
+    if objective_name(cfg_transport) == "ddpm":
+        return create_ddpm(cfg_transport)
+    return create_transport(**transport_kwargs(cfg_transport))
+
+
+def prepare_model(model: nn.Module, objective: str | Mapping[str, Any] | None) -> nn.Module:
+    """Make the backbone output what its objective reads: all 2C channels under ddpm with a learned
+    variance (SiT's forward drops the sigma half otherwise). ``objective``: a name or a transport
+    section."""
+    name = objective if isinstance(objective, str) else objective_name(objective)
+    if name == "ddpm" and getattr(model, "learn_sigma", False):
+        model.return_sigma = True
+    return model
+
+
+def training_loss(
+    objective: Objective, model: Callable[..., Tensor], x: Tensor, y: Tensor
+) -> Tensor:
+    """Per-sample loss ``(B,)`` of either objective for data ``x`` ``(B, C, H, W)`` and labels
+    ``y``. Randomness (t, noise) comes from the global RNG, drawn in the order SiT / DiT draw it."""
+    if isinstance(objective, GaussianDiffusion):
+        t = objective.sample_timesteps(len(x), device=x.device)  # DiT: t first, then the noise
+        return objective.training_losses(model, x, t, model_kwargs=dict(y=y))["loss"]
+    return objective.training_losses(model, x, model_kwargs=dict(y=y))["loss"]
+
+
+def guided_channels(
+    cfg_transport: Mapping[str, Any], cfg_channels: int | None, in_channels: int
+) -> int | None:
+    """Output channels classifier-free guidance mixes: under ddpm "all" means the C noise channels,
+    never the variance half (DiT guides eps only); ``cfg_channels=3`` is the legacy mode of both
+    objectives."""
+    if cfg_channels is None and objective_name(cfg_transport) == "ddpm":
+        return in_channels
+    return cfg_channels
+
+
+class DiffusionSampler:
+    """DDPM / DDIM sampling of a ddpm-objective model, shaped like
+    :class:`~sit_vit5.transport.Sampler`: :meth:`build` returns ``fn(z, model_fn, *, generator=None,
+    **model_kwargs) -> [x]`` (final sample last) and ``last_nfe`` counts the model calls of the
+    latest call. ``num_steps`` respaced steps of the trained process: DDPM keeps them evenly spread
+    with both ends (DiT's ``"250"``), DDIM on an integer stride (ADM's ``"ddim50"``)."""
+
+    def __init__(self, diffusion: GaussianDiffusion) -> None:
+        self.diffusion = diffusion
+        self._spaced: GaussianDiffusion | None = None
+
+    @property
+    def last_nfe(self) -> int | None:
+        return None if self._spaced is None else self._spaced.last_nfe
+
+    def build(
+        self, method: str, num_steps: int, eta: float = 0.0, progress: bool = False
+    ) -> Callable[..., Any]:
+        if method not in SAMPLE_METHODS["ddpm"]:
+            raise ObjectiveError(
+                f"method={method!r} does not sample the ddpm objective; valid: "
+                f"{', '.join(SAMPLE_METHODS['ddpm'])}"
+            )
+        spaced = self._spaced = self.diffusion.respace(
+            str(num_steps) if method == "ddpm" else f"ddim{num_steps}"
+        )
+
+        def _sample(
+            z: Tensor, model_fn: Callable[..., Tensor], *, generator=None, **model_kwargs
+        ) -> list[Tensor]:
+            if method == "ddpm":
+                x = spaced.p_sample_loop(
+                    model_fn,
+                    z.shape,
+                    z,
+                    model_kwargs=model_kwargs,
+                    progress=progress,
+                    generator=generator,
+                )
+            else:
+                x = spaced.ddim_sample_loop(
+                    model_fn,
+                    z.shape,
+                    z,
+                    model_kwargs=model_kwargs,
+                    progress=progress,
+                    eta=eta,
+                    generator=generator,
+                )
+            return [x]
+
+        return _sample
