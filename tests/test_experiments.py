@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -121,7 +122,9 @@ def test_plan_covers_main_variants_seeds_datasets_and_the_ablations():
     main = [s for s in specs if s.variant in digits.MAIN]
     assert len(main) == 2 * 3 * len(digits.MAIN) and specs[: len(main)] == main  # main runs come first
     assert [s.dataset for s in specs[:12]] == ["digits8"] * 12 and {s.seed for s in main} == {0, 1, 2}
-    ablations = specs[len(main):]
+    third = specs[len(main): len(main) + 6]  # the paper's third row (DiT's objective) next, 3 seeds each
+    assert {s.variant for s in third} == {"DiT w. ViT"} and {s.seed for s in third} == {0, 1, 2}
+    ablations = specs[len(main) + 6:]
     assert len(ablations) == 2 * 2 * len(digits.ABLATIONS) and {s.seed for s in ablations} == {0, 1}
     assert len({s.run_dir for s in specs}) == len(specs) == len({s.result_path for s in specs})
     from sit_vit5.models import create_model
@@ -131,7 +134,7 @@ def test_plan_covers_main_variants_seeds_datasets_and_the_ablations():
         spec = digits.RunSpec("digits16", variant, 0)
         cfg = load_config(spec.base_config, spec.overrides())
         assert cfg["data"]["split"] == "train" and cfg["data"]["image_size"] == 16
-        assert variant == "SiT" or "layer_scale_init" in cfg["model"], variant
+        assert variant in ("SiT", "DiT w. ViT") or "layer_scale_init" in cfg["model"], variant
         kwargs = {**model_kwargs(cfg["model"]), "input_size": 16, "in_channels": 1, "num_classes": 10}
         create_model(cfg["model"]["name"], **kwargs)
     leave_one_out = [v for v in digits.ABLATIONS if "SwiGLU" not in v] + ["ViT-5 − LayerScale"]
@@ -173,18 +176,21 @@ def test_layer_scale_decision_rule_and_significance():
 def test_digits_proxy_end_to_end_and_cached(tmp_path, monkeypatch):
     out = tmp_path / "results"
     argv = ["digits", "--seeds", "2", "--steps", "8", "--num-samples", "20", "--datasets", "digits8",
-            "--variants", "SiT", "ViT-5 (γ0=1)", "--jobs", "1", "--runs-dir", str(tmp_path / "runs"),
+            "--variants", "SiT", "ViT-5 (γ0=1)", "DiT w. ViT", "--jobs", "1", "--runs-dir", str(tmp_path / "runs"),
             "--out", str(out), "model.depth=1", "model.hidden_size=32", "model.num_heads=2"]
     assert experiments_main(argv) == 0
     text = (out / "README.md").read_text()
     assert "| SiT | 2 |" in text and "| ViT-5 (γ0=1) | 2 |" in text and "Commit:" in text
     assert "PROTOCOL.md" in text and "floor" in text
+    assert "| DiT w. ViT | 2 |" in text and "n/a (ε objective)" in text
     results = digits.load_results(out)
-    assert len(results) == 4
+    assert len(results) == 6
     for r in results:
         assert sorted(int(s) for s in r["checkpoints"]) == [2, 4, 6, 8]
         for m in r["checkpoints"].values():
-            assert m["heldout_loss"] > 0 and m["digits_fid"] > 0 and 0 <= m["accuracy"] <= 1
+            flow = r["variant"] != "DiT w. ViT"
+            assert (m["heldout_loss"] > 0) if flow else math.isnan(m["heldout_loss"])
+            assert m["digits_fid"] > 0 and 0 <= m["accuracy"] <= 1
         assert r["gate_attn_curve"] == [] or all(v[1] >= 0 for v in r["gate_attn_curve"])
     for name in ("fid_curves.png", "loss_curves.png", "gates.png", "results.csv",
                  "samples-digits8-sit.png", "samples-digits8-vit-5-g-1.png"):

@@ -16,6 +16,7 @@ sweep where the last one stopped); checkpoints live in the run directory under `
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import statistics
@@ -75,10 +76,15 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "ViT-5 + SwiGLU-official": {**_NEW, "model.mlp": "swiglu_vit5"},
     "ViT-5 + SwiGLU-official − LayerScale": {**_NEW, "model.mlp": "swiglu_vit5", "model.layer_scale_init": None},
     "ViT-5 (γ0=1e-4) + SwiGLU-official": {**_VIT5, "model.mlp": "swiglu_vit5", "model.layer_scale_init": 1e-4},
+    # the paper's third row: the SiT backbone under DiT's objective (DDPM, ε + learned variance)
+    "DiT w. ViT": {"model.name": "DiT-S/2", "model.learn_sigma": True, "transport.objective": "ddpm",
+                   "sample.method": "ddim"},
 }
 MAIN = ("SiT", "ViT-5 (γ0=1)", "ViT-5 (γ0=1e-4)", "ViT-5 − LayerScale")
+THIRD_ROW = ("DiT w. ViT",)  # added after the protocol's first version: runs after the main variants
 LAYER_SCALE_CANDIDATES = ("ViT-5 (γ0=1)", "ViT-5 (γ0=1e-4)", "ViT-5 − LayerScale")
-ABLATIONS = tuple(v for v in VARIANTS if v not in MAIN)
+ABLATIONS = tuple(v for v in VARIANTS if v not in MAIN + THIRD_ROW)
+PLOTTED = MAIN + THIRD_ROW  # the curves, as the paper's Fig. 6
 
 
 def count_spikes(losses: Sequence[float], window: int = 100, factor: float = 2.0, skip: int = 100) -> int:
@@ -174,12 +180,14 @@ def heldout_loss(model: nn.Module, transport, x1: Tensor, y: Tensor, num_times: 
 def evaluate_checkpoint(path: Path, spec: RunSpec, test_data: tuple[Tensor, Tensor]) -> dict[str, float]:
     """Held-out loss, digits-FID and accuracy of the EMA weights in checkpoint ``path``."""
     loaded = load_model(path)
-    model, transport = loaded.model, create_transport(**loaded.transport)
-    loss = heldout_loss(model, transport, *test_data)
-    pipeline = SamplingPipeline(
-        model, transport, SampleSpec(method="ode", sampling_method="euler", num_steps=spec.sample_steps),
-        (model.in_channels, model.input_size, model.input_size), model.num_classes,
-    )
+    model = loaded.model
+    if loaded.objective == "sit":
+        loss = heldout_loss(model, create_transport(**loaded.transport), *test_data)
+        spec_ = SampleSpec(method="ode", sampling_method="euler", num_steps=spec.sample_steps)
+    else:  # DiT's objective: its loss is in other units (ε-MSE + VLB), so no flow-matching loss
+        loss = float("nan")
+        spec_ = SampleSpec(method="ddim", num_steps=spec.sample_steps)
+    pipeline = SamplingPipeline.for_model(loaded, spec_)
     pixels, labels = [], []
     for start in range(0, spec.num_samples, 250):
         indices = list(range(start, min(start + 250, spec.num_samples)))
@@ -283,6 +291,7 @@ def plan(seeds: int = 3, ablation_seeds: int = 2, datasets: Sequence[str] = tupl
     ``ablation_seeds`` on each dataset (``variants`` restricts to those names)."""
     chosen = set(variants or VARIANTS)
     specs = [RunSpec(d, v, s, **common) for d in datasets for s in range(seeds) for v in MAIN if v in chosen]
+    specs += [RunSpec(d, v, s, **common) for d in datasets for s in range(seeds) for v in THIRD_ROW if v in chosen]
     specs += [RunSpec(d, v, s, **common)
               for d in datasets for s in range(ablation_seeds) for v in ABLATIONS if v in chosen]
     return specs
@@ -371,8 +380,8 @@ def _plot_metric(results: Sequence[dict[str, Any]], variants: Sequence[str], key
     for ax, d in zip(axes, DATASETS):
         for v in variants:
             runs = _by(results, d, v)
-            if not runs:
-                continue
+            if not runs or math.isnan(runs[0]["checkpoints"][str(runs[0]["steps"])][key]):
+                continue  # e.g. no flow-matching loss for DiT's objective
             steps = sorted(int(s) for s in runs[0]["checkpoints"])
             values = [[r["checkpoints"][str(s)][key] for r in runs] for s in steps]
             means = [statistics.fmean(x) for x in values]
@@ -387,7 +396,8 @@ def _plot_metric(results: Sequence[dict[str, Any]], variants: Sequence[str], key
         ax.set_xlabel("training step")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     report._save(fig, path)
 
 
@@ -409,7 +419,8 @@ def _plot_training(results: Sequence[dict[str, Any]], variants: Sequence[str], k
         if logy:
             ax.set_yscale("log")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     report._save(fig, path)
 
 
@@ -436,12 +447,13 @@ def summary_rows(results: Sequence[dict[str, Any]], dataset: str, variants: Sequ
                                "MFLOPs": f"{runs[0]['mflops']:.3f}"}
         for s in steps:
             row[f"FID@{s}"] = fmt([r["checkpoints"][str(s)]["digits_fid"] for r in runs], 2)
-        row["held-out loss"] = fmt(_final(runs, "heldout_loss"))
+        flow_matching = not math.isnan(_final(runs, "heldout_loss")[0])
+        row["held-out loss"] = fmt(_final(runs, "heldout_loss")) if flow_matching else "n/a (ε objective)"
         row["acc."] = fmt(_final(runs, "accuracy"), 3)
         row["train loss"] = fmt([r["final_loss"] for r in runs])
         row["|gate·γ| attn/mlp"] = (f"{statistics.fmean(r['gate_attn_curve'][-1][1] for r in runs):.3f} / "
                                     f"{statistics.fmean(r['gate_mlp_curve'][-1][1] for r in runs):.3f}")
-        if sit and v != "SiT":
+        if sit and v != "SiT" and flow_matching:
             c = compare(_final(runs, "heldout_loss"), _final(sit, "heldout_loss"))
             rel = 100 * c["delta"] / statistics.fmean(_final(sit, "heldout_loss"))
             verdict = {True: "yes", False: "no", None: "n<2"}[c["exceeds_spread"]]
@@ -459,11 +471,11 @@ def write_report(results: Sequence[dict[str, Any]], out_dir: str | os.PathLike, 
                                              r["seed"]))
     num_samples = results[0]["num_samples"]
     floors = {d: fid_floor(int(DATASETS[d][0].split("=")[1]), num_samples) for d in DATASETS}
-    _plot_metric(results, MAIN, "digits_fid", f"digits-FID ({num_samples} samples, lower is better)",
+    _plot_metric(results, PLOTTED, "digits_fid", f"digits-FID ({num_samples} samples, lower is better)",
                  out / "fid_curves.png", floors)
     _plot_metric(results, MAIN, "heldout_loss", "held-out flow-matching loss (EMA)", out / "loss_curves.png")
-    _plot_training(results, MAIN, "loss_curve", "training loss (20-step mean)", out / "train_loss.png", logy=True)
-    _plot_training(results, MAIN, "gate_attn_curve", "mean |gate·γ| (attention branches)", out / "gates.png")
+    _plot_training(results, PLOTTED, "loss_curve", "training loss (20-step mean)", out / "train_loss.png", logy=True)
+    _plot_training(results, PLOTTED, "gate_attn_curve", "mean |gate·γ| (attention branches)", out / "gates.png")
     flat = [{"dataset": r["dataset"], "variant": r["variant"], "seed": r["seed"], "step": int(s), **m}
             for r in results for s, m in r["checkpoints"].items()]
     report.write_csv(flat, ["dataset", "variant", "seed", "step", "heldout_loss", "digits_fid", "accuracy"],
@@ -485,7 +497,7 @@ def write_report(results: Sequence[dict[str, Any]], out_dir: str | os.PathLike, 
         + "; ".join(f"{d}: {m:.2f} ± {s:.2f} (5 subsets)" for d, (m, s) in floors.items()) + ".\n",
     ]
     for d in DATASETS:
-        for title, variants in (("main comparison", MAIN), ("ablations (on ViT-5 γ0=1 unless named)", ABLATIONS)):
+        for title, variants in (("main comparison", PLOTTED), ("ablations (on ViT-5 γ0=1 unless named)", ABLATIONS)):
             rows = summary_rows(results, d, variants)
             if rows:
                 columns = list(dict.fromkeys(k for row in rows for k in row))
