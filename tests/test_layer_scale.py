@@ -34,7 +34,10 @@ def inputs(b: int = 3):
 def test_named_layer_scale_inits_and_the_default():
     assert LAYER_SCALE_INITS == {"generative": 1.0, "classification": 1e-4}
     model = create_model("ViT5-S/2", **TINY)
-    assert torch.all(model.blocks[0].gamma_1 == VIT5_SWITCHES["layer_scale_init"])
+    assert VIT5_SWITCHES["layer_scale_init"] == 1.0  # the generative default (results/digits)
+    for block in model.blocks:
+        assert torch.all(block.gamma_1 == 1.0) and torch.all(block.gamma_2 == 1.0)
+    assert torch.equal(model(*inputs()), torch.zeros(3, 4, 8, 8))  # still exactly 0 at init
     for name, value in LAYER_SCALE_INITS.items():
         block = create_model("ViT5-S/2", **TINY, layer_scale_init=name).blocks[1]
         assert torch.all(block.gamma_1 == value) and torch.all(block.gamma_2 == value)

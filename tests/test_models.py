@@ -104,7 +104,7 @@ def test_vit5_recipe_components_are_present():
     assert "register_tokens" in keys and model.register_tokens.shape == (1, 4, 64)
     assert "blocks.0.attn.q_norm.weight" in keys and "blocks.0.attn.k_norm.weight" in keys
     assert "blocks.0.attn.qkv.bias" not in keys and "blocks.0.attn.proj.bias" in keys
-    assert torch.all(model.blocks[0].gamma_1 == 1e-4)
+    assert torch.all(model.blocks[0].gamma_1 == 1.0)  # the generative LayerScale init (vit5.py)
     assert model.pos_embed.requires_grad
     assert torch.allclose(model.pos_embed[0], sincos_pos_embed_2d(64, 4))
     assert type(model.blocks[0].norm1).__name__ == "RMSNorm"
