@@ -15,6 +15,7 @@ or DiT's discrete Gaussian diffusion (``objective: ddpm``), both read from the c
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 from torch import Tensor, nn
@@ -214,28 +215,14 @@ class DiffusionSampler:
             str(num_steps) if method == "ddpm" else f"ddim{num_steps}"
         )
 
+        # DDPM: ancestral steps; DDIM: deterministic at eta = 0 (DiT's two samplers)
+        loop = spaced.p_sample_loop if method == "ddpm" else partial(spaced.ddim_sample_loop, eta=eta)
+
         def _sample(
             z: Tensor, model_fn: Callable[..., Tensor], *, generator=None, **model_kwargs
         ) -> list[Tensor]:
-            if method == "ddpm":
-                x = spaced.p_sample_loop(
-                    model_fn,
-                    z.shape,
-                    z,
-                    model_kwargs=model_kwargs,
-                    progress=progress,
-                    generator=generator,
-                )
-            else:
-                x = spaced.ddim_sample_loop(
-                    model_fn,
-                    z.shape,
-                    z,
-                    model_kwargs=model_kwargs,
-                    progress=progress,
-                    eta=eta,
-                    generator=generator,
-                )
+            x = loop(model_fn, z.shape, z, model_kwargs=model_kwargs, progress=progress,
+                     generator=generator)
             return [x]
 
         return _sample
