@@ -59,6 +59,8 @@ def test_matching_groups_pass_and_the_header_names_size_and_backend():
 
 
 ROOT = Path(__file__).resolve().parents[1]
+#: The run header up to the strategy: group size and backend, device, the CPU thread count when one was set.
+HEADER = r"on 2 process\(es\) \(backend gloo\), cpu(:0)?( \(\d+( \(\w+\))? threads\))?, "
 #: learn_sigma stays on (the default): the model's output is then a view, as on ImageNet under FSDP
 TINY = ["model.name=ViT5-S/2", "model.depth=2", "model.hidden_size=32", "model.num_heads=2",
         "data.kind=digits", "data.image_size=8", "data.random_flip=false",
@@ -130,7 +132,7 @@ def test_torchrun_without_cpu_flag_trains_one_gloo_ddp_run(launched, tmp_path):
     """The issue's command: no train.cpu, no GPU. One 2-process group (gloo), equal to 1 process × 4
     accumulated micro-batches (2 processes × 2: the same global batch cut the same way)."""
     root, config, runs = launched
-    assert re.search(r"on 2 process\(es\) \(backend gloo\), cpu(:0)?( \(\d+( \(\w+\))? threads\))?, DDP", runs["ddp"].stdout)
+    assert re.search(HEADER + "DDP", runs["ddp"].stdout)
     one = train(load_config(config, [f"train.out_dir={tmp_path / 'one'}", "train.steps=3", "train.grad_accum=4"]))
     assert one.losses == pytest.approx(losses(root / "ddp"), abs=1e-6)
     a, b = checkpoint_at(root / "ddp", 3), read_checkpoint(one.checkpoint)
@@ -141,7 +143,7 @@ def test_torchrun_without_cpu_flag_trains_one_gloo_ddp_run(launched, tmp_path):
 @pytest.mark.slow
 def test_fsdp_equals_ddp_and_keeps_the_usual_checkpoint_layout(launched):
     root, _, runs = launched
-    assert re.search(r"on 2 process\(es\) \(backend gloo\), cpu(:0)?( \(\d+( \(\w+\))? threads\))?, FSDP2", runs["fsdp"].stdout)
+    assert re.search(HEADER + "FSDP2", runs["fsdp"].stdout)
     ddp_losses, fsdp_losses = losses(root / "ddp"), losses(root / "fsdp")
     assert len(fsdp_losses) == 3 and fsdp_losses == pytest.approx(ddp_losses, abs=1e-5)
     ddp, fsdp = checkpoint_at(root / "ddp", 3), checkpoint_at(root / "fsdp", 3)
