@@ -374,7 +374,8 @@ def decide_default(results: Sequence[dict[str, Any]]) -> tuple[str | None, str]:
 
 def _plot_metric(results: Sequence[dict[str, Any]], variants: Sequence[str], key: str, ylabel: str,
                  path: Path, floors: dict[str, tuple[float, float]] | None = None) -> None:
-    """Fig. 6 style: one panel per dataset, metric vs training step, mean line ± std band over seeds."""
+    """Fig. 6 style: one panel per dataset, metric vs training step (log scale: early and late
+    differences both visible), mean line ± std band over seeds."""
     plt = report._pyplot()
     fig, axes = plt.subplots(1, len(DATASETS), figsize=(5.5 * len(DATASETS), 4))
     for ax, d in zip(axes, DATASETS):
@@ -395,7 +396,8 @@ def _plot_metric(results: Sequence[dict[str, Any]], variants: Sequence[str], key
         ax.set_title(d)
         ax.set_xlabel("training step")
         ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
+        ax.set_yscale("log")
+        ax.grid(alpha=0.3, which="both")
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
     report._save(fig, path)
@@ -451,7 +453,7 @@ def summary_rows(results: Sequence[dict[str, Any]], dataset: str, variants: Sequ
         row["held-out loss"] = fmt(_final(runs, "heldout_loss")) if flow_matching else "n/a (ε objective)"
         row["acc."] = fmt(_final(runs, "accuracy"), 3)
         row["train loss"] = fmt([r["final_loss"] for r in runs])
-        row["|gate·γ| attn/mlp"] = (f"{statistics.fmean(r['gate_attn_curve'][-1][1] for r in runs):.3f} / "
+        row["mean abs(gate·γ) attn/mlp"] = (f"{statistics.fmean(r['gate_attn_curve'][-1][1] for r in runs):.3f} / "
                                     f"{statistics.fmean(r['gate_mlp_curve'][-1][1] for r in runs):.3f}")
         if sit and v != "SiT" and flow_matching:
             c = compare(_final(runs, "heldout_loss"), _final(sit, "heldout_loss"))
@@ -504,9 +506,9 @@ def write_report(results: Sequence[dict[str, Any]], out_dir: str | os.PathLike, 
                 lines += [f"## {d}: {title}\n", report.markdown_table(rows, columns)]
     lines += ["FID at each checkpoint and the held-out loss (final checkpoint) are mean ± std over n seeds; "
               "'beyond spread' = |Δ| larger than the larger seed std; p = Welch's t-test (small n: indicative "
-              "only). |gate·γ| = mean over blocks, batch and channels at the end of training.\n",
+              "only). abs(gate·γ) = mean of |gate·γ| over blocks, batch and channels at the end of training.\n",
               "![digits-FID vs step](fid_curves.png)\n", "![held-out loss vs step](loss_curves.png)\n",
-              "![mean |gate·γ|](gates.png)\n", "![training loss](train_loss.png)\n"]
+              "![mean abs(gate·γ)](gates.png)\n", "![training loss](train_loss.png)\n"]
     analysis = out / "analysis.md"
     if analysis.is_file():
         lines += [analysis.read_text()]
