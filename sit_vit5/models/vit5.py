@@ -9,11 +9,11 @@ and LayerScale multiplies the adaLN gate. Every component is a switch; with all 
 
 LayerScale starts at γ0 = 1 ("generative"), not the classification recipe's 1e-4. Under AdamW at SiT-like
 learning rates a 1e-4 gamma on top of the zero-init adaLN gate stalls near 0.02 and leaves every residual
-branch ~4× weaker than SiT's for the whole run (mean |gate·γ| 0.047 vs SiT 0.203 at the end of the digits
-proxy). Digits proxy (results/digits, pre-registered protocol; held-out flow-matching loss of the EMA weights
-after 2,000 steps, 8×8 digits, n = 3 seeds each): SiT 0.3960 ± 0.0018; γ0 = 1 0.3853 ± 0.0033 (−2.7 %,
-beyond the seed spread; digits-FID 8.1 vs 11.9); no LayerScale 0.3853 ± 0.0036 (a tie with γ0 = 1);
-γ0 = 1e-4 0.4245 ± 0.0080 (+7.2 %, digits-FID 36.0). With γ0 = 1 the network starts as exactly the SiT
+branch ~5× weaker than SiT's for the whole run (mean |gate·γ| 0.04-0.05 vs SiT 0.20-0.26 at the end of the
+digits proxy). Digits proxy (results/digits, pre-registered protocol; held-out flow-matching loss of the EMA
+weights after 2,000 steps, n = 3 seeds each, relative to SiT): γ0 = 1: -2.7 % (8x8) / -4.1 % (16x16), beyond
+the seed spread (digits-FID 8.1 vs 11.9 at 8x8); no LayerScale: -2.7 % / -4.0 % (a tie with γ0 = 1);
+γ0 = 1e-4: +7.2 % / +14.0 % (digits-FID 36 vs 12). With γ0 = 1 the network starts as exactly the SiT
 function and keeps γ as a learnable per-channel scale; ``layer_scale_init="classification"`` (1e-4) remains
 for the official ImageNet-1k classification recipe (LAMB, lr 3e-3-4e-3, long warm-up).
 """
