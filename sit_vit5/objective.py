@@ -193,10 +193,16 @@ class DiffusionSampler:
     :class:`~sit_vit5.transport.Sampler`: :meth:`build` returns ``fn(z, model_fn, *, generator=None,
     **model_kwargs) -> [x]`` (final sample last) and ``last_nfe`` counts the model calls of the
     latest call. ``num_steps`` respaced steps of the trained process: DDPM keeps them evenly spread
-    with both ends (DiT's ``"250"``), DDIM on an integer stride (ADM's ``"ddim50"``)."""
+    with both ends (DiT's ``"250"``), DDIM on an integer stride (ADM's ``"ddim50"``).
 
-    def __init__(self, diffusion: GaussianDiffusion) -> None:
+    ``clip_denoised``: clamp each step's x0 prediction to [-1, 1], the data range of pixel-space
+    models (ADM / IDDPM sample images so); DiT's latents are unbounded, so DiT samples without it.
+    Unclipped, the first step of the cosine schedule (alpha_bar_T ~ 2e-9) scales the eps error by
+    sqrt(alpha_bar_{t-1} / alpha_bar_t) ~ 630 on 50 respaced steps."""
+
+    def __init__(self, diffusion: GaussianDiffusion, clip_denoised: bool = False) -> None:
         self.diffusion = diffusion
+        self.clip_denoised = clip_denoised
         self._spaced: GaussianDiffusion | None = None
 
     @property
@@ -221,8 +227,8 @@ class DiffusionSampler:
         def _sample(
             z: Tensor, model_fn: Callable[..., Tensor], *, generator=None, **model_kwargs
         ) -> list[Tensor]:
-            x = loop(model_fn, z.shape, z, model_kwargs=model_kwargs, progress=progress,
-                     generator=generator)
+            x = loop(model_fn, z.shape, z, clip_denoised=self.clip_denoised,
+                     model_kwargs=model_kwargs, progress=progress, generator=generator)
             return [x]
 
         return _sample

@@ -214,7 +214,9 @@ class SamplingPipeline:
     guidance of "all channels" means the C noise channels, as DiT's).
 
     ``latent_shape`` is ``(C, h, w)`` of the model input; ``decode`` maps samples to images in [-1,
-    1] ``(B, 3 or C, H, W)`` (None: pixel-space model, identity). ``precision`` bf16 runs the model
+    1] ``(B, 3 or C, H, W)`` (None: identity). ``pixel_space``: the model generates images in [-1,
+    1] itself (None: when ``decode`` is None); DDPM / DDIM then clip their x0 predictions to that
+    range, as ADM does for images (DiT's latents are unbounded: no clipping). ``precision`` bf16 runs the model
     under autocast (the integrator stays fp32). The initial noise is drawn on the CPU from
     per-sample generators, so it is the same on every device. The model is moved to ``device`` in
     eval mode.
@@ -229,6 +231,7 @@ class SamplingPipeline:
     device: torch.device | str = "cpu"
     precision: str = "fp32"
     source: str = "the model"  # what errors call the weights (sample.py: the checkpoint path)
+    pixel_space: bool | None = None
     sampler: Sampler | DiffusionSampler = field(init=False, repr=False)
     sample_fn: Callable[..., Any] = field(init=False, repr=False)
     model_fn: Callable[..., Tensor] = field(init=False, repr=False)
@@ -252,7 +255,8 @@ class SamplingPipeline:
         # eval: no label dropout
         self.model = prepare_model(self.model, objective).to(self.device).eval()
         if objective == "ddpm":
-            self.sampler = DiffusionSampler(self.transport)
+            pixels = self.decode is None if self.pixel_space is None else self.pixel_space
+            self.sampler = DiffusionSampler(self.transport, clip_denoised=pixels)
         else:
             self.sampler = Sampler(self.transport)
         self.sample_fn = spec.build(self.sampler)
@@ -269,6 +273,7 @@ class SamplingPipeline:
         """The pipeline of a loaded checkpoint at its training size, with its objective (transport
         or DiT's diffusion); ``kwargs``: ``decode``, ``device``, ``precision``."""
         side = loaded.input_size
+        kwargs.setdefault("pixel_space", loaded.vae.get("name", "none") == "none")
         return cls(loaded.model, create_objective(loaded.objective_config), spec,
                    (loaded.in_channels, side, side), loaded.num_classes, **kwargs)
 

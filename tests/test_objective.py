@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sit_vit5.config import DEFAULTS, ConfigError, load_config
+from sit_vit5.config import DEFAULTS, ConfigError, flatten, load_config
 from sit_vit5.diffusion import GaussianDiffusion, create_diffusion
 from sit_vit5.models import create_model, list_models, load_model, name_objective
 from sit_vit5.objective import (
@@ -130,6 +130,18 @@ def test_diffusion_sampler_respaces_the_trained_process():
     assert torch.equal(diffusion.respace("25").betas, spaced.betas)
     with pytest.raises(ValueError, match="ddpm objective"):
         sampler.build("ode", 10)
+
+
+def test_the_ddpm_demo_is_the_demo_with_dits_objective():
+    """configs/demo-dit.yaml differs from the demo only in the objective, its sampler and the lr: the two
+    demos compare the objectives on the same backbone, data and steps."""
+    demo, dit = flatten(load_config("configs/demo.yaml")), flatten(load_config("configs/demo-dit.yaml"))
+    changed = {k for k in demo.keys() | dit.keys() if demo.get(k) != dit.get(k)}
+    assert changed == {"model.learn_sigma", "transport.objective", "transport.noise_schedule", "optim.lr",
+                       "sample.method", "train.out_dir"}
+    assert (dit["transport.objective"], dit["transport.noise_schedule"], dit["model.learn_sigma"]) == (
+        "ddpm", "cosine", True)
+    assert dit["vae.name"] == "none"  # pixel space: its DDPM / DDIM sampling clips x0 to [-1, 1]
 
 
 def test_configs_without_the_objective_key_resume_as_sit():

@@ -320,3 +320,44 @@ def test_dit_protocol_flags_parse():
     assert (
         sample.resolve_spec(no_method, {}, "ddpm").method == "ddpm"
     )  # the objective's default sampler
+
+
+class _ZeroEps(torch.nn.Module):
+    """A 2C-channel ddpm model that predicts eps = 0: its x0 estimate x_t / sqrt(alpha_bar_t) is far out of
+    [-1, 1], so clipping shows in every sample."""
+
+    learn_sigma, num_classes = True, CLASSES
+
+    def forward(self, x, t, y):
+        return torch.zeros(x.shape[0], 2 * x.shape[1], *x.shape[2:])
+
+
+@pytest.mark.parametrize("method", ["ddpm", "ddim"])
+def test_pixel_space_samples_clip_x0_latent_ones_do_not(method):
+    diffusion = create_diffusion("", noise_schedule="cosine")
+    spec = SampleSpec(method=method, num_steps=10)
+    shape = (C, SIDE, SIDE)
+    pixel = SamplingPipeline(_ZeroEps(), diffusion, spec, shape, CLASSES)  # no decoder: pixel space
+    latent = SamplingPipeline(_ZeroEps(), diffusion, spec, shape, CLASSES, decode=lambda x: x)
+    x_pixel = pixel.generate([0, 1], 0, labels=[0, 1]).pixels
+    x_latent = latent.generate([0, 1], 0, labels=[0, 1]).pixels
+    # the last step returns the (clipped) x0 estimate: ADM's image convention keeps it in [-1, 1]
+    assert x_pixel.abs().max() <= 1 and x_latent.abs().max() > 10
+    # the same by hand with DiT's API: clip_denoised=True in pixel space, False (DiT) for latents
+    spaced = create_diffusion(("" if method == "ddpm" else "ddim") + "10", noise_schedule="cosine")
+    loop = spaced.p_sample_loop if method == "ddpm" else spaced.ddim_sample_loop
+    gens = [torch.Generator().manual_seed(sample_seed(0, i)) for i in range(2)]
+    z = torch.stack([torch.randn(shape, generator=g) for g in gens])
+    for clip, got in ((True, x_pixel), (False, x_latent)):
+        gens = [torch.Generator().manual_seed(sample_seed(0, i)) for i in range(2)]
+        [torch.randn(shape, generator=g) for g in gens]  # advance past the initial noise, as generate does
+        expected = loop(_ZeroEps(), z.shape, z.clone(), clip_denoised=clip,
+                        model_kwargs=dict(y=torch.tensor([0, 1])), generator=gens)
+        assert torch.equal(got, expected)
+
+
+def test_loaded_checkpoints_know_whether_they_sample_pixels(dit_file):
+    info = load_model(dit_file, "DiT-S/2", overrides=ARCH)  # DiT: SD-VAE latents
+    assert not SamplingPipeline.for_model(info, SampleSpec(method="ddpm", num_steps=5)).sampler.clip_denoised
+    info.vae = {"name": "none"}
+    assert SamplingPipeline.for_model(info, SampleSpec(method="ddpm", num_steps=5)).sampler.clip_denoised

@@ -2,7 +2,7 @@
 
     python train.py                                         # the demo: tiny ViT-5 on 8×8 digits, CPU, minutes
     python train.py --config configs/X.yaml train.steps=1000 optim.lr=2e-4
-    python train.py transport.objective=ddpm model.learn_sigma=true sample.method=ddpm  # DiT's objective
+    python train.py --config demo-dit                       # the demo with DiT's objective (DDPM)
     python train.py --config configs/X.yaml --resume latest # continue the run in train.out_dir
     python train.py --resume runs/X                         # the same, with the run's saved config.yaml
     accelerate launch --multi_gpu --num_processes 8 train.py --config configs/X.yaml
