@@ -172,6 +172,22 @@ def test_layer_scale_decision_rule_and_significance():
     assert digits.compare([1.0], [2.0])["exceeds_spread"] is None
 
 
+def test_ablation_rows_are_compared_with_the_variant_they_modify():
+    losses = {"SiT": 1.0, "ViT-5 (γ0=1)": 0.9, "ViT-5 (γ0=1e-4)": 1.1, "ViT-5 − RoPE": 0.99,
+              "ViT-5 (γ0=1e-4) + SwiGLU-official": 1.078}
+    extra = {"params": 1, "mflops": 1.0, "final_loss": 1.0, "loss_spikes": 0, "gate_attn_curve": [[4, 0.1]],
+             "gate_mlp_curve": [[4, 0.1]]}
+    results = [{**_fake("digits8", v, s, m + 1e-4 * s), **extra} for v, m in losses.items() for s in range(2)]
+    rows = {r["variant"]: r for r in digits.summary_rows(results, "digits8", digits.ABLATIONS, ablations=True)}
+    assert set(rows) == {"ViT-5 − RoPE", "ViT-5 (γ0=1e-4) + SwiGLU-official"}
+    assert rows["ViT-5 − RoPE"]["Δ loss vs its base"].startswith("+10.00 % (")  # 0.99 / 0.9
+    assert rows["ViT-5 − RoPE"]["Δ loss vs its base"].endswith("beyond spread: yes) vs γ0=1")
+    assert rows["ViT-5 (γ0=1e-4) + SwiGLU-official"]["Δ loss vs its base"].startswith("-2.00 % (")  # 1.078 / 1.1
+    assert rows["ViT-5 − RoPE"]["Δ loss vs SiT"].startswith("-1.00 % (")
+    main = digits.summary_rows(results, "digits8", digits.MAIN)
+    assert all("Δ loss vs its base" not in r for r in main)
+
+
 @pytest.mark.slow
 def test_digits_proxy_end_to_end_and_cached(tmp_path, monkeypatch):
     out = tmp_path / "results"

@@ -436,8 +436,23 @@ def _git_commit() -> str:
         return "unknown"
 
 
-def summary_rows(results: Sequence[dict[str, Any]], dataset: str, variants: Sequence[str]) -> list[dict[str, Any]]:
-    """One table row per variant with results on ``dataset``: n, metrics at every checkpoint, Δ vs SiT."""
+def ablation_base(variant: str) -> str:
+    """The variant an ablation leaves one thing out of (or adds one thing to)."""
+    return "ViT-5 (γ0=1e-4)" if "γ0=1e-4" in variant else "ViT-5 (γ0=1)"
+
+
+def _delta(runs: Sequence[dict[str, Any]], reference: Sequence[dict[str, Any]]) -> str:
+    """Final held-out loss of ``runs`` relative to ``reference``: "+1.23 % (p=.., beyond spread: yes)"."""
+    c = compare(_final(runs, "heldout_loss"), _final(reference, "heldout_loss"))
+    rel = 100 * c["delta"] / statistics.fmean(_final(reference, "heldout_loss"))
+    verdict = {True: "yes", False: "no", None: "n<2"}[c["exceeds_spread"]]
+    return f"{rel:+.2f} % (p={c['p']:.2g}, beyond spread: {verdict})"
+
+
+def summary_rows(results: Sequence[dict[str, Any]], dataset: str, variants: Sequence[str],
+                 ablations: bool = False) -> list[dict[str, Any]]:
+    """One table row per variant with results on ``dataset``: n, metrics at every checkpoint, Δ vs SiT
+    (and, for ``ablations``, Δ vs the ViT-5 variant each one modifies)."""
     rows = []
     sit = _by(results, dataset, "SiT")
     for v in variants:
@@ -456,10 +471,10 @@ def summary_rows(results: Sequence[dict[str, Any]], dataset: str, variants: Sequ
         row["mean abs(gate·γ) attn/mlp"] = (f"{statistics.fmean(r['gate_attn_curve'][-1][1] for r in runs):.3f} / "
                                     f"{statistics.fmean(r['gate_mlp_curve'][-1][1] for r in runs):.3f}")
         if sit and v != "SiT" and flow_matching:
-            c = compare(_final(runs, "heldout_loss"), _final(sit, "heldout_loss"))
-            rel = 100 * c["delta"] / statistics.fmean(_final(sit, "heldout_loss"))
-            verdict = {True: "yes", False: "no", None: "n<2"}[c["exceeds_spread"]]
-            row["Δ loss vs SiT"] = f"{rel:+.2f} % (p={c['p']:.2g}, beyond spread: {verdict})"
+            row["Δ loss vs SiT"] = _delta(runs, sit)
+        base = _by(results, dataset, ablation_base(v))
+        if ablations and base:
+            row["Δ loss vs its base"] = f"{_delta(runs, base)} vs {ablation_base(v).removeprefix('ViT-5 ').strip('()')}"
         row["spikes"] = sum(r["loss_spikes"] for r in runs)
         rows.append(row)
     return rows
@@ -500,7 +515,7 @@ def write_report(results: Sequence[dict[str, Any]], out_dir: str | os.PathLike, 
     ]
     for d in DATASETS:
         for title, variants in (("main comparison", PLOTTED), ("ablations (on ViT-5 γ0=1 unless named)", ABLATIONS)):
-            rows = summary_rows(results, d, variants)
+            rows = summary_rows(results, d, variants, ablations=variants is ABLATIONS)
             if rows:
                 columns = list(dict.fromkeys(k for row in rows for k in row))
                 lines += [f"## {d}: {title}\n", report.markdown_table(rows, columns)]
