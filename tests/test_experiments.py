@@ -122,9 +122,10 @@ def test_plan_covers_main_variants_seeds_datasets_and_the_ablations():
     main = [s for s in specs if s.variant in digits.MAIN]
     assert len(main) == 2 * 3 * len(digits.MAIN) and specs[: len(main)] == main  # main runs come first
     assert [s.dataset for s in specs[:12]] == ["digits8"] * 12 and {s.seed for s in main} == {0, 1, 2}
-    third = specs[len(main): len(main) + 6]  # the paper's third row (DiT's objective) next, 3 seeds each
-    assert {s.variant for s in third} == {"DiT w. ViT"} and {s.seed for s in third} == {0, 1, 2}
-    ablations = specs[len(main) + 6:]
+    n_third = 2 * 3 * len(digits.THIRD_ROW)  # the paper's third row (DiT's objective) next, 3 seeds each
+    third = specs[len(main): len(main) + n_third]
+    assert {s.variant for s in third} == set(digits.THIRD_ROW) and {s.seed for s in third} == {0, 1, 2}
+    ablations = specs[len(main) + n_third:]
     assert len(ablations) == 2 * 2 * len(digits.ABLATIONS) and {s.seed for s in ablations} == {0, 1}
     assert len({s.run_dir for s in specs}) == len(specs) == len({s.result_path for s in specs})
     from sit_vit5.models import create_model
@@ -134,7 +135,7 @@ def test_plan_covers_main_variants_seeds_datasets_and_the_ablations():
         spec = digits.RunSpec("digits16", variant, 0)
         cfg = load_config(spec.base_config, spec.overrides())
         assert cfg["data"]["split"] == "train" and cfg["data"]["image_size"] == 16
-        assert variant in ("SiT", "DiT w. ViT") or "layer_scale_init" in cfg["model"], variant
+        assert variant == "SiT" or variant in digits.THIRD_ROW or "layer_scale_init" in cfg["model"], variant
         kwargs = {**model_kwargs(cfg["model"]), "input_size": 16, "in_channels": 1, "num_classes": 10}
         create_model(cfg["model"]["name"], **kwargs)
     leave_one_out = [v for v in digits.ABLATIONS if "SwiGLU" not in v] + ["ViT-5 − LayerScale"]

@@ -79,9 +79,12 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # the paper's third row: the SiT backbone under DiT's objective (DDPM, ε + learned variance)
     "DiT w. ViT": {"model.name": "DiT-S/2", "model.learn_sigma": True, "transport.objective": "ddpm",
                    "sample.method": "ddim"},
+    # exploratory (added later): IDDPM's cosine schedule, made for low resolution, instead of DiT's linear one
+    "DiT w. ViT (cosine)": {"model.name": "DiT-S/2", "model.learn_sigma": True, "transport.objective": "ddpm",
+                            "transport.noise_schedule": "cosine", "sample.method": "ddim"},
 }
 MAIN = ("SiT", "ViT-5 (γ0=1)", "ViT-5 (γ0=1e-4)", "ViT-5 − LayerScale")
-THIRD_ROW = ("DiT w. ViT",)  # added after the protocol's first version: runs after the main variants
+THIRD_ROW = ("DiT w. ViT", "DiT w. ViT (cosine)")  # added after the protocol's first version: after MAIN
 LAYER_SCALE_CANDIDATES = ("ViT-5 (γ0=1)", "ViT-5 (γ0=1e-4)", "ViT-5 − LayerScale")
 ABLATIONS = tuple(v for v in VARIANTS if v not in MAIN + THIRD_ROW)
 PLOTTED = MAIN + THIRD_ROW  # the curves, as the paper's Fig. 6
