@@ -216,8 +216,8 @@ class SamplingPipeline:
     ``latent_shape`` is ``(C, h, w)`` of the model input; ``decode`` maps samples to images in [-1,
     1] ``(B, 3 or C, H, W)`` (None: identity). ``pixel_space``: the model generates images in [-1,
     1] itself (None: when ``decode`` is None); DDPM / DDIM then clip their x0 predictions to that
-    range, as ADM does for images (DiT's latents are unbounded: no clipping). ``precision`` bf16 runs the model
-    under autocast (the integrator stays fp32). The initial noise is drawn on the CPU from
+    range, as ADM does for images (DiT's latents are unbounded: no clipping). ``precision`` bf16
+    runs the model under autocast (the integrator stays fp32). The initial noise is drawn on the CPU from
     per-sample generators, so it is the same on every device. The model is moved to ``device`` in
     eval mode.
     """
