@@ -173,6 +173,15 @@ def test_layer_scale_decision_rule_and_significance():
     assert digits.compare([1.0], [2.0])["exceeds_spread"] is None
 
 
+def test_load_results_keeps_complete_runs_of_known_variants(tmp_path, capsys):
+    runs = tmp_path / "runs" / "digits8"
+    runs.mkdir(parents=True)
+    for name, variant, complete in (("a", "SiT", True), ("b", "SiT", False), ("c", "Some newer variant", True)):
+        (runs / f"{name}.json").write_text(json.dumps({**_fake("digits8", variant, 0, 1.0), "complete": complete}))
+    assert [r["variant"] for r in digits.load_results(tmp_path)] == ["SiT"]
+    assert "Some newer variant" in capsys.readouterr().out
+
+
 def test_ablation_rows_are_compared_with_the_variant_they_modify():
     losses = {"SiT": 1.0, "ViT-5 (γ0=1)": 0.9, "ViT-5 (γ0=1e-4)": 1.1, "ViT-5 − RoPE": 0.99,
               "ViT-5 (γ0=1e-4) + SwiGLU-official": 1.078}

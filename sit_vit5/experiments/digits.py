@@ -301,9 +301,14 @@ def plan(seeds: int = 3, ablation_seeds: int = 2, datasets: Sequence[str] = tupl
 
 
 def load_results(results_dir: str | os.PathLike = RESULTS) -> list[dict[str, Any]]:
-    """Every complete cached run under ``results_dir/runs``."""
+    """Every complete cached run under ``results_dir/runs`` of a variant this code knows (a cache shared with
+    newer code may hold others: they are named and left out)."""
     found = [json.loads(p.read_text()) for p in sorted(Path(results_dir).glob("runs/*/*.json"))]
-    return [r for r in found if r.get("complete")]
+    complete = [r for r in found if r.get("complete")]
+    unknown = sorted({r["variant"] for r in complete} - set(VARIANTS))
+    if unknown:
+        print(f"left out of the report (variants this code does not define): {', '.join(unknown)}")
+    return [r for r in complete if r["variant"] in VARIANTS]
 
 
 # ----------------------------------------------------------------------------- report
