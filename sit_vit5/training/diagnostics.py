@@ -60,11 +60,11 @@ class GateMonitor:
     @torch.no_grad()
     def metrics(self) -> dict[str, float]:
         """Statistics of the captured forward (empty if nothing was captured); clears the capture."""
-        if len(self._outputs) != len(self.blocks):
+        if not self.blocks or len(self._outputs) != len(self.blocks):
             self._outputs.clear()
             return {}
-        out: dict[str, float] = {}
-        sums = dict.fromkeys(_GATES, 0.0)
+        names: list[str] = []
+        values: list[Tensor] = []
         for i, block in enumerate(self.blocks):
             chunks = self._outputs[i].float().chunk(6, dim=1)
             for branch, (chunk, gamma_name) in _GATES.items():
@@ -73,10 +73,11 @@ class GateMonitor:
                 if gamma is not None:  # sharded outside the forward under FSDP: gather (collective)
                     gamma = gamma.full_tensor() if hasattr(gamma, "full_tensor") else gamma
                     gate = gate * gamma.detach().float()
-                out[f"gate/{branch}/{i:02d}"] = gate.abs().mean().item()
-                out[f"gate_spread/{branch}/{i:02d}"] = gate.std(dim=0, unbiased=False).mean().item()
-                sums[branch] += out[f"gate/{branch}/{i:02d}"]
-        for branch, total in sums.items():
-            out[f"gate/{branch}/mean"] = total / max(1, len(self.blocks))
+                names += [f"gate/{branch}/{i:02d}", f"gate_spread/{branch}/{i:02d}"]
+                values += [gate.abs().mean(), gate.std(dim=0, unbiased=False).mean()]
         self._outputs.clear()
+        out = dict(zip(names, torch.stack(values).tolist()))  # one device sync for all blocks
+        for branch in _GATES:
+            per_block = [out[f"gate/{branch}/{i:02d}"] for i in range(len(self.blocks))]
+            out[f"gate/{branch}/mean"] = sum(per_block) / max(1, len(per_block))
         return out
