@@ -43,7 +43,7 @@ from ..data import DATASETS, build_dataset
 from ..distributed import check_group, describe_group, prepare_launch
 from ..images import save_grid
 from ..io import unwritable_dir_reason
-from ..models import model_from_config
+from ..models import count_params, model_from_config
 from ..objective import Objective, create_objective, prepare_model, training_loss
 from ..runtime import set_cpu_threads
 from ..sampling import SampleSpec, SamplingPipeline
@@ -396,7 +396,7 @@ def build(cfg: Config, resume: str | None) -> Run:
     model = prepare_model(model_from_config(cfg["model"]), cfg["transport"])
     threads = None
     if device.type == "cpu":
-        count, reason = set_cpu_threads(sum(p.numel() for p in model.parameters()), t["cpu_threads"])
+        count, reason = set_cpu_threads(count_params(model), t["cpu_threads"])
         threads = f"{count} ({reason})"
     if t["grad_checkpointing"]:
         model.set_grad_checkpointing(True)
