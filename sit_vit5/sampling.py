@@ -271,7 +271,8 @@ class SamplingPipeline:
     @classmethod
     def for_model(cls, loaded: LoadedModel, spec: SampleSpec, **kwargs: Any) -> SamplingPipeline:
         """The pipeline of a loaded checkpoint at its training size, with its objective (transport
-        or DiT's diffusion); ``kwargs``: ``decode``, ``device``, ``precision``."""
+        or DiT's diffusion); ``kwargs``: ``decode``, ``device``, ``precision``, ``pixel_space`` (default:
+        from the checkpoint's ``vae.name``: "none" = pixel space)."""
         side = loaded.input_size
         kwargs.setdefault("pixel_space", loaded.vae.get("name", "none") == "none")
         return cls(loaded.model, create_objective(loaded.objective_config), spec,
