@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 import torch
 from PIL import Image
 
@@ -44,11 +45,28 @@ def test_imagenet_configs_differ_only_in_the_backbone():
             a, b = dict(sit[section]), dict(vit5[section])
             if section == "model":
                 a.pop("name"), b.pop("name")
+                a.pop("layer_scale_init", None), b.pop("layer_scale_init")
             if section == "train":
                 a.pop("out_dir"), b.pop("out_dir")
             assert a == b, section
         assert sit["optim"]["lr"] == 1e-4 and sit["optim"]["ema_decay"] == 0.9999  # the SiT recipe (docs/DESIGN.md §5)
         assert sit["data"]["global_batch_size"] == 256 and sit["vae"]["scaling_factor"] == 0.18215
+
+
+def test_published_configs_train_in_the_published_precision_and_pin_layer_scale():
+    """SiT and DiT trained in fp32: the configs that claim a published number default to it (bf16 is an
+    option); every ViT5 file spells out gamma0 instead of taking the code default."""
+    from sit_vit5.models.vit5 import LAYER_SCALE_INITS
+
+    assert len(IMAGENET_CONFIGS) == 12
+    for path in IMAGENET_CONFIGS:
+        raw = yaml.safe_load(path.read_text())
+        assert raw["train"]["precision"] == "fp32", path.name
+        if path.stem.startswith("vit5-"):
+            assert raw["model"]["layer_scale_init"] == LAYER_SCALE_INITS["generative"], path.name
+            assert "generative setting" in path.read_text(), path.name
+        else:
+            assert "layer_scale_init" not in raw["model"], path.name
 
 
 def test_dit_configs_are_the_sit_recipe_with_dits_objective():
