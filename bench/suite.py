@@ -1,7 +1,8 @@
-"""The issue's GPU measurements in one run (about 10 minutes on an H200), one JSON file per stage.
+"""The GPU measurements in one run (sized for under 8 minutes on an H200), one JSON file per stage.
 
     python -m bench.suite --out results/bench/h200            # all stages
     python -m bench.suite --out results/bench/h200 --stages xl_eager sample
+    python -m bench.suite --out /tmp/dry --device cpu          # dry run: every stage, tiny, depth 1 (seconds)
 
 Stages (each catches its own failure, so one error does not lose the others):
   xl_eager     XL/2 bf16 eager, batch 32 and 64: SiT, ViT5, timm-SiT: img/s, MFU, peak memory (and
@@ -10,8 +11,12 @@ Stages (each catches its own failure, so one error does not lose the others):
   small        S/2 and B/2, fp32 and bf16, eager, batch 32: the ViT5/SiT and SiT/timm ratios
   fsdp         XL/2 bf16 eager, batch 32, FSDP2-sharded in a 1-process group: SiT, ViT5
   sample       XL/2 bf16, 250-step Euler-Maruyama SDE with CFG 4.0, 32 images: img/s
+  sample_nocfg the same without guidance (one model call per step instead of a doubled batch)
+  pipeline     SiTPipeline (ViT5-XL/2 + the SD-VAE architecture) in fp32, bf16 and fp16: img/s and the
+               pixel error against fp32
   data_path    SD-VAE architecture (random weights: no download) vs latent cache, yardstick SiT-XL/2 bf16
-``--smoke`` shrinks every stage to seconds on a CPU (tests).
+``--device cpu`` (or ``--smoke``) shrinks every stage to seconds on a CPU, at ``--depth`` blocks (default 1):
+the dry run that proves the suite end to end before a GPU session spends its minutes on it.
 """
 
 from __future__ import annotations
@@ -20,9 +25,9 @@ import argparse
 import traceback
 from pathlib import Path
 
-from bench import data_path, sample, train_step
+from bench import data_path, pipeline, sample, train_step
 
-TIMING = "--warmup 3 --steps 5 --rounds 3"
+TIMING = "--warmup 2 --steps 4 --rounds 3"
 STAGES = {
     "xl_eager": (train_step.main, f"--sizes XL --precisions bf16 --batch-size 32 64 {TIMING}"),
     "xl_compile": (train_step.main, f"--sizes XL --precisions bf16 --modes compile --models SiT ViT5 "
@@ -31,6 +36,9 @@ STAGES = {
     "fsdp": (train_step.main, f"--sizes XL --precisions bf16 --models SiT ViT5 --fsdp --batch-size 32 {TIMING}"),
     "sample": (sample.main, "--sizes XL --precisions bf16 --samplers sde --num-steps 250 --cfg-scale 4.0 "
                             "--batch-size 32 --rounds 2"),
+    "sample_nocfg": (sample.main, "--sizes XL --precisions bf16 --samplers sde --num-steps 250 --cfg-scale 1.0 "
+                                  "--batch-size 32 --rounds 2"),
+    "pipeline": (pipeline.main, "--size XL --precisions fp32 bf16 fp16 --num-images 16 --num-steps 50 --rounds 2"),
     "data_path": (data_path.main, "--model SiT-XL/2 --precision bf16 --batch-size 32 --num-images 128"),
 }
 #: --smoke: appended to every stage of that script (argparse keeps the last value given).
@@ -39,6 +47,8 @@ SMOKE = {
     "train_step": f"{TINY} --sizes S --input-size 8 --precisions fp32 --modes eager",
     "sample": f"{TINY} --sizes S --input-size 8 --precisions fp32 --num-steps 3",
     "data_path": f"{TINY} --vae tiny --image-size 32 --num-images 4 --model SiT-S/2 --precision fp32",
+    "pipeline": "--device cpu --depth 1 --warmup 1 --steps 1 --rounds 1 --size S --input-size 4 --vae tiny "
+                "--num-images 2 --num-steps 3",
 }
 
 
@@ -46,14 +56,19 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
     p = argparse.ArgumentParser(prog="python -m bench.suite", description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, help="directory for <stage>.json")
     p.add_argument("--stages", nargs="+", choices=STAGES, default=list(STAGES))
-    p.add_argument("--smoke", action="store_true", help="tiny CPU configs (seconds), for tests")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                   help="cpu: the dry run (every stage shrunk to seconds)")
+    p.add_argument("--depth", type=int, default=1, help="blocks per model in the CPU dry run")
+    p.add_argument("--smoke", action="store_true", help="the same as --device cpu")
     args = p.parse_args(argv)
+    dry = args.smoke or args.device == "cpu"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     status = {}
     for name in args.stages:
         fn, stage_args = STAGES[name]
-        stage_argv = stage_args.split() + (SMOKE[fn.__module__.split(".")[-1]].split() if args.smoke else [])
+        shrink = SMOKE[fn.__module__.split(".")[-1]].split() + ["--depth", str(args.depth)] if dry else []
+        stage_argv = stage_args.split() + shrink
         print(f"\n=== {name}: {' '.join(stage_argv)}", flush=True)
         try:
             fn([*stage_argv, "--json", str(out / f"{name}.json")])

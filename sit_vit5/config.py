@@ -81,7 +81,7 @@ DEFAULTS: Config = {
     "train": {
         "steps": 400_000,  # optimizer steps in total (SiT scaling curves: 400K)
         "seed": 0,  # seeds model init, data order, augmentation and the noise of every micro-batch
-        "precision": "fp32",  # fp32 | bf16 (autocast; weights, grads, optimizer and EMA stay fp32)
+        "precision": "fp32",  # fp32 | bf16 | fp16 (autocast; weights, grads, optimizer, EMA stay fp32)
         "compile": False,  # torch.compile the model (inductor)
         "grad_checkpointing": False,  # recompute blocks in the backward pass to save activation memory
         "grad_accum": 1,  # micro-batches per optimizer step on each process
@@ -371,6 +371,9 @@ def validate(cfg: Config) -> None:
     for (section, key), valid in choices.items():
         if cfg[section][key] not in valid:
             raise ConfigError(f"{section}.{key}={cfg[section][key]!r}; valid: {', '.join(valid)}")
+    if cfg["train"]["precision"] == "fp16" and cfg["train"]["distributed"] == "fsdp":
+        raise ConfigError("train.precision=fp16 with train.distributed=fsdp: fp16 needs a loss scaler that "
+                          "FSDP2's sharded gradients do not support here; use train.precision=bf16")
     for dotted, valid_range in RANGES.items():
         section, _, key = dotted.partition(".")
         value = cfg[section][key]

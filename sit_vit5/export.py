@@ -29,7 +29,9 @@ from pathlib import Path
 
 from .models import CheckpointError, load_model, resolve_checkpoint
 from .models.official import OfficialWeights
+from .objective import SAMPLE_METHODS
 from .pipeline import SiTPipeline, scheduler_from
+from .precision import PRECISIONS, check_precision
 from .sampling import SampleSpec
 from .training.checkpoint import latest_checkpoint
 from .vae import SD_VAE_SCALING_FACTOR, load_vae, vae_enabled
@@ -62,12 +64,8 @@ def build_pipeline(
     """The pipeline a checkpoint describes: its weights (``which``), transport, default sampler
     settings and decoder (``vae_name`` overrides the checkpoint's, e.g. for an official file)."""
     ckpt, official = checkpoint_path(run_or_ckpt)
-    if official is not None and official.objective != "sit":
-        raise ExportError(
-            f"{run_or_ckpt}: a {official.objective} model (DiT's objective); SiTPipeline samples "
-            "SiT (interpolant) models only"
-        )
-    loaded = load_model(ckpt, model_name or (official and official.model), which)
+    objective = official.objective if official is not None else None
+    loaded = load_model(ckpt, model_name or (official and official.model), which, objective=objective)
     vae_cfg = {**loaded.vae, **({"name": vae_name} if vae_name else {})}
     vae = None
     if vae_enabled(vae_cfg.get("name")):
@@ -78,7 +76,9 @@ def build_pipeline(
             scaling_factor=float(vae_cfg.get("scaling_factor", SD_VAE_SCALING_FACTOR))
         )
     # the checkpoint's sample section over SampleSpec's defaults: what sample.py uses without flags
-    scheduler = scheduler_from(loaded.transport, SampleSpec.resolve(loaded.sample), vae_cfg)
+    # as sample.py: the checkpoint's sample section, else the objective's first method (ddpm: DiT's)
+    sample = SampleSpec.resolve(loaded.sample, {"method": SAMPLE_METHODS[loaded.objective][0]})
+    scheduler = scheduler_from(loaded.objective_config, sample, vae_cfg)
     return SiTPipeline(transformer=loaded.model, scheduler=scheduler, vae=vae)
 
 
@@ -89,12 +89,18 @@ def export(
     model_name: str | None = None,
     vae_name: str | None = None,
     push_to_hub: str | None = None,
+    dtype: str = "fp32",
 ) -> Path:
-    """Write the pipeline folder (see the module docstring); returns ``out_dir``."""
+    """Write the pipeline folder (see the module docstring); returns ``out_dir``. ``dtype`` bf16 / fp16
+    stores the transformer's and the VAE's weights in half precision (half the download; the pipeline then
+    runs under autocast in that dtype); fp32 stores them as trained."""
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ExportError(f"{out} exists and is not empty; choose a new output folder")
+    weights_dtype = PRECISIONS[check_precision(dtype, "dtype")]
     pipe = build_pipeline(run_or_ckpt, which, model_name, vae_name)
+    if weights_dtype is not None:
+        pipe.to(dtype=weights_dtype)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
@@ -131,9 +137,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--push-to-hub", metavar="REPO_ID", help="also upload the folder (needs a login)"
     )
+    parser.add_argument(
+        "--dtype", choices=list(PRECISIONS), default="fp32",
+        help="weights' dtype in the folder (default fp32, as trained; bf16 / fp16 halve it: load with "
+        "torch_dtype=torch.bfloat16 / float16 to run in it, else diffusers upcasts to float32)",
+    )
     args = parser.parse_args(argv)
     try:
-        out = export(args.source, args.out, args.which, args.model, args.vae, args.push_to_hub)
+        out = export(args.source, args.out, args.which, args.model, args.vae, args.push_to_hub,
+                     args.dtype)
     except (ExportError, CheckpointError, ValueError, OSError) as err:
         print(f"export: error: {err}", file=sys.stderr)
         return 2

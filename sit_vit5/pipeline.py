@@ -32,15 +32,16 @@ from diffusers.configuration_utils import register_to_config
 from PIL import Image
 
 from .models import SiT
+from .objective import Objective, create_objective
 from .sampling import SampleSpec, SamplingPipeline
-from .transport import create_transport
 from .vae import SD_VAE_SCALING_FACTOR, decoder, downsampling_factor
 
 OUTPUT_TYPES = ("pil", "np", "pt")
 
 
 class SiTScheduler(SchedulerMixin, ConfigMixin):
-    """How to sample: ``transport`` (``create_transport`` keywords: path_type, prediction, ...) and
+    """How to sample: ``transport`` (the objective's config section: ``objective`` sit with
+    ``create_transport`` keywords path_type, prediction, ..., or ddpm with DiT's diffusion keys) and
     ``sampler`` (``SampleSpec`` fields: method, sampling_method, num_steps, cfg_scale, ...), plus
     where the latents come from (``vae``: the decoder's source id and scaling factor, for the
     record).
@@ -70,15 +71,15 @@ class SiTScheduler(SchedulerMixin, ConfigMixin):
         }
         return SampleSpec(**settings)
 
-    def transport(self):
-        """The ``Transport`` the model was trained with."""
-        return create_transport(**(self.config.transport or {}))
+    def transport(self) -> Objective:
+        """The objective the model was trained with: SiT's ``Transport`` or DiT's diffusion."""
+        return create_objective(self.config.transport or {})
 
 
 def scheduler_from(
     transport: dict[str, Any], spec: SampleSpec, vae: dict[str, Any] | None = None
 ) -> SiTScheduler:
-    """A ``SiTScheduler`` holding ``transport`` (create_transport kwargs) and every field of
+    """A ``SiTScheduler`` holding ``transport`` (the objective's config section) and every field of
     ``spec``."""
     sampler = dataclasses.asdict(spec)
     return SiTScheduler(transport=dict(transport), sampler=sampler, vae=dict(vae) if vae else None)

@@ -1,15 +1,18 @@
 """Numeric precisions of model forward passes: the names the configs and CLIs accept, and their
 autocast.
 
-``fp32``: no autocast. ``bf16``: the forward runs under bf16 autocast; parameters, optimizer state,
-EMA and the sampler's integrator state stay fp32.
+``fp32``: no autocast. ``bf16`` / ``fp16``: the forward runs under autocast in that dtype; parameters,
+optimizer state, EMA and the sampler's integrator state stay fp32. Training in fp16 also scales the loss
+(``GradScaler``: fp16's range is too small for small gradients); bf16 has fp32's range and needs none.
 """
 
 from __future__ import annotations
 
 import torch
 
-PRECISIONS: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16}
+PRECISIONS: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+#: a model's parameter dtype as a precision name (a pipeline loaded with ``torch_dtype=``)
+PRECISION_OF_DTYPE = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 def check_precision(precision: str, what: str = "precision") -> str:
@@ -26,3 +29,10 @@ def autocast(device: torch.device | str, precision: str) -> torch.autocast:
     dtype = PRECISIONS[check_precision(precision)]
     device_type = torch.device(device).type
     return torch.autocast(device_type, dtype=dtype or torch.float32, enabled=dtype is not None)
+
+
+def grad_scaler(device: torch.device | str, precision: str) -> torch.amp.GradScaler | None:
+    """The loss scaler fp16 training needs on ``device`` (None for fp32 / bf16)."""
+    if check_precision(precision) != "fp16":
+        return None
+    return torch.amp.GradScaler(torch.device(device).type)

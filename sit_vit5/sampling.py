@@ -44,7 +44,7 @@ from .images import save_png, save_uint8_grid, to_rgb, to_uint8
 from .io import atomic_write, atomic_write_text
 from .models.checkpoint import LoadedModel
 from .objective import SAMPLE_METHODS, DiffusionSampler, create_objective, guided_channels, prepare_model
-from .precision import autocast, check_precision
+from .precision import PRECISION_OF_DTYPE, autocast, check_precision
 from .transport import Sampler, Transport
 from .transport.integrators import is_adaptive
 from .transport.rng import sample_seed
@@ -216,10 +216,11 @@ class SamplingPipeline:
     ``latent_shape`` is ``(C, h, w)`` of the model input; ``decode`` maps samples to images in [-1,
     1] ``(B, 3 or C, H, W)`` (None: identity). ``pixel_space``: the model generates images in [-1,
     1] itself (None: when ``decode`` is None); DDPM / DDIM then clip their x0 predictions to that
-    range, as ADM does for images (DiT's latents are unbounded: no clipping). ``precision`` bf16
-    runs the model under autocast (the integrator stays fp32). The initial noise is drawn on the CPU from
-    per-sample generators, so it is the same on every device. The model is moved to ``device`` in
-    eval mode.
+    range, as ADM does for images (DiT's latents are unbounded: no clipping). ``precision`` bf16 /
+    fp16 runs the model under autocast (the integrator stays fp32); a model with bf16 / fp16 weights
+    (loaded with ``torch_dtype=``) runs under autocast in their dtype. The initial noise is drawn in
+    float32 on the CPU from per-sample generators, so it is the same on every device and in every
+    precision. The model is moved to ``device`` in eval mode.
     """
 
     model: nn.Module
@@ -254,6 +255,12 @@ class SamplingPipeline:
         objective = "ddpm" if isinstance(self.transport, GaussianDiffusion) else "sit"
         # eval: no label dropout
         self.model = prepare_model(self.model, objective).to(self.device).eval()
+        weights = next(self.model.parameters(), torch.empty(0)).dtype  # float32 for a weightless fn
+        if weights != torch.float32:  # half weights (torch_dtype= at load): autocast in their dtype
+            if self.precision not in ("fp32", PRECISION_OF_DTYPE.get(weights)):
+                raise ValueError(f"precision={self.precision!r} but the model's weights are {weights}; "
+                                 "use the weights' precision or load them in float32")
+            self.precision = PRECISION_OF_DTYPE[weights]
         if objective == "ddpm":
             pixels = self.decode is None if self.pixel_space is None else self.pixel_space
             self.sampler = DiffusionSampler(self.transport, clip_denoised=pixels)

@@ -68,7 +68,7 @@ def test_unknown_key_error_lists_the_valid_keys(tmp_path):
     [
         ("train.steps=abc", "train.steps"),
         ("train.compile=1", "train.compile"),  # an int is not a bool
-        ("train.precision=fp16", "bf16"),
+        ("train.precision=fp8", "bf16"),
         ("sample.method=ddim", "sample.method"),
         ("train.grad_accum=0", "train.grad_accum"),
         ("model.name=SiT-XXL/2", "SiT-XL/2"),

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 import torch
+import yaml
 from PIL import Image
 
 from sit_vit5.config import load_config

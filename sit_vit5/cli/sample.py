@@ -176,7 +176,7 @@ def _common_parser() -> argparse.ArgumentParser:
     g.add_argument("--device",
                    help="cuda, cuda:1, cpu (default: the launcher's device / cuda if available)")
     g.add_argument("--precision", choices=list(PRECISIONS), default="fp32",
-                   help="model precision (bf16 = autocast; the integrator stays fp32)")
+                   help="model precision (bf16 / fp16 = autocast; the integrator stays fp32)")
     g.add_argument("--tf32", action=argparse.BooleanOptionalAction, default=None,
                    help="allow TF32 matmuls/convolutions on Ampere+ GPUs (faster, ~1e-3 relative error; "
                    "default: PyTorch's own setting)")

@@ -35,7 +35,19 @@ class CheckpointError(RuntimeError):
 
 #: Top-level keys of the training checkpoints this codebase writes (sit_vit5.training.checkpoint).
 CHECKPOINT_KEYS = frozenset({"model", "ema", "opt", "args", "step", "epoch", "batch_in_epoch", "rng",
-                             "versions", "model_name", PAYLOAD_DIGEST_KEY})
+                             "versions", "model_name", "scaler", PAYLOAD_DIGEST_KEY})
+
+
+def _load_weights_only(path: str) -> Any:
+    """``torch.load(weights_only=True)`` memory-mapped where the file allows it: tensors stay views of the
+    file's pages until copied, so resuming an XL/2 run (a 10.8 GB checkpoint) does not hold a second copy of
+    everything in anonymous memory; files in the pre-1.6 format are read into memory as before."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError as err:
+        if "zipfile" not in str(err) and "mmap" not in str(err):
+            raise
+        return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def read_checkpoint(path: str | os.PathLike, sha256: str | None = None) -> dict:
@@ -60,7 +72,7 @@ def read_checkpoint(path: str | os.PathLike, sha256: str | None = None) -> dict:
     # Official DiT/SiT training checkpoints store argparse.Namespace as "args": a plain attribute bag.
     with torch.serialization.safe_globals([argparse.Namespace]):
         try:
-            obj = torch.load(path, map_location="cpu", weights_only=True)
+            obj = _load_weights_only(path)
         except Exception as err:
             raise CheckpointError(f"{path}: cannot be read as a weights-only checkpoint ({err})") from err
     if not isinstance(obj, dict):

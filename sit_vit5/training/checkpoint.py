@@ -4,7 +4,7 @@ A checkpoint is one ``torch.save`` file holding only tensors and plain container
 ``torch.load(weights_only=True)``. Keys (``model, ema, opt, args`` follow the DiT/SiT layout):
 ``model``, ``ema`` (state dicts, DiT key names), ``opt`` (AdamW state dict), ``args`` (the resolved config),
 ``step``, ``epoch``, ``batch_in_epoch`` (data position), ``rng`` (python / numpy / torch / cuda states),
-``versions`` (package versions), ``model_name``.
+``versions`` (package versions), ``model_name``, and ``scaler`` (the fp16 loss scaler's state) in fp16 runs.
 
 Layout of ``<out_dir>/checkpoints``::
 

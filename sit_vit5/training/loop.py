@@ -45,6 +45,7 @@ from ..images import save_grid
 from ..io import unwritable_dir_reason
 from ..models import count_params, model_from_config
 from ..objective import Objective, create_objective, prepare_model, training_loss
+from ..precision import autocast, grad_scaler
 from ..runtime import set_cpu_threads
 from ..sampling import SampleSpec, SamplingPipeline
 from ..transport.rng import mix_seed
@@ -329,6 +330,7 @@ class Run:
     position: Position
     result: TrainResult
     ema_shards: fsdp.ShardedEMA | None = None
+    scaler: torch.amp.GradScaler | None = None  # fp16's loss scaler (None in fp32 / bf16)
 
     @property
     def sharded(self) -> bool:
@@ -404,10 +406,10 @@ def build(cfg: Config, resume: str | None) -> Run:
     if ckpt_path is not None:
         checkpoint = read_checkpoint(ckpt_path)
         check_compatible(checkpoint, cfg, ckpt_path)
-        model.load_state_dict(checkpoint["model"])
+        model.load_state_dict(checkpoint.pop("model"))  # pop: free each part once used
     ema = create_ema(model).to(device)
     if checkpoint is not None:
-        ema.load_state_dict(checkpoint["ema"])
+        ema.load_state_dict(checkpoint.pop("ema"))
     model.train()
     sharded = t["distributed"] == "fsdp" and world > 1  # one process: nothing to shard
     if sharded:
@@ -419,12 +421,15 @@ def build(cfg: Config, resume: str | None) -> Run:
     optimizer = torch.optim.AdamW(param_groups(model, o["weight_decay"]), lr=o["lr"],
                                   betas=tuple(o["betas"]), eps=o["eps"])
     if checkpoint is not None and sharded:
-        fsdp.load_optimizer_state(model, optimizer, checkpoint["opt"])
+        fsdp.load_optimizer_state(model, optimizer, checkpoint.pop("opt"))
     elif checkpoint is not None:
-        optimizer.load_state_dict(checkpoint["opt"])
+        optimizer.load_state_dict(checkpoint.pop("opt"))
     ema_shards = fsdp.ShardedEMA(model, ema) if sharded else None
     if not sharded:  # FSDP keeps the bare optimizer: no scaler in bf16, the wrapper adds nothing
         optimizer = accelerator.prepare(optimizer)
+    scaler = grad_scaler(device, t["precision"])
+    if checkpoint is not None and scaler is not None and "scaler" in checkpoint:
+        scaler.load_state_dict(checkpoint.pop("scaler"))
     position = Position()
     if checkpoint is not None:
         position = Position(checkpoint["step"], checkpoint["epoch"], checkpoint["batch_in_epoch"])
@@ -443,7 +448,7 @@ def build(cfg: Config, resume: str | None) -> Run:
     result = TrainResult(run_dir, position.step, last, None, config=cfg, cpu_threads=threads)
     return Run(cfg, accelerator, run_dir, dataset, batches, loader, vae, model, unwrapped, ema,
                optimizer, create_objective(cfg["transport"]), gates, logger, position, result,
-               ema_shards)
+               ema_shards, scaler)
 
 
 def describe(run: Run) -> str:
@@ -453,8 +458,10 @@ def describe(run: Run) -> str:
     n_params = sum(p.numel() for p in run.unwrapped.parameters())  # DTensors count their full size
     strategy = "FSDP2" if run.sharded else ("DDP" if b.world_size > 1 else "one process")
     threads = f" ({run.result.cpu_threads} threads)" if run.result.cpu_threads else ""
+    precision = {"fp32": "fp32", "bf16": "bf16 autocast", "fp16": "fp16 autocast + loss scaling"}
     return (f"{cfg['model']['name']} ({n_params / 1e6:.2f}M parameters) on "
-            f"{describe_group(b.world_size, run.device)}{threads}, {strategy}; "
+            f"{describe_group(b.world_size, run.device)}{threads}, {strategy}, "
+            f"{precision[t['precision']]}; "
             f"{len(run.dataset)} items, global batch {cfg['data']['global_batch_size']} = "
             f"{b.world_size} × {t['grad_accum']} × "
             f"{b.micro_batch}; steps {run.position.step} → {t['steps']}; run dir {run.run_dir}")
@@ -491,24 +498,34 @@ def train_step(run: Run, x: Tensor, y: Tensor, lr: float) -> tuple[float, float]
         last = a == accum - 1
         if run.sharded:
             model.set_requires_gradient_sync(last)
-        context = accelerator.autocast() if run.sharded else (
-            nullcontext() if last else accelerator.no_sync(model))
-        with context:
+        sync = nullcontext() if last or run.sharded else accelerator.no_sync(model)
+        # accelerate autocasts a prepared (DDP) model in bf16; FSDP's model and fp16 are ours to cast
+        ours = run.sharded or run.scaler is not None
+        with sync, autocast(run.device, t["precision"]) if ours else nullcontext():
             loss = compute_loss(run.transport, model, xs, ys).mean()
-            accelerator.backward(loss / accum)
+            scaled = loss / accum
+            accelerator.backward(run.scaler.scale(scaled) if run.scaler is not None else scaled)
         loss_sum += loss.detach()
+    if run.scaler is not None:  # clip and report the true gradient norm
+        run.scaler.unscale_(getattr(optimizer, "optimizer", optimizer))
     max_norm = o["grad_clip"] or math.inf
     grad_norm = (fsdp.clip_grad_norm(model, max_norm) if run.sharded
                  else float(accelerator.clip_grad_norm_(model.parameters(), max_norm)))
     loss_value = accelerator.reduce(loss_sum / accum, reduction="mean").item()
-    if not (math.isfinite(loss_value) and math.isfinite(grad_norm)):
+    # fp16: an overflowing gradient is the scaler's business (it skips the step and lowers the scale)
+    overflow_ok = run.scaler is not None and math.isfinite(loss_value)
+    if not (math.isfinite(loss_value) and (math.isfinite(grad_norm) or overflow_ok)):
         last = latest_checkpoint(run.ckpt_dir)
         raise NonFiniteLossError(
             f"non-finite loss {loss_value} (grad norm {grad_norm}) at step {step + 1}; stopped "
             f"before the optimizer step. Last good checkpoint: {last or 'none written yet'}. Try a "
             "lower optim.lr, optim.grad_clip, optim.warmup_steps or train.precision=fp32.",
             step + 1)
-    optimizer.step()
+    if run.scaler is not None:
+        run.scaler.step(getattr(optimizer, "optimizer", optimizer))
+        run.scaler.update()
+    else:
+        optimizer.step()
     if run.sharded:
         run.ema_shards.update(o["ema_decay"])
     else:
@@ -528,7 +545,12 @@ def log(run: Run, window: _MetricWindow, lr: float, bar: tqdm) -> None:
                 if "gate/attn/mean" in metrics else "")
         tqdm.write(f"step {step:07d} | loss {metrics['loss']:.4f} | grad "
                    f"{metrics['grad_norm']:.3f} | lr {lr:.2e} | "
-                   f"{metrics['steps_per_s']:.2f} steps/s | {metrics['img_per_s']:.0f} img/s{gate}")
+                   f"{_rate(metrics['steps_per_s'])} | {metrics['img_per_s']:.3g} img/s{gate}")
+
+
+def _rate(steps_per_s: float) -> str:
+    """``12.34 steps/s``, or ``s/step`` for slow steps (an XL/2 step on a CPU would read 0.00 steps/s)."""
+    return f"{steps_per_s:.2f} steps/s" if steps_per_s >= 1 else f"{1 / max(steps_per_s, 1e-9):.1f} s/step"
 
 
 def checkpoint(run: Run) -> None:
@@ -547,6 +569,8 @@ def checkpoint(run: Run) -> None:
                  "args": run.cfg, "step": pos.step, "epoch": pos.epoch,
                  "batch_in_epoch": pos.batch_in_epoch, "rng": rng_state(),
                  "versions": package_versions(), "model_name": run.cfg["model"]["name"]}
+        if run.scaler is not None:
+            state["scaler"] = run.scaler.state_dict()
         run.result.checkpoint = save_checkpoint(state, run.ckpt_dir, pos.step, milestone,
                                                 t["keep_last"])
         tqdm.write(f"saved checkpoint {run.result.checkpoint}")

@@ -1,0 +1,41 @@
+"""The cluster user's path through the shipped XL configs at reduced size (depth 1, 64-px images through the
+SD-VAE ft-EMA architecture): latent cache from a folder of mixed image modes, train, checkpoint, resume,
+sample.py grid, export, and the diffusers pipeline giving sample.py's pixels (``bench.cluster_paths``; the
+full-size run is in docs/PERFORMANCE.md)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from PIL import Image
+
+from bench import cluster_paths
+
+STAGES = ["train 2 steps", "resume +1 step", "sample.py grid", "export", "pipeline"]
+
+
+def test_image_folder_has_the_modes_a_real_one_has(tmp_path):
+    root = cluster_paths.make_image_folder(tmp_path)
+    modes = {Image.open(root / name).mode for name, *_ in cluster_paths.IMAGES}
+    assert modes == {"RGB", "L", "CMYK", "RGBA"}
+    assert min(min(Image.open(root / name).size) for name, *_ in cluster_paths.IMAGES) < 256  # one upscaled
+
+
+@pytest.mark.slow
+def test_every_xl_config_runs_the_cluster_path_at_reduced_size(tmp_path):
+    out = tmp_path / "rows.json"
+    rows = cluster_paths.main(["--configs", *cluster_paths.CONFIGS, "--depth", "1", "--image-size", "64",
+                               "--work", str(tmp_path / "work"), "--json", str(out)])
+    assert [(r["config"], r["stage"]) for r in rows] == [("(all)", "cache_latents")] + [
+        (c, s) for c in cluster_paths.CONFIGS for s in STAGES]
+    saved = json.loads(out.read_text())
+    for stage in saved["stages"]:
+        assert stage["peak_rss"] > saved["baseline_rss"] > 0, stage["stage"]
+        if stage["stage"] == "sample.py grid":
+            assert stage["extra"]["image_sizes"] == [[64, 64]]  # decoded by the VAE: 8 latents x 8
+        if stage["stage"].startswith(("train", "resume")):
+            assert stage["s_per_step"] > 0 and stage["plan_bytes"] > 0
+    for config in cluster_paths.CONFIGS:  # the resumed run continued to step 3 in the config's precision
+        lines = (tmp_path / "work" / config / "run" / "metrics.jsonl").read_text().splitlines()
+        assert [json.loads(line)["step"] for line in lines] == [1, 2, 3]
