@@ -19,8 +19,11 @@ For each ``configs/imagenet/<name>.yaml``, unchanged except batch size, steps, p
 The table gives per config and stage the wall time (train: seconds per optimizer step of the second step,
 from ``metrics.jsonl``, so start-up and checkpointing are left out), the peak resident memory of the
 stage's process, and for the training stages ``bench.plan``'s prediction of the step's memory next to the
-measured peak minus the resident memory of a process that only imported the libraries. CPU numbers: the
-time is for ratios and planning only; the memory columns hold on any device.
+measured peak minus the resident memory of a process that only imported the libraries. Memory is measured as
+``bench.plan --measure-cpu`` measures it: glibc hands every block over 64 KiB back to the system when it is
+freed (``MALLOC_MMAP_THRESHOLD_``), so the peak counts live tensors, not the heap's high-water mark
+(``--glibc-default`` measures the default allocator instead, which keeps freed activations resident while
+the gradients are allocated). CPU numbers: the time is for ratios and planning only.
 """
 
 from __future__ import annotations
@@ -177,6 +180,9 @@ def run_config(name: str, work: Path, cache: Path, vae: Path, env: dict[str, str
     for stage, step in zip(stages, (2, 3)):
         stage.s_per_step = step_seconds(run_dir, step)
         stage.plan_bytes = plan_bytes(config, precision, args.depth)
+    if args.train_only:
+        shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+        return stages
     ckpt = run_dir / "checkpoints" / "0000003.pt"
     grid = work / name / "grid"
     steps = str(args.sample_steps)
@@ -221,6 +227,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     p.add_argument("--threads", type=int, default=1, help="CPU threads per stage (OMP_NUM_THREADS)")
     p.add_argument("--work", default=None, help="working directory (default: a temporary one, removed)")
     p.add_argument("--keep", action="store_true", help="keep checkpoints and exports")
+    p.add_argument("--train-only", action="store_true", help="only the train and resume stages")
+    p.add_argument("--glibc-default", action="store_true",
+                   help="measure with glibc's default allocator (no MALLOC_MMAP_THRESHOLD_)")
     p.add_argument("--json", default=None, help="write the rows here")
     args = p.parse_args(argv)
     work = Path(args.work or tempfile.mkdtemp(prefix="cluster-paths-"))
@@ -228,6 +237,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     log = work / "log.txt"
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": str(REPO),
            "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"}
+    if not args.glibc_default:
+        env["MALLOC_MMAP_THRESHOLD_"] = str(64 * 1024)  # as bench.plan --measure-cpu
     try:
         baseline = baseline_rss(env, log)
         images = make_image_folder(work / "images")

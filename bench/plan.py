@@ -42,7 +42,8 @@ from .common import PEAK_BF16_TFLOPS
 GIB = 2**30
 #: bytes of a saved tensor under each precision: the residual stream and norms stay fp32 under autocast
 #: ("stream"), matmul inputs/outputs, attention and the MLP run in bf16 ("compute").
-BYTES = {"fp32": {"stream": 4, "compute": 4}, "bf16": {"stream": 4, "compute": 2}}
+BYTES = {"fp32": {"stream": 4, "compute": 4}, "bf16": {"stream": 4, "compute": 2},
+         "fp16": {"stream": 4, "compute": 2}}  # fp16 autocast saves what bf16 saves; its scaler is a scalar
 #: transient gradient tensors alive at once in a block's backward (MLP: grad of fc2's input and of the GELU
 #: input, 4 D each at ratio 4, plus the stream's gradient), per token, in units of D
 BACKWARD_WORKSPACE_D = 9.0
@@ -110,7 +111,7 @@ def plan(model_name: str, batch: int, precision: str = "bf16", strategy: str = "
     ``ema=False`` leaves out the EMA copy (``bench.train_step`` keeps none).
     """
     if precision not in BYTES or strategy not in ("ddp", "fsdp"):
-        raise ValueError(f"precision must be fp32|bf16 and strategy ddp|fsdp, got {precision!r}, {strategy!r}")
+        raise ValueError(f"precision must be fp32|bf16|fp16 and strategy ddp|fsdp, got {precision!r}, {strategy!r}")
     model = build_on_meta(model_name, **overrides)
     p_all, p_train = count_params(model), count_params(model, trainable_only=True)
     width, depth = model.x_embedder.proj.out_channels, len(model.blocks)
@@ -126,7 +127,7 @@ def plan(model_name: str, batch: int, precision: str = "bf16", strategy: str = "
         extra += 4 * p_train  # gradient buckets
     if strategy == "fsdp":
         extra += 2 * 4 * block_params * 2  # gathered weights and unsharded gradients of 2 blocks (prefetch)
-    if precision == "bf16":
+    if precision in ("bf16", "fp16"):
         extra += 2 * p_all / shard + (2 * 2 * block_params if strategy == "fsdp" else 0)  # autocast copies
     bytes_ = BYTES[precision]
     saved = block_saved(model)

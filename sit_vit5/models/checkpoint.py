@@ -38,31 +38,23 @@ CHECKPOINT_KEYS = frozenset({"model", "ema", "opt", "args", "step", "epoch", "ba
                              "versions", "model_name", "scaler", PAYLOAD_DIGEST_KEY})
 
 
-def _load_weights_only(path: str) -> Any:
-    """``torch.load(weights_only=True)`` memory-mapped where the file allows it: tensors stay views of the
-    file's pages until copied, so resuming an XL/2 run (a 10.8 GB checkpoint) does not hold a second copy of
-    everything in anonymous memory; files in the pre-1.6 format are read into memory as before."""
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except RuntimeError as err:
-        if "zipfile" not in str(err) and "mmap" not in str(err):
-            raise
-        return torch.load(path, map_location="cpu", weights_only=True)
-
-
 def read_checkpoint(path: str | os.PathLike, sha256: str | None = None) -> dict:
     """Read a checkpoint file into a dict without executing code (weights_only / safetensors).
 
-    Checked before unpickling: ``sha256`` or the ``.sha256`` sidecar. Checked after: the SHA-256 of
-    the content stored inside the file (``payload_sha256``, written by our training checkpoints), so
-    a damaged ``.pt`` copied without its sidecar is refused too; a checkpoint of ours (``args`` a
+    Checked before unpickling: ``sha256`` or the ``.sha256`` sidecar. Without either, checked after:
+    the SHA-256 of the content stored inside the file (``payload_sha256``, written by our training
+    checkpoints), so a damaged ``.pt`` copied without its sidecar is refused too (with a verified
+    file digest it would only repeat that check, touching every page of an XL checkpoint's memory
+    map at once); a checkpoint of ours (``args`` a
     dict) with a key we never write is refused as well (a damaged key name, of the digest say, must
     not pass for a file without one)."""
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise CheckpointError(f"checkpoint not found: {path}")
     try:
-        verify_sha256(path, sha256) if sha256 else verify_sidecar(path)
+        if sha256:
+            verify_sha256(path, sha256)
+        file_verified = bool(sha256) or verify_sidecar(path)
     except ChecksumError as err:
         raise CheckpointError(f"checkpoint {path} is corrupt or was altered: {err}") from err
     if path.endswith(".safetensors"):
@@ -72,7 +64,7 @@ def read_checkpoint(path: str | os.PathLike, sha256: str | None = None) -> dict:
     # Official DiT/SiT training checkpoints store argparse.Namespace as "args": a plain attribute bag.
     with torch.serialization.safe_globals([argparse.Namespace]):
         try:
-            obj = _load_weights_only(path)
+            obj = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as err:
             raise CheckpointError(f"{path}: cannot be read as a weights-only checkpoint ({err})") from err
     if not isinstance(obj, dict):
@@ -81,7 +73,8 @@ def read_checkpoint(path: str | os.PathLike, sha256: str | None = None) -> dict:
     if isinstance(obj.get("args"), dict) and unknown:
         raise CheckpointError(f"checkpoint {path} is corrupt or was altered: unexpected key(s) {unknown}")
     try:
-        verify_payload_digest(obj, path)
+        if not file_verified:
+            verify_payload_digest(obj, path)
     except ChecksumError as err:
         raise CheckpointError(f"checkpoint {path} is corrupt or was altered: {err}") from None
     return obj
