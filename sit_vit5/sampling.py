@@ -218,9 +218,10 @@ class SamplingPipeline:
     1] itself (None: when ``decode`` is None); DDPM / DDIM then clip their x0 predictions to that
     range, as ADM does for images (DiT's latents are unbounded: no clipping). ``precision`` bf16 /
     fp16 runs the model under autocast (the integrator stays fp32); a model with bf16 / fp16 weights
-    (loaded with ``torch_dtype=``) runs under autocast in their dtype. The initial noise is drawn in
-    float32 on the CPU from per-sample generators, so it is the same on every device and in every
-    precision. The model is moved to ``device`` in eval mode.
+    (loaded with ``torch_dtype=``) runs under autocast in their dtype. ``compile``: the model's
+    forward runs ``torch.compile``-d (inductor; the first batch of each shape compiles). The initial
+    noise is drawn in float32 on the CPU from per-sample generators, so it is the same on every
+    device and in every precision. The model is moved to ``device`` in eval mode.
     """
 
     model: nn.Module
@@ -233,9 +234,11 @@ class SamplingPipeline:
     precision: str = "fp32"
     source: str = "the model"  # what errors call the weights (sample.py: the checkpoint path)
     pixel_space: bool | None = None
+    compile: bool = False
     sampler: Sampler | DiffusionSampler = field(init=False, repr=False)
     sample_fn: Callable[..., Any] = field(init=False, repr=False)
     model_fn: Callable[..., Tensor] = field(init=False, repr=False)
+    net: Callable[..., Tensor] = field(init=False, repr=False)  # the model, or its compiled forward
 
     def __post_init__(self) -> None:
         check_precision(self.precision)
@@ -261,6 +264,7 @@ class SamplingPipeline:
                 raise ValueError(f"precision={self.precision!r} but the model's weights are {weights}; "
                                  "use the weights' precision or load them in float32")
             self.precision = PRECISION_OF_DTYPE[weights]
+        self.net = torch.compile(self.model) if self.compile else self.model
         if objective == "ddpm":
             pixels = self.decode is None if self.pixel_space is None else self.pixel_space
             self.sampler = DiffusionSampler(self.transport, clip_denoised=pixels)
@@ -287,7 +291,7 @@ class SamplingPipeline:
 
     def _forward(self, x: Tensor, t: Tensor, y: Tensor) -> Tensor:
         with autocast(self.device, self.precision):
-            return self.model(x, t, y).float()
+            return self.net(x, t, y).float()
 
     @torch.no_grad()
     def generate(

@@ -1,5 +1,6 @@
 """A launcher's world size is never ignored: the launcher variables, the one-line errors, and (slow) real
-2-process torchrun runs of training, bulk sampling and FSDP without ``train.cpu`` / ``--device``."""
+2-process torchrun runs of training, bulk sampling and FSDP without ``train.cpu`` / ``--device``; FSDP2 with
+bf16, compile and gradient checkpointing against DDP, and FSDP checkpoints resumed under DDP."""
 
 import json
 import os
@@ -87,8 +88,12 @@ def launch(args: list[str], timeout: int = 300) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
+def metric_rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
 def losses(run_dir: Path) -> list[float]:
-    return [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [row["loss"] for row in metric_rows(run_dir)]
 
 
 def checkpoint_at(run_dir: Path, step: int) -> dict:
@@ -177,6 +182,85 @@ def test_an_fsdp_checkpoint_resumes_in_one_process(launched, tmp_path):
     a, b = read_checkpoint(one.checkpoint), checkpoint_at(root / "fsdp", 3)
     for key in ("model", "ema", "opt"):
         assert_close_states(a[key], b[key], 1e-5, key)
+
+
+@pytest.fixture(scope="module")
+def launched_combinations(launched):
+    """FSDP2 with bf16, with compile (inductor), with gradient checkpointing; DDP in bf16 and compiled; and
+    DDP resumed from the FSDP run's step-2 checkpoint. 2 processes, 3 steps each."""
+    root, config, _ = launched
+    runs = {}
+    for name, extra in (("ddp_bf16", ["train.precision=bf16"]),
+                        ("fsdp_bf16", ["train.precision=bf16", "train.distributed=fsdp"]),
+                        ("fsdp_compile", ["train.compile=true", "train.distributed=fsdp"]),
+                        ("ddp_compile", ["train.compile=true"]),  # accelerate's dynamo_backend
+                        ("fsdp_gc", ["train.grad_checkpointing=true", "train.distributed=fsdp"]),
+                        ("ddp_from_fsdp", ["--resume", str(root / "fsdp_2" / "checkpoints" / "0000002.pt")])):
+        runs[name] = launch(["train.py", "--config", str(config), f"train.out_dir={root / name}",
+                             "train.steps=3", *extra], timeout=600)
+        assert runs[name].returncode == 0, runs[name].stdout[-2000:] + runs[name].stderr[-3000:]
+    return root, runs
+
+
+@pytest.mark.slow
+def test_fsdp_in_bf16_equals_ddp_in_bf16(launched_combinations):
+    """Losses and gradient norms step by step (bf16 autocast in both: the same ops, the same 2-term gradient
+    sums); weights, EMA and AdamW moments stay fp32 in the checkpoints, laid out as DDP's."""
+    root, runs = launched_combinations
+    assert re.search(HEADER + "FSDP2", runs["fsdp_bf16"].stdout)
+    rows, ddp_rows, fp32_rows = (metric_rows(root / run) for run in ("fsdp_bf16", "ddp_bf16", "ddp"))
+    for key, rel in (("loss", 1e-3), ("grad_norm", 1e-2)):
+        assert [r[key] for r in rows] == pytest.approx([r[key] for r in ddp_rows], rel=rel), key
+    assert [r["loss"] for r in ddp_rows] != [r["loss"] for r in fp32_rows]  # autocast did change the numbers
+    ddp, fsdp = checkpoint_at(root / "ddp_bf16", 3), checkpoint_at(root / "fsdp_bf16", 3)
+    print("bf16, FSDP vs DDP: max |loss difference|",
+          max(abs(a["loss"] - b["loss"]) for a, b in zip(rows, ddp_rows)), "max |weight difference|",
+          max((fsdp["model"][k] - ddp["model"][k]).abs().max().item() for k in ddp["model"]))
+    for state in (ddp, fsdp):
+        assert state["model"].keys() == state["ema"].keys() == checkpoint_at(root / "ddp", 3)["model"].keys()
+        tensors = [*state["model"].values(), *state["ema"].values(),
+                   *(v for s in state["opt"]["state"].values() for k, v in s.items() if k != "step")]
+        assert {t.dtype for t in tensors} == {torch.float32}
+    assert len(fsdp["opt"]["state"]) == len(ddp["opt"]["state"]) and len(fsdp["opt"]["param_groups"]) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("run", ["fsdp_compile", "ddp_compile"])
+def test_compiled_equals_ddp_and_logs_the_gates(launched_combinations, run):
+    """Losses, gradient norms and gates step by step. Weights are not compared: AdamW turns the compiler's
+    ~1e-7 rounding differences of near-zero gradients (zero-init adaLN) into ±lr steps."""
+    root, runs = launched_combinations
+    assert re.search(HEADER + ("FSDP2" if run.startswith("fsdp") else "DDP"), runs[run].stdout)
+    rows, eager = (metric_rows(root / name) for name in (run, "ddp"))
+    assert len(rows) == 3
+    for key, rel in (("loss", 1e-4), ("grad_norm", 1e-3)):
+        assert [r[key] for r in rows] == pytest.approx([r[key] for r in eager], rel=rel), key
+    assert all("gate/attn/mean" in r for r in rows)  # the gate hooks run inside the compiled graph
+    assert [r["gate/mlp/mean"] for r in rows] == pytest.approx([r["gate/mlp/mean"] for r in eager], rel=0.05,
+                                                               abs=1e-4)
+    compiled, ddp = checkpoint_at(root / run, 3), checkpoint_at(root / "ddp", 3)
+    for key in ("model", "ema"):  # the usual layout: no _orig_mod. prefix
+        assert compiled[key].keys() == ddp[key].keys()
+    assert len(compiled["opt"]["state"]) == len(ddp["opt"]["state"])
+
+
+@pytest.mark.slow
+def test_gradient_checkpointing_under_fsdp_changes_nothing(launched_combinations):
+    root, _ = launched_combinations
+    assert losses(root / "fsdp_gc") == pytest.approx(losses(root / "fsdp"), abs=1e-6)
+    for key in ("model", "ema", "opt"):
+        assert_close_states(checkpoint_at(root / "fsdp_gc", 3)[key], checkpoint_at(root / "fsdp", 3)[key], 1e-6, key)
+
+
+@pytest.mark.slow
+def test_an_fsdp_checkpoint_resumes_under_ddp(launched_combinations):
+    """FSDP (2 processes) at step 2 → DDP (2 processes) for step 3 = FSDP's own step 3."""
+    root, runs = launched_combinations
+    assert re.search(HEADER + "DDP", runs["ddp_from_fsdp"].stdout)
+    assert losses(root / "ddp_from_fsdp") == pytest.approx(losses(root / "fsdp")[2:], abs=1e-6)
+    for key in ("model", "ema", "opt"):
+        assert_close_states(checkpoint_at(root / "ddp_from_fsdp", 3)[key], checkpoint_at(root / "fsdp", 3)[key],
+                            1e-5, key)
 
 
 @pytest.mark.slow

@@ -113,6 +113,9 @@ class RopeTables:
 
     def tables(self, grid: tuple[int, int], device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """(cos, sin), each (h*w + num_registers, head_dim), built once per grid, device and dtype."""
+        if torch.compiler.is_compiling():  # a cache lookup would be a guard: a recompile once filled
+            ang = self.angles(grid)  # built inside the graph instead (a few kernels on tiny tables)
+            return ang.cos().to(device, dtype), ang.sin().to(device, dtype)
         key = (grid, device, dtype)
         if key not in self._cache:
             ang = self.angles(grid)

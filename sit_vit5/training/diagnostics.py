@@ -4,6 +4,10 @@ A block adds ``gate · γ · f(x)`` to the residual stream (``γ`` = 1 without L
 stays small the branches barely contribute and the backbone is handicapped; the spread of the gate across the
 batch measures how much of it depends on the class and time step. :class:`GateMonitor` reads the adaLN output
 of the training forward itself (forward hooks armed for one step), so it costs no extra forward pass.
+
+Under ``torch.compile`` the hooks are registered once, before the first compiled forward, and stay: dynamo
+bakes the hooks it finds at tracing time into the graph and does not guard on hooks added later, so hooks
+armed per logged step would silently never run (and the gate metrics vanish).
 """
 
 from __future__ import annotations
@@ -28,9 +32,18 @@ class GateMonitor:
     deviation of ``gate · γ`` across the batch, averaged over channels; plus ``gate/b/mean`` over blocks.
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, persistent: bool = False) -> None:
+        """``persistent``: hook every forward from now on (for a model about to be compiled); else
+        only the forwards inside :meth:`capture`."""
         self.blocks = [m for m in model.modules() if isinstance(m, Block)]
-        self._outputs: dict[int, Tensor] = {}
+        # one slot per block, never resized: a compiled graph guards on the container's keys/length
+        self._outputs: list[Tensor | None] = [None] * len(self.blocks)
+        self._captured: list[Tensor | None] = []
+        self.persistent = persistent
+        self._handles = self._register() if persistent else []
+        if persistent:  # dynamo refuses the hooks' store inside activation checkpointing, as the
+            # eager recompute would replay it; the recompute's (equal) outputs are not needed
+            torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint = True
 
     @property
     def keys(self) -> list[str]:
@@ -42,14 +55,20 @@ class GateMonitor:
 
     @contextmanager
     def capture(self) -> Iterator[None]:
-        """Record each block's adaLN output (detached) during the forward passes run inside this context."""
-        handles = [block.adaLN_modulation.register_forward_hook(self._hook(i))
-                   for i, block in enumerate(self.blocks)]
+        """Record each block's adaLN output (detached) during the forward passes run inside this context
+        (the last one counts); ``metrics()`` reads them."""
+        self._outputs[:] = [None] * len(self.blocks)
+        handles = [] if self.persistent else self._register()
         try:
             yield
         finally:
             for handle in handles:
                 handle.remove()
+            self._captured = list(self._outputs)  # persistent hooks go on recording: keep these
+
+    def _register(self) -> list:
+        return [block.adaLN_modulation.register_forward_hook(self._hook(i))
+                for i, block in enumerate(self.blocks)]
 
     def _hook(self, index: int):
         def store(module: nn.Module, args: tuple, output: Tensor) -> None:
@@ -59,14 +78,14 @@ class GateMonitor:
 
     @torch.no_grad()
     def metrics(self) -> dict[str, float]:
-        """Statistics of the captured forward (empty if nothing was captured); clears the capture."""
-        if not self.blocks or len(self._outputs) != len(self.blocks):
-            self._outputs.clear()
+        """Statistics of the last :meth:`capture` (empty if it saw no forward); clears it."""
+        captured, self._captured = self._captured, []
+        if not self.blocks or len(captured) != len(self.blocks) or any(o is None for o in captured):
             return {}
         names: list[str] = []
         values: list[Tensor] = []
         for i, block in enumerate(self.blocks):
-            chunks = self._outputs[i].float().chunk(6, dim=1)
+            chunks = captured[i].float().chunk(6, dim=1)
             for branch, (chunk, gamma_name) in _GATES.items():
                 gate = chunks[chunk]  # (B, D)
                 gamma = getattr(block, gamma_name)
@@ -75,7 +94,6 @@ class GateMonitor:
                     gate = gate * gamma.detach().float()
                 names += [f"gate/{branch}/{i:02d}", f"gate_spread/{branch}/{i:02d}"]
                 values += [gate.abs().mean(), gate.std(dim=0, unbiased=False).mean()]
-        self._outputs.clear()
         out = dict(zip(names, torch.stack(values).tolist()))  # one device sync for all blocks
         for branch in _GATES:
             per_block = [out[f"gate/{branch}/{i:02d}"] for i in range(len(self.blocks))]

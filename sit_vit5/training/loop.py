@@ -440,7 +440,8 @@ def build(cfg: Config, resume: str | None) -> Run:
         run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, run_dir / "config.yaml")
     unwrapped = model if sharded else accelerator.unwrap_model(model, keep_torch_compile=False)
-    gates = GateMonitor(unwrapped)  # residual-branch strength, read from the logged step's forward
+    # residual-branch strength, read from the logged step's forward (compiled: hooks from the start)
+    gates = GateMonitor(unwrapped, persistent=t["compile"])
     logger = MetricLogger(run_dir, enabled=main, tensorboard=t["tensorboard"], wandb=t["wandb"],
                           config=cfg, wandb_project=t["wandb_project"], resume_step=position.step,
                           extra_fields=tuple(gates.keys))
