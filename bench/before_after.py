@@ -54,6 +54,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.before_after", description=__doc__.split("\n")[0])
     p.add_argument("--ref", required=True, help="git commit (or any rev) whose sit_vit5 is the reference")
     p.add_argument("--models", nargs="+", default=["SiT", "ViT5"], choices=("SiT", "ViT5"))
+    p.add_argument("--ref-models", nargs="+", default=None, choices=("SiT", "ViT5"),
+                   help="backbones also timed at --ref (default: all of --models); the others' ratios use "
+                        "their current build (e.g. SiT, whose code did not change, to save an XL/2 model)")
     p.add_argument("--sizes", nargs="+", default=["S"], choices=SIZES)
     p.add_argument("--patch", type=int, default=2)
     p.add_argument("--input-size", type=int, default=32, help="latent side (32 = 256 px images)")
@@ -62,7 +65,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--optimizer", choices=("adamw", "none"), default="adamw",
                    help="none: forward + backward only (XL/2 pairs in a small CPU memory)")
     add_common_args(p, steps=1, warmup=2, rounds=9)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.ref_models = args.ref_models or args.models
+    return args
 
 
 def import_ref(rev: str, into: Path) -> object:
@@ -79,9 +84,9 @@ def import_ref(rev: str, into: Path) -> object:
     return importlib.import_module("sit_vit5_ref.models")
 
 
-def share_weights(model: nn.Module, ref_models: object, name: str, **kw) -> nn.Module:
+def share_weights(model: nn.Module, ref_package: object, name: str, **kw) -> nn.Module:
     """The reference build of ``name`` holding ``model``'s weight tensors (no second copy)."""
-    ref = ref_models.create_model(name, **kw).to(next(model.parameters()).device).train()
+    ref = ref_package.create_model(name, **kw).to(next(model.parameters()).device).train()
     ref.load_state_dict(model.state_dict(), assign=True)
     for (key, p), (_, q) in zip(model.named_parameters(), ref.named_parameters(), strict=True):
         q.requires_grad_(p.requires_grad)
@@ -115,7 +120,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     device = setup(args)
     tmp = tempfile.TemporaryDirectory(prefix="bench_ref_")
-    ref_models = import_ref(args.ref, Path(tmp.name))
+    ref_package = import_ref(args.ref, Path(tmp.name))
     create_transport()  # import cost out of the timings
     rows, ratio_rows, checks = [], [], []
     for size in args.sizes:
@@ -123,14 +128,18 @@ def main(argv: list[str] | None = None) -> dict:
                              depth=args.depth or SIZES[size][0])
         for backbone in args.models:
             model = build_for(args, backbone, size).to(device).train()
-            ref = share_weights(model, ref_models, f"{backbone}-{size}/{args.patch}", **kw)
-            checks.append(dict(model=backbone, size=f"{size}/{args.patch}", **numerics(model, ref, args, device)))
-            for label, m in ((f"{backbone} now", model), (f"{backbone} ref", ref)):
+            variants = [(f"{backbone} now", model)]
+            if backbone in args.ref_models:
+                ref = share_weights(model, ref_package, f"{backbone}-{size}/{args.patch}", **kw)
+                checks.append(dict(model=backbone, size=f"{size}/{args.patch}",
+                                   **numerics(model, ref, args, device)))
+                variants.append((f"{backbone} ref", ref))
+            for label, m in variants:
                 steps[label] = make_train_step(m, device, "fp32", "eager", args.batch_size, args.input_size,
                                                args.num_classes, args.seed, optimizer=args.optimizer == "adamw")
                 for _ in range(args.warmup):
                     steps[label]()
-            del model, ref
+            del model, variants
         gc.collect()
         times = interleaved_timings(steps, rounds=args.rounds, steps=args.steps, clock=args.clock, device=device)
         steps.clear()
@@ -140,9 +149,11 @@ def main(argv: list[str] | None = None) -> dict:
                              step_ms=statistics.median(secs) * 1e3, step_ms_min=min(secs) * 1e3,
                              step_ms_max=max(secs) * 1e3, rounds=len(secs),
                              rounds_ms=[round(v * 1e3, 3) for v in secs]))
-        pairs = [(f"{b} now", f"{b} ref", f"{b} now / ref") for b in args.models]
+        pairs = [(f"{b} now", f"{b} ref", f"{b} now / ref") for b in args.ref_models]
         if {"SiT", "ViT5"} <= set(args.models):
-            pairs += [("ViT5 ref", "SiT ref", "ViT5 / SiT ref"), ("ViT5 now", "SiT now", "ViT5 / SiT now")]
+            before = {b: f"{b} {'ref' if b in args.ref_models else 'now'}" for b in args.models}
+            pairs += [(before["ViT5"], before["SiT"], f"{before['ViT5']} / {before['SiT']}"),
+                      ("ViT5 now", "SiT now", "ViT5 now / SiT now")]
         for num, den, label in pairs:
             per_round = [a / b for a, b in zip(times[num], times[den])]
             ratio_rows.append(dict(size=f"{size}/{args.patch}", batch=args.batch_size, rounds=len(per_round),
