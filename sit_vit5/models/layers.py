@@ -55,6 +55,38 @@ class _RMSNormFunction(torch.autograd.Function):
         return grad_x.mul_(rstd), grad_weight, None
 
 
+class _QKNormRopeFunction(torch.autograd.Function):
+    """``rotation(rms_norm(x) * weight)`` for q or k in one autograd node (CPU, fp32, complex RoPE).
+
+    The forward runs the unfused ops in the same order (bitwise equal); the backward undoes the rotation
+    with the conjugate table and goes straight into the RMSNorm backward, skipping the intermediate
+    gradient tensors and autograd nodes of the three-op chain.
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, eps: float, cis: Tensor, cis_conj: Tensor) -> Tensor:
+        rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True).add_(eps))
+        x_hat = x * rstd
+        y = x_hat * weight
+        torch.view_as_complex(y.unflatten(-1, (-1, 2))).mul_(cis)  # rotate in place: y is ours
+        ctx.save_for_backward(x_hat, rstd, weight, cis_conj)
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor | None, None, None, None]:
+        x_hat, rstd, weight, cis_conj = ctx.saved_tensors
+        if grad.stride(-1) != 1 or any(s % 2 for s in grad.stride()[:-1]):
+            grad = grad.contiguous()  # view_as_complex needs (re, im) pairs adjacent
+        # gradient w.r.t. x_hat * weight: rotate back, then the RMSNorm backward (see _RMSNormFunction)
+        grad_y = torch.view_as_real(torch.view_as_complex(grad.unflatten(-1, (-1, 2))) * cis_conj).flatten(-2)
+        grad_x_hat = grad_y * x_hat
+        grad_weight = grad_x_hat.flatten(0, -2).sum(0) if ctx.needs_input_grad[1] else None
+        dot = (grad_x_hat @ weight).unsqueeze(-1).div_(x_hat.shape[-1])
+        grad_x = grad_y.mul_(weight).addcmul_(x_hat, dot, value=-1).mul_(rstd)
+        return grad_x, grad_weight, None, None, None
+
+
 class RMSNorm(nn.Module):
     """RMSNorm over the last dim, computed in fp32 (ViT-5: eps 1e-6, weight, no bias); returns x's dtype.
 
@@ -141,6 +173,18 @@ class LabelEmbedder(nn.Module):
         return self.embedding_table(labels)
 
 
+def norm_and_rotate(x: Tensor, norm: nn.Module, rope: Rotation | None) -> Tensor:
+    """``rope(norm(x))`` for q or k (B, N, H, head_dim); one fused autograd node where that pays (CPU
+    fp32 eager, RMSNorm with weight, complex RoPE): same forward bits, gradients within float rounding."""
+    if (
+        rope is not None and isinstance(norm, RMSNorm) and norm.weight is not None
+        and x.device.type == "cpu" and x.dtype == torch.float32 and rope.complex_ok(x)
+    ):
+        return _QKNormRopeFunction.apply(x, norm.weight, norm.eps, rope.cis, rope.cis_conj)
+    x = norm(x)
+    return x if rope is None else rope(x)
+
+
 class Attention(nn.Module):
     """Multi-head self-attention via SDPA; optional per-head RMS QK-norm (before RoPE) and 2-D RoPE."""
 
@@ -156,9 +200,7 @@ class Attention(nn.Module):
         B, N, D = x.shape
         # per-token work (QK-norm, RoPE) in the (B, N, H, head_dim) layout qkv comes in: less strided on CPU
         q, k, v = self.qkv(x).view(B, N, 3, self.num_heads, self.head_dim).unbind(2)
-        q, k = self.q_norm(q), self.k_norm(k)
-        if rope is not None:
-            q, k = rope(q), rope(k)
+        q, k = norm_and_rotate(q, self.q_norm, rope), norm_and_rotate(k, self.k_norm, rope)
         x = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
         return self.proj(x.transpose(1, 2).reshape(B, N, D))
 

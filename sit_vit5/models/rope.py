@@ -47,10 +47,15 @@ class Rotation:
         self.sin_folded = torch.stack((-sin[:, 0::2], sin[:, 1::2]), dim=-1).flatten(-2).unsqueeze(-2)
         complex_ok = cos.dtype in (torch.float32, torch.float64)
         self.cis = torch.complex(cos[:, 0::2], sin[:, 0::2]).unsqueeze(-2) if complex_ok else None
+        self.cis_conj = self.cis.conj().resolve_conj() if complex_ok else None  # the inverse rotation
+
+    def complex_ok(self, x: Tensor) -> bool:
+        """Whether x is rotated by the complex multiply (eager, x in the tables' fp32/fp64 dtype)."""
+        return self.cis is not None and x.dtype == self.cos.dtype and not torch.compiler.is_compiling()
 
     def __call__(self, x: Tensor) -> Tensor:
         """x (B, N, H, head_dim), last dim contiguous -> rotated, same shape and dtype."""
-        if self.cis is not None and x.dtype == self.cos.dtype and not torch.compiler.is_compiling():
+        if self.complex_ok(x):
             return torch.view_as_real(torch.view_as_complex(x.unflatten(-1, (-1, 2))) * self.cis).flatten(-2)
         return x * self.cos + swap_pairs(x) * self.sin_folded
 
