@@ -58,7 +58,7 @@ _VIT5 = {"model.name": "ViT5-S/2"}
 _NEW = {**_VIT5, "model.layer_scale_init": 1.0}
 #: Every variant as dotted config overrides of the base config (the runs spell γ0 out, so that changing the
 #: ViT5 default cannot change a cached run).
-VARIANTS: dict[str, dict[str, Any]] = {
+PROXY_VARIANTS: dict[str, dict[str, Any]] = {
     "SiT": {"model.name": "SiT-S/2"},
     "ViT-5 (γ0=1)": _NEW,
     "ViT-5 (γ0=1e-4)": {**_VIT5, "model.layer_scale_init": 1e-4},
@@ -83,10 +83,40 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "DiT w. ViT (cosine)": {"model.name": "DiT-S/2", "model.learn_sigma": True, "transport.objective": "ddpm",
                             "transport.noise_schedule": "cosine", "sample.method": "ddim"},
 }
+
+# The claims addition (PROTOCOL.md, 2026-12-01): every setting spelled out, so no code default enters a run.
+_SIT_ALL = {"model.name": "SiT-S/2", "model.norm": "layernorm", "model.qk_norm": False, "model.qkv_bias": True,
+            "model.layer_scale_init": None, "model.mlp": "gelu", "model.mlp_act": "gelu_tanh",
+            "model.pos_embed": "fixed", "model.rope": False, "model.rope_theta": 10000.0,
+            "model.num_registers": 0, "model.register_rope_theta": None}
+_VIT5_ALL = {"model.name": "ViT5-S/2", "model.norm": "rmsnorm", "model.qk_norm": True, "model.qkv_bias": False,
+             "model.layer_scale_init": 1.0, "model.mlp": "gelu", "model.mlp_act": "gelu_tanh",
+             "model.pos_embed": "learned", "model.rope": True, "model.rope_theta": 10000.0,
+             "model.num_registers": 4, "model.register_rope_theta": 100.0}
+SIZES = {"6×96": {"model.depth": 6, "model.hidden_size": 96, "model.num_heads": 6},
+         "8×128": {"model.depth": 8, "model.hidden_size": 128, "model.num_heads": 8}}  # 4×64 = the base config
+SPIKE_LRS = (3e-3, 1e-2)
+EXTRA_SPIKE_LR = 3e-2  # only if SiT spikes at neither of SPIKE_LRS (protocol)
+_NO_QK = {**_VIT5_ALL, "model.qk_norm": False}
+CLAIM_VARIANTS: dict[str, dict[str, Any]] = {
+    # C3: where the registers' RoPE matters
+    "ViT-5 registers without RoPE": {**_VIT5_ALL, "model.register_rope_theta": None},
+    "ViT-5 registers at θ=1e4": {**_VIT5_ALL, "model.register_rope_theta": 10000.0},
+    # C7: the official code's exact GELU (ours: SiT's tanh approximation)
+    "ViT-5 (γ0=1) exact GELU": {**_VIT5_ALL, "model.mlp_act": "gelu"},
+    # C4: learning rates at which loss spikes can appear (no gradient clipping in the base config)
+    **{f"{name} lr={lr:g}": {**base, "optim.lr": lr, "optim.grad_clip": None}
+       for lr in (*SPIKE_LRS, EXTRA_SPIKE_LR)
+       for name, base in (("SiT", _SIT_ALL), ("ViT-5 (γ0=1)", _VIT5_ALL), ("ViT-5 − QK-Norm", _NO_QK))},
+    # C1: two larger sizes (head dim 16 as at 4×64)
+    **{f"{name} {size}": {**base, **dims} for size, dims in SIZES.items()
+       for name, base in (("SiT", _SIT_ALL), ("ViT-5 (γ0=1)", _VIT5_ALL))},
+}
+VARIANTS: dict[str, dict[str, Any]] = {**PROXY_VARIANTS, **CLAIM_VARIANTS}
 MAIN = ("SiT", "ViT-5 (γ0=1)", "ViT-5 (γ0=1e-4)", "ViT-5 − LayerScale")
 THIRD_ROW = ("DiT w. ViT", "DiT w. ViT (cosine)")  # added after the protocol's first version: after MAIN
 LAYER_SCALE_CANDIDATES = ("ViT-5 (γ0=1)", "ViT-5 (γ0=1e-4)", "ViT-5 − LayerScale")
-ABLATIONS = tuple(v for v in VARIANTS if v not in MAIN + THIRD_ROW)
+ABLATIONS = tuple(v for v in PROXY_VARIANTS if v not in MAIN + THIRD_ROW)
 PLOTTED = MAIN + THIRD_ROW  # the curves, as the paper's Fig. 6
 
 
@@ -101,7 +131,7 @@ def count_spikes(losses: Sequence[float], window: int = 100, factor: float = 2.0
 
 def slug(text: str) -> str:
     """File-name form of a variant name: ``ViT-5 − QK-Norm`` -> ``vit-5-minus-qk-norm``."""
-    text = text.lower().replace("−", "minus").replace("+", "plus").replace("γ0", "g")
+    text = text.lower().replace("−", "minus").replace("+", "plus").replace("γ0", "g").replace("θ", "theta")
     return "-".join(filter(None, "".join(c if c.isalnum() or c == "." else "-" for c in text).split("-")))
 
 
@@ -144,6 +174,24 @@ class RunSpec:
 def _read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     return sorted(rows, key=lambda r: r["step"])
+
+
+def _block_means(rows: Sequence[dict[str, Any]], prefix: str) -> list[dict[str, Any]]:
+    """Rows ``{"step", "value"}``: the mean of every per-block metric ``prefix + "NN"`` of each row."""
+    out = []
+    for r in rows:
+        values = [v for k, v in r.items() if k.startswith(prefix) and k[len(prefix):].isdigit()]
+        out.append({"step": r["step"], "value": statistics.fmean(values) if values else None})
+    return out
+
+
+def layer_scale_summary(model: nn.Module) -> dict[str, float] | None:
+    """Mean |γ| of the attention and MLP LayerScales over blocks and channels (None without LayerScale)."""
+    blocks = [b for b in getattr(model, "blocks", []) if getattr(b, "gamma_1", None) is not None]
+    if not blocks:
+        return None
+    return {"attn": statistics.fmean(b.gamma_1.abs().mean().item() for b in blocks),
+            "mlp": statistics.fmean(b.gamma_2.abs().mean().item() for b in blocks)}
 
 
 def _curve(rows: Sequence[dict[str, Any]], key: str, every: int = 20) -> list[list[float]]:
@@ -227,10 +275,13 @@ def run_one(spec: RunSpec, threads: int | None = None) -> dict[str, Any]:
     ckpt_dir = spec.run_dir / "checkpoints"
     if not result and spec.run_dir.exists():
         shutil.rmtree(spec.run_dir)
-    if not (ckpt_dir / checkpoint_name(spec.steps, False)).is_file():
+    if not (ckpt_dir / checkpoint_name(spec.steps, False)).is_file() and "diverged_at_step" not in result:
         resume = "latest" if latest_checkpoint(ckpt_dir) is not None else None
         start = time.perf_counter()
-        training.train(cfg, resume=resume)  # looked up at call time: tests replace it
+        try:
+            training.train(cfg, resume=resume)  # looked up at call time: tests replace it
+        except training.NonFiniteLossError as err:  # a diverged run is a result (protocol, C4), not a crash
+            result["diverged_at_step"] = err.step
         result["train_seconds"] = result.get("train_seconds", 0.0) + time.perf_counter() - start
     rows = _read_metrics(spec.run_dir)
     losses = [r["loss"] for r in rows]
@@ -241,19 +292,28 @@ def run_one(spec: RunSpec, threads: int | None = None) -> dict[str, Any]:
         "num_samples": spec.num_samples, "sample_steps": spec.sample_steps, "identity": identity,
         "config": requested,
         "params": count_params(model), "mflops": flops(model) * 1e3,
-        "loss_spikes": count_spikes(losses), "final_loss": statistics.fmean(losses[-100:]),
+        "loss_spikes": count_spikes(losses), "final_loss": statistics.fmean(losses[-100:]) if losses else math.nan,
         "loss_curve": _curve(rows, "loss"), "gate_attn_curve": _curve(rows, "gate/attn/mean"),
         "gate_mlp_curve": _curve(rows, "gate/mlp/mean"),
+        # the class/time-dependent part of the gates, mean over blocks (diagnostics.GateMonitor)
+        "gate_spread_attn_curve": _curve(_block_means(rows, "gate_spread/attn/"), "value"),
+        "gate_spread_mlp_curve": _curve(_block_means(rows, "gate_spread/mlp/"), "value"),
     })
     grid = spec.run_dir / "samples" / f"{spec.steps:07d}.png"
     if grid.is_file():
         result["sample_grid"] = str(grid)
     evaluations = result.setdefault("checkpoints", {})
     test_data = test_split(cfg)
+    start = time.perf_counter()
     for step in spec.checkpoint_steps:
-        if str(step) not in evaluations:
-            evaluations[str(step)] = evaluate_checkpoint(ckpt_dir / checkpoint_name(step, False), spec, test_data)
+        path = ckpt_dir / checkpoint_name(step, False)
+        if str(step) not in evaluations and (path.is_file() or "diverged_at_step" not in result):
+            evaluations[str(step)] = evaluate_checkpoint(path, spec, test_data)
             _write_json(spec.result_path, result)
+    final = ckpt_dir / checkpoint_name(spec.steps, False)
+    if final.is_file():
+        result["layer_scale"] = layer_scale_summary(load_model(final).model)
+    result["eval_seconds"] = result.get("eval_seconds", 0.0) + time.perf_counter() - start
     result["complete"] = True
     _write_json(spec.result_path, result)
     return result
@@ -264,20 +324,45 @@ def _worker(spec: RunSpec, threads: int) -> dict[str, Any]:
     return run_one(spec, threads)
 
 
-def sweep(specs: Sequence[RunSpec], jobs: int = 1) -> list[dict[str, Any]]:
-    """Run every spec in ``jobs`` processes of one thread each (tiny models: more threads only spin)."""
+def cached_runs(results_dir: str | os.PathLike = RESULTS) -> list[dict[str, Any]]:
+    """Every cached run JSON under ``results_dir/runs`` (complete or not, any variant)."""
+    return [json.loads(p.read_text()) for p in sorted(Path(results_dir).glob("runs/*/*.json"))]
+
+
+def core_hours_spent(results_dir: str | os.PathLike = RESULTS) -> float:
+    """Core-hours of the runs that record their evaluation time (those of the claims addition, one thread
+    each): training + evaluation seconds / 3600."""
+    runs = [r for r in cached_runs(results_dir) if "eval_seconds" in r]
+    return sum(r.get("train_seconds", 0.0) + r["eval_seconds"] for r in runs) / 3600
+
+
+def _is_cached(spec: RunSpec) -> bool:
+    return spec.result_path.is_file() and json.loads(spec.result_path.read_text()).get("complete", False)
+
+
+def sweep(specs: Sequence[RunSpec], jobs: int = 1, budget_core_hours: float | None = None) -> list[dict[str, Any]]:
+    """Run every spec in ``jobs`` processes of one thread each (tiny models: more threads only spin).
+    With ``budget_core_hours`` (one job only), no new run starts once ``core_hours_spent`` reaches it;
+    the runs not started are left out of the returned list."""
+    if budget_core_hours is not None and jobs > 1:
+        raise ValueError("a core-hour budget needs jobs=1 (runs start one after another)")
     results: dict[int, dict[str, Any]] = {}
     bar = tqdm(total=len(specs), desc="digits runs", unit="run")
 
     def done(i: int, r: dict[str, Any]) -> None:
         results[i] = r
-        final = r["checkpoints"][str(r["steps"])]
-        bar.set_postfix_str(f"{r['dataset']} {r['variant']} s{r['seed']}: loss {final['heldout_loss']:.4f} "
-                            f"FID {final['digits_fid']:.2f}")
+        final = r["checkpoints"].get(str(r["steps"]))
+        score = (f"loss {final['heldout_loss']:.4f} FID {final['digits_fid']:.2f}" if final
+                 else f"diverged at step {r.get('diverged_at_step')}")
+        bar.set_postfix_str(f"{r['dataset']} {r['variant']} s{r['seed']}: {score}")
         bar.update()
 
-    if jobs <= 1:  # in this process (tests, debugging)
+    if jobs <= 1:  # in this process (tests, debugging, budgeted sweeps)
         for i, spec in enumerate(specs):
+            if (budget_core_hours is not None and not _is_cached(spec)
+                    and core_hours_spent(spec.results_dir) >= budget_core_hours):
+                print(f"budget of {budget_core_hours:g} core-hours spent: {len(specs) - i} runs not started")
+                break
             done(i, run_one(spec, 1))
     else:
         with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
@@ -285,7 +370,7 @@ def sweep(specs: Sequence[RunSpec], jobs: int = 1) -> list[dict[str, Any]]:
             for future in as_completed(futures):
                 done(futures[future], future.result())
     bar.close()
-    return [results[i] for i in range(len(specs))]
+    return [results[i] for i in sorted(results)]
 
 
 def plan(seeds: int = 3, ablation_seeds: int = 2, datasets: Sequence[str] = tuple(DATASETS),
@@ -303,8 +388,7 @@ def plan(seeds: int = 3, ablation_seeds: int = 2, datasets: Sequence[str] = tupl
 def load_results(results_dir: str | os.PathLike = RESULTS) -> list[dict[str, Any]]:
     """Every complete cached run under ``results_dir/runs`` of a variant this code knows (a cache shared with
     newer code may hold others: they are named and left out)."""
-    found = [json.loads(p.read_text()) for p in sorted(Path(results_dir).glob("runs/*/*.json"))]
-    complete = [r for r in found if r.get("complete")]
+    complete = [r for r in cached_runs(results_dir) if r.get("complete")]
     unknown = sorted({r["variant"] for r in complete} - set(VARIANTS))
     if unknown:
         print(f"left out of the report (variants this code does not define): {', '.join(unknown)}")

@@ -31,6 +31,7 @@ VIT5_SWITCHES: dict = dict(
     qkv_bias=False,
     layer_scale_init=1.0,  # "generative"; the classification recipe's 1e-4 handicaps adaLN-Zero (see above)
     mlp="gelu",  # SwiGLU + LayerScale is the paper's negative result: ablation only
+    mlp_act="gelu_tanh",  # deviation: the official code uses exact GELU ("gelu"); we keep SiT's
     pos_embed="learned",  # APE and RoPE together
     rope=True,
     rope_theta=10000.0,
