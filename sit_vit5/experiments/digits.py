@@ -24,6 +24,7 @@ import subprocess
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
@@ -39,6 +40,8 @@ from .. import training
 from ..config import configs_dir, load_config
 from ..data import DigitsDataset, build_dataset
 from ..models import count_params, flops, load_model, model_from_config
+from ..models.layers import sincos_pos_embed_2d
+from ..objective import create_objective
 from ..sampling import SampleSpec, SamplingPipeline
 from ..training.checkpoint import checkpoint_name, latest_checkpoint
 from ..transport import create_transport
@@ -112,6 +115,9 @@ CLAIM_VARIANTS: dict[str, dict[str, Any]] = {
     **{f"{name} {size}": {**base, **dims} for size, dims in SIZES.items()
        for name, base in (("SiT", _SIT_ALL), ("ViT-5 (γ0=1)", _VIT5_ALL))},
 }
+# C5: trained like the main pair; their final checkpoints are also scored at other image sizes
+CLAIM_VARIANTS.update({"SiT (resolution)": _SIT_ALL, "ViT-5 (γ0=1) (resolution)": _VIT5_ALL})
+EVAL_SIZES: dict[str, tuple[int, ...]] = {v: (6, 12, 16) for v in ("SiT (resolution)", "ViT-5 (γ0=1) (resolution)")}
 VARIANTS: dict[str, dict[str, Any]] = {**PROXY_VARIANTS, **CLAIM_VARIANTS}
 MAIN = ("SiT", "ViT-5 (γ0=1)", "ViT-5 (γ0=1e-4)", "ViT-5 − LayerScale")
 THIRD_ROW = ("DiT w. ViT", "DiT w. ViT (cosine)")  # added after the protocol's first version: after MAIN
@@ -249,6 +255,47 @@ def evaluate_checkpoint(path: Path, spec: RunSpec, test_data: tuple[Tensor, Tens
     return {"heldout_loss": loss, "digits_fid": metrics["digits_fid"], "accuracy": metrics["digits_accuracy"]}
 
 
+@contextmanager
+def recomputed_sincos(model: nn.Module):
+    """SiT's frozen sin-cos table rebuilt for the grid in use (integer positions, as DiT builds it for a new
+    size) instead of the code's bicubic resampling of the training table; learned tables are unchanged."""
+    table = getattr(model, "pos_embed", None)
+    if table is None or getattr(model, "switches", {}).get("pos_embed") != "fixed":
+        yield model
+        return
+    model.pos_embed_for = lambda grid: sincos_pos_embed_2d(table.shape[-1], *grid).unsqueeze(0).to(table)
+    try:
+        yield model
+    finally:
+        del model.pos_embed_for  # the instance attribute shadowed the method
+
+
+def evaluate_at_size(path: Path, spec: RunSpec, cfg: dict[str, Any], size: int) -> dict[str, float]:
+    """C5: the checkpoint at image side ``size`` (trained at another): held-out loss on the test split resized
+    to ``size``, digits-FID / accuracy of samples area-resized to 8×8 and the real-vs-real floor of the same
+    pipeline. Fixed sin-cos tables are recomputed for the new grid; ``heldout_loss_interpolated`` is the loss
+    with the code's resampled table (for learned tables: the same number)."""
+    loaded = load_model(path)
+    model, transport = loaded.model, create_transport(**loaded.transport)
+    data = test_split({**cfg, "data": {**cfg["data"], "image_size": size}})
+    out = {"heldout_loss_interpolated": heldout_loss(model, transport, *data)}
+    with recomputed_sincos(model):
+        out["heldout_loss"] = heldout_loss(model, transport, *data)
+        sample_spec = SampleSpec(method="ode", sampling_method="euler", num_steps=spec.sample_steps)
+        pipeline = SamplingPipeline(model, create_objective(loaded.objective_config), sample_spec,
+                                    (loaded.in_channels, size, size), loaded.num_classes, pixel_space=True)
+        pixels, labels = [], []
+        for start in range(0, spec.num_samples, 250):
+            indices = list(range(start, min(start + 250, spec.num_samples)))
+            batch = pipeline.generate(indices, global_seed=SAMPLE_SEED, labels=[i % model.num_classes for i in indices])
+            pixels.append(batch.pixels)
+            labels.append(torch.as_tensor(batch.labels))
+    metrics = digits_metrics(torch.cat(pixels).clamp(-1, 1), torch.cat(labels))
+    floor = fid_floor(size, spec.num_samples)
+    return {**out, "digits_fid": metrics["digits_fid"], "accuracy": metrics["digits_accuracy"],
+            "fid_floor": floor[0]}
+
+
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
@@ -264,7 +311,9 @@ def run_one(spec: RunSpec, threads: int | None = None) -> dict[str, Any]:
     requested = json.loads(json.dumps(cfg))  # the request as JSON (tuples -> lists), for the record
     # A run is identified by what the sweep asked for (base config file + overrides), not by the resolved
     # config, whose new default keys (added by later code) do not change what an existing run means.
-    identity = {"base_config": Path(spec.base_config).read_text(), "overrides": spec.overrides()}
+    identity: dict[str, Any] = {"base_config": Path(spec.base_config).read_text(), "overrides": spec.overrides()}
+    if spec.variant in EVAL_SIZES:
+        identity["eval_sizes"] = list(EVAL_SIZES[spec.variant])
     result: dict[str, Any] = {}
     if spec.result_path.is_file():
         result = json.loads(spec.result_path.read_text())
@@ -313,6 +362,11 @@ def run_one(spec: RunSpec, threads: int | None = None) -> dict[str, Any]:
     final = ckpt_dir / checkpoint_name(spec.steps, False)
     if final.is_file():
         result["layer_scale"] = layer_scale_summary(load_model(final).model)
+        at_sizes = result.setdefault("resolution", {}) if spec.variant in EVAL_SIZES else {}
+        for size in EVAL_SIZES.get(spec.variant, ()):
+            if str(size) not in at_sizes:
+                at_sizes[str(size)] = evaluate_at_size(final, spec, cfg, size)
+                _write_json(spec.result_path, result)
     result["eval_seconds"] = result.get("eval_seconds", 0.0) + time.perf_counter() - start
     result["complete"] = True
     _write_json(spec.result_path, result)
