@@ -57,7 +57,9 @@ def main(argv: list[str] | None = None) -> int:
         if not results:
             print(f"no complete runs under {out}/runs", file=sys.stderr)
             return 1
-        print(f"wrote {write_report(results, out, command)}")
+        from .digits_claims import write_claims
+
+        print(f"wrote {write_report(results, out, command)} and {write_claims(results, out, command)}")
         return 0
     from .imagenet import run
 
