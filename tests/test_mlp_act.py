@@ -1,4 +1,5 @@
-"""The GELU MLP's activation switch ``mlp_act``: SiT's tanh-GELU (default) vs the exact GELU of ViT-5."""
+"""The GELU MLP's activation switch ``mlp_act``: SiT's tanh-GELU (default) vs the exact GELU of
+ViT-5."""
 
 from __future__ import annotations
 
@@ -24,7 +25,11 @@ def _randomized(model: torch.nn.Module) -> torch.nn.Module:
 
 def _inputs():
     g = torch.Generator().manual_seed(1)
-    return torch.randn(3, 4, 8, 8, generator=g), torch.rand(3, generator=g), torch.randint(0, 10, (3,), generator=g)
+    return (
+        torch.randn(3, 4, 8, 8, generator=g),
+        torch.rand(3, generator=g),
+        torch.randint(0, 10, (3,), generator=g),
+    )
 
 
 def test_defaults_are_sits_tanh_gelu():
@@ -59,7 +64,10 @@ def test_exact_gelu_changes_the_model_function():
     exact.load_state_dict(sit.state_dict())
     x, t, y = _inputs()
     assert not torch.equal(exact.eval()(x, t, y), sit(x, t, y))
-    assert isinstance(exact.blocks[0].mlp.act, torch.nn.GELU) and exact.blocks[0].mlp.act.approximate == "none"
+    assert (
+        isinstance(exact.blocks[0].mlp.act, torch.nn.GELU)
+        and exact.blocks[0].mlp.act.approximate == "none"
+    )
 
 
 def test_bad_value_is_a_clear_error():

@@ -1,4 +1,5 @@
-"""Welch's test (two groups and contrasts) against scipy and closed forms; Holm against a hand computation."""
+"""Welch's test (two groups and contrasts) against scipy and closed forms; Holm against a hand
+computation."""
 
 from __future__ import annotations
 
@@ -10,8 +11,14 @@ from scipy import stats as sps
 from sit_vit5.experiments.stats import holm, welch, welch_contrast
 
 
-@pytest.mark.parametrize("a, b", [([1.0, 1.1, 1.3], [2.0, 2.2, 2.1, 2.5]), ([0.39, 0.41], [0.40, 0.43, 0.38]),
-                                  ([5, 7, 6], [0, 1, 0])])
+@pytest.mark.parametrize(
+    "a, b",
+    [
+        ([1.0, 1.1, 1.3], [2.0, 2.2, 2.1, 2.5]),
+        ([0.39, 0.41], [0.40, 0.43, 0.38]),
+        ([5, 7, 6], [0, 1, 0]),
+    ],
+)
 def test_welch_p_matches_scipy(a, b):
     c = welch(a, b)
     assert c.p == pytest.approx(sps.ttest_ind(a, b, equal_var=False).pvalue, rel=1e-10)
@@ -48,8 +55,10 @@ def test_zero_variance_and_bad_input():
 
 def test_holm_against_a_hand_computation():
     p = [0.01, 0.04, 0.03, 0.005]
-    # sorted 0.005, 0.01, 0.03, 0.04 with multipliers 4, 3, 2, 1 -> 0.02, 0.03, 0.06, 0.04 -> running max
+    # sorted 0.005, 0.01, 0.03, 0.04; times 4, 3, 2, 1 -> 0.02, 0.03, 0.06, 0.04 -> running max
     assert holm(p) == pytest.approx([0.03, 0.06, 0.06, 0.02])
     assert holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])  # capped at 1
-    assert holm([float("nan"), 0.01]) == pytest.approx([1.0, 0.02])  # a missing test counts as p = 1
+    assert holm([float("nan"), 0.01]) == pytest.approx(
+        [1.0, 0.02]
+    )  # a missing test counts as p = 1
     assert holm([]) == []
