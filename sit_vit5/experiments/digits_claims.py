@@ -444,6 +444,12 @@ def _side(row: dict[str, Any], i: int) -> str:
     return f"{row['mean'][i]:.4g} ± {row['sd'][i]:.2g} (n={row['n'][i]})"
 
 
+def _direction(test: Test) -> str:
+    if test.metric == "shrink":
+        return "≤ 0 (stable or grows)"
+    return {-1: "< 0", 1: "> 0", 0: "none (equivalence)"}[test.expect]
+
+
 def _runs_done(tests: Sequence[dict[str, Any]]) -> str:
     """Runs done / planned of a claim, each (dataset, variant) counted once."""
     groups: dict[tuple[str, str], tuple[int, int]] = {}
@@ -534,9 +540,7 @@ def write_claims(
             "test (a vs b)": r["test"].name,
             "a: mean ± sd": _side(r, 0) if r["test"].metric != "shrink" else f"n={r['n']}",
             "b: mean ± sd": _side(r, 1) if r["test"].metric != "shrink" else "–",
-            "paper's direction of a − b": {-1: "< 0", 1: "> 0", 0: "none (equivalence)"}[
-                r["test"].expect
-            ],
+            "paper's direction of a − b": _direction(r["test"]),
             "effect [95 % CI]": _effect(r),
             "Welch p": _p(r.get("p")),
             "Holm p": _p(r["p_holm"]),
