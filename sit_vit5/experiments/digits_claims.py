@@ -608,8 +608,16 @@ def _resolution_section(results: Sequence[dict[str, Any]]) -> list[str]:
                 }
             )
     if not rows:
-        return ["## C5: resolution\n", "No run yet.\n"]
-    return ["## C5: resolution (means over seeds)\n", report.markdown_table(rows, list(rows[0]))]
+        return ["## C5: resolution\n", "No run yet.\n", _C5_NOTE]
+    table = report.markdown_table(rows, list(rows[0]))
+    return ["## C5: resolution (means over seeds)\n", table, _C5_NOTE]
+
+
+_C5_NOTE = (
+    "The C5 checkpoints live outside git, under `runs/digits-proxy/digits8/*-resolution/`; "
+    "`python -m sit_vit5.experiments digits --claims` retrains any that are missing (same seeds "
+    "and settings as the main pair).\n"
+)
 
 
 def _scale_section(results: Sequence[dict[str, Any]], out: Path) -> list[str]:
