@@ -583,8 +583,9 @@ def _plot_training(results: Sequence[dict[str, Any]], variants: Sequence[str], k
 def _git_commit() -> str:
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                               capture_output=True, text=True, check=True).stdout.strip()
+        # the report's own outputs (results/) do not make the code that wrote them dirty
+        status = ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!results"]
+        dirty = subprocess.run(status, cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
         return sha.stdout.strip() + ("+dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
