@@ -15,6 +15,13 @@ Protocol (fixed; changing any of it changes the cache key below):
   images. Like any FID it is biased upward at small N; compare numbers at equal N.
 * accuracy: fraction of images whose argmax class equals the requested label.
 Images of another size [N, 1, H, W] are resized to 8×8 with area interpolation; values are clamped to [-1, 1].
+
+16×16 variant (``resolution=16``, for data that lives at 16×16 such as the digits proxy's bilinear upsamples,
+whose area-downsampled copies the 8×8 network scores far from the originals): the same protocol on the
+digits upsampled bilinearly to 16×16 (align_corners False, clamped: ``sit_vit5.data.DigitsDataset``'s
+transform), real statistics from the same upsamples, network conv3×3(1→32)–ReLU–maxpool2–conv3×3(32→64)–
+ReLU–maxpool2–linear(1024→64)–ReLU–linear(64→10); inputs of another size are area-downsampled or bilinearly
+upsampled to 16×16. Its own cache key (``TRAIN_CONFIGS[16]``).
 """
 
 from __future__ import annotations
@@ -43,14 +50,21 @@ TRAIN_CONFIG = {
     "threads": 1,
     "arch": "conv32-conv64-pool-fc64-fc10/v1",
 }
+#: The 16×16 network's protocol: TRAIN_CONFIG's recipe on the bilinear 16×16 upsamples.
+TRAIN_CONFIG_16 = {**TRAIN_CONFIG, "resolution": 16, "resize": "bilinear",
+                   "arch": "conv32-pool-conv64-pool-fc64-fc10/v1"}
+TRAIN_CONFIGS = {8: TRAIN_CONFIG, 16: TRAIN_CONFIG_16}
 FEATURE_DIM = 64
 
 
 class DigitsNet(nn.Module):
-    """Small CNN on [N, 1, 8, 8] images in [-1, 1]; forward → class logits [N, 10]."""
+    """Small CNN on [N, 1, R, R] images in [-1, 1], R = ``resolution`` (8 or 16); forward → logits [N, 10]."""
 
-    def __init__(self):
+    def __init__(self, resolution: int = 8):
         super().__init__()
+        if resolution not in TRAIN_CONFIGS:
+            raise ValueError(f"DigitsNet resolution must be one of {sorted(TRAIN_CONFIGS)}, got {resolution}")
+        self.resolution = resolution
         self.conv1 = nn.Conv2d(1, 32, 3, padding=1)
         self.conv2 = nn.Conv2d(32, 64, 3, padding=1)
         self.hidden = nn.Linear(64 * 4 * 4, FEATURE_DIM)
@@ -58,25 +72,30 @@ class DigitsNet(nn.Module):
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         """Pre-activation hidden features [N, 64]."""
-        x = F.max_pool2d(F.relu(self.conv2(F.relu(self.conv1(x)))), 2)
+        x = F.relu(self.conv1(x))
+        if self.resolution == 16:  # one extra pooling: the same 4×4×64 map as the 8×8 network
+            x = F.max_pool2d(x, 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
         return self.hidden(x.flatten(1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(F.relu(self.features(x)))
 
 
-def digits_data() -> tuple[torch.Tensor, torch.Tensor]:
-    """All 1,797 digits: images float32 [N, 1, 8, 8] in [-1, 1], labels int64 [N]."""
+def digits_data(resolution: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    """All 1,797 digits: images float32 [N, 1, R, R] in [-1, 1] (R = 16: bilinear upsamples), labels [N]."""
     from sklearn.datasets import load_digits
 
     digits = load_digits()
     images = torch.from_numpy(digits.images.astype(np.float32) / 8.0 - 1.0).unsqueeze(1)
+    if resolution != 8:
+        images = F.interpolate(images, size=(resolution,) * 2, mode="bilinear", align_corners=False).clamp(-1, 1)
     return images, torch.from_numpy(digits.target.astype(np.int64))
 
 
-def digits_split(split: str) -> tuple[torch.Tensor, torch.Tensor]:
+def digits_split(split: str, resolution: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
     """'train' (1,347 images), 'test' (450: index % 4 == 0) or 'all' (1,797): (images, labels)."""
-    images, labels = digits_data()
+    images, labels = digits_data(resolution)
     is_test = torch.arange(len(labels)) % TRAIN_CONFIG["test_every"] == 0
     masks = {"train": ~is_test, "test": is_test, "all": torch.ones_like(is_test)}
     if split not in masks:
@@ -85,15 +104,15 @@ def digits_split(split: str) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @torch.enable_grad()  # callers such as digits_metrics run under no_grad
-def train_digits_net() -> DigitsNet:
-    """Train DigitsNet on the train split with TRAIN_CONFIG (a few seconds on CPU)."""
-    cfg = TRAIN_CONFIG
-    images, labels = digits_split("train")
+def train_digits_net(resolution: int = 8) -> DigitsNet:
+    """Train DigitsNet on the train split with ``TRAIN_CONFIGS[resolution]`` (seconds on CPU)."""
+    cfg = TRAIN_CONFIGS[resolution]
+    images, labels = digits_split("train", resolution)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # same reduction order on every machine; tiny ops gain nothing from threads
     try:
         torch.manual_seed(cfg["seed"])
-        net = DigitsNet()
+        net = DigitsNet(resolution)
         opt = torch.optim.Adam(net.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"])
         gen = torch.Generator().manual_seed(cfg["seed"])
         net.train()
@@ -115,23 +134,23 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sit_vit5"
 
 
-def cache_key() -> str:
-    """12 hex digits of SHA-256 over the training config and the digits data."""
+def cache_key(resolution: int = 8) -> str:
+    """12 hex digits of SHA-256 over the training config and the digits data (at 8×8 for both networks)."""
     images, labels = digits_data()
-    h = hashlib.sha256(json.dumps(TRAIN_CONFIG, sort_keys=True).encode())
+    h = hashlib.sha256(json.dumps(TRAIN_CONFIGS[resolution], sort_keys=True).encode())
     h.update(images.numpy().tobytes())
     h.update(labels.numpy().tobytes())
     return h.hexdigest()[:12]
 
 
-def load_digits_net(directory: str | os.PathLike | None = None) -> DigitsNet:
+def load_digits_net(directory: str | os.PathLike | None = None, resolution: int = 8) -> DigitsNet:
     """The trained DigitsNet from the cache in `directory` (default cache_dir()), training it if absent."""
-    path = Path(directory or cache_dir()) / f"digits_featnet-{cache_key()}.pt"
-    net = DigitsNet()
+    path = Path(directory or cache_dir()) / f"digits_featnet-{cache_key(resolution)}.pt"
+    net = DigitsNet(resolution)
     if path.is_file():
         net.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
         return net.eval().requires_grad_(False)
-    net = train_digits_net()
+    net = train_digits_net(resolution)
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".tmp", delete=False) as tmp:
         torch.save(net.state_dict(), tmp)
@@ -139,8 +158,9 @@ def load_digits_net(directory: str | os.PathLike | None = None) -> DigitsNet:
     return net
 
 
-def to_digits_input(images: torch.Tensor) -> torch.Tensor:
-    """[N, H, W] or [N, 1, H, W] float in [-1, 1] → float32 [N, 1, 8, 8], area-resized and clamped."""
+def to_digits_input(images: torch.Tensor, resolution: int = 8) -> torch.Tensor:
+    """[N, H, W] or [N, 1, H, W] float in [-1, 1] → float32 [N, 1, R, R] (R = ``resolution``), clamped;
+    area-resized, except smaller images for the 16×16 network: bilinear, as its data was made."""
     if images.ndim == 3:
         images = images.unsqueeze(1)
     if images.ndim != 4 or images.shape[1] != 1 or not images.is_floating_point():
@@ -149,8 +169,11 @@ def to_digits_input(images: torch.Tensor) -> torch.Tensor:
             f"{tuple(images.shape)}"
         )
     images = images.float().cpu()
-    if images.shape[-2:] != (8, 8):
-        images = F.interpolate(images, size=(8, 8), mode="area")
+    side = (resolution, resolution)
+    if images.shape[-2:] != side:
+        upsample = resolution == 16 and images.shape[-1] < resolution
+        images = (F.interpolate(images, size=side, mode="bilinear", align_corners=False) if upsample
+                  else F.interpolate(images, size=side, mode="area"))
     return images.clamp(-1.0, 1.0)
 
 
@@ -165,7 +188,7 @@ def uint8_to_digits_input(array: np.ndarray) -> torch.Tensor:
 
 @functools.lru_cache(maxsize=4)
 def _real_stats(net: DigitsNet) -> tuple[np.ndarray, np.ndarray]:
-    images, _ = digits_split("all")
+    images, _ = digits_split("all", net.resolution)
     return feature_statistics(net.features(images))
 
 
@@ -175,11 +198,12 @@ def digits_metrics(
 ) -> dict[str, float]:
     """Digits FID against all 1,797 real digits, and (with labels [N]) class accuracy.
 
-    images: [N, 1, H, W] or [N, H, W] in [-1, 1], N >= 2. net: default load_digits_net().
+    images: [N, 1, H, W] or [N, H, W] in [-1, 1], N >= 2. net: default load_digits_net() (8×8); a 16×16
+    network (``load_digits_net(resolution=16)``) scores at 16×16 against the 16×16 upsampled real digits.
     Returns {"digits_fid", "digits_accuracy" (if labels), "num_samples"}.
     """
     net = net or load_digits_net()
-    x = to_digits_input(images)
+    x = to_digits_input(images, getattr(net, "resolution", 8))
     if x.shape[0] < 2:
         raise ValueError(f"digits_metrics needs at least 2 images, got {x.shape[0]}")
     mu, sigma = feature_statistics(net.features(x))

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import yaml
 
 from .models import list_models, valid_overrides
-from .models.layers import MLPS, NORMS
+from .models.layers import MLP_ACTS, MLPS, NORMS
 from .models.registry import _NAME, DATA_DERIVED_KEYS, SIZES
 from .models.sit import POS_EMBED_KINDS, SIT_SWITCHES, SiT
 from .models.vit5 import LAYER_SCALE_INITS, VIT5_SWITCHES
@@ -297,7 +297,7 @@ def model_key_types() -> dict[str, tuple[type, bool]]:
 
 
 def _model_choices() -> dict[str, tuple[str, ...]]:
-    return {"norm": tuple(NORMS), "mlp": tuple(MLPS), "pos_embed": POS_EMBED_KINDS}
+    return {"norm": tuple(NORMS), "mlp": tuple(MLPS), "mlp_act": tuple(MLP_ACTS), "pos_embed": POS_EMBED_KINDS}
 
 
 def validate_model_section(cfg: Config) -> None:

@@ -90,3 +90,34 @@ def test_cli_digits_mode(net, cache, tmp_path, monkeypatch, capsys):
     np.savez(tmp_path / "wrong.npz", arr_0=u8, labels=y.numpy()[:10])
     assert cli.main([str(tmp_path / "wrong.npz"), "digits", "--no-json"]) == 2
     assert "10 labels for 450 images" in capsys.readouterr().err
+
+
+def test_16x16_network_inputs_and_data_match_the_digits16_dataset():
+    from sit_vit5.data import DigitsDataset
+
+    images16, labels = digits.digits_data(16)
+    assert torch.equal(images16, DigitsDataset(image_size=16).images)  # the data the proxy trains on
+    assert torch.equal(labels, torch.as_tensor(DigitsDataset().labels))
+    assert digits.DigitsNet(16).features(torch.zeros(2, 1, 16, 16)).shape == (2, digits.FEATURE_DIM)
+    x8 = digits.digits_data()[0][:5]
+    torch.testing.assert_close(to_digits_input(x8, 16), images16[:5])  # 8×8 inputs: upsampled as the data
+    torch.testing.assert_close(to_digits_input(images16[:5], 8), torch.nn.functional.avg_pool2d(images16[:5], 2))
+    assert digits.cache_key(16) != digits.cache_key(8)
+    assert digits.cache_key(8) == "184492c48d96"  # the 8×8 protocol (and every digits-FID so far) unchanged
+    with pytest.raises(ValueError, match="resolution"):
+        digits.DigitsNet(12)
+
+
+@pytest.mark.slow
+def test_16x16_network_scores_upsampled_digits_near_zero_and_is_deterministic(net, cache):
+    net16 = load_digits_net(cache, resolution=16)
+    images, labels = digits.digits_split("all", 16)
+    subset = torch.randperm(len(labels), generator=torch.Generator().manual_seed(0))[:1000]
+    fid16 = digits_metrics(images[subset], labels[subset], net16)
+    fid8 = digits_metrics(images[subset], labels[subset], net)["digits_fid"]  # area-resized back to 8×8
+    assert fid16["digits_fid"] < 10 < 100 < fid8 and fid16["digits_accuracy"] > 0.95
+    test, test_labels = digits.digits_split("test", 16)
+    assert (net16(test).argmax(1) == test_labels).double().mean() > 0.95
+    again = digits.train_digits_net(16)
+    for (k, a), b in zip(net16.state_dict().items(), again.state_dict().values()):
+        assert torch.equal(a, b), k

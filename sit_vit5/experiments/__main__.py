@@ -24,6 +24,9 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--runs-dir", default="runs/digits-proxy", help="run directories (checkpoints)")
     d.add_argument("--out", default=None, help="report and cached results (default: results/digits)")
     d.add_argument("--report-only", action="store_true", help="rewrite the report from the cached runs")
+    d.add_argument("--claims", action="store_true",
+                   help="run the claims addition of PROTOCOL.md (2026-12-01) in its order, within its core-hour "
+                        "budget (use --jobs 1), instead of the original sweep")
     d.add_argument("overrides", nargs="*", metavar="section.key=value", help="extra config overrides for every run")
 
     i = sub.add_parser("imagenet", help="evaluate ImageNet runs under a protocol; table + FID-vs-step plot")
@@ -37,16 +40,26 @@ def main(argv: list[str] | None = None) -> int:
         from .digits import DATASETS, RESULTS, load_results, plan, sweep, write_report
 
         out = args.out or str(RESULTS)
-        if not args.report_only:
+        common = dict(steps=args.steps, runs_dir=args.runs_dir, num_samples=args.num_samples,
+                      extra_overrides=list(args.overrides))
+        if args.claims and not args.report_only:
+            from .digits_claims import BUDGET_CORE_HOURS, plan_claims
+
+            specs = plan_claims(args.datasets or tuple(DATASETS), out, **common)
+            if args.variants:
+                specs = [s for s in specs if s.variant in args.variants]
+            sweep(specs, args.jobs, budget_core_hours=BUDGET_CORE_HOURS)
+        elif not args.report_only:
             specs = plan(args.seeds, args.ablation_seeds, args.datasets or tuple(DATASETS), args.variants,
-                         steps=args.steps, runs_dir=args.runs_dir, results_dir=out, num_samples=args.num_samples,
-                         extra_overrides=list(args.overrides))
+                         results_dir=out, **common)
             sweep(specs, args.jobs)
         results = load_results(out)
         if not results:
             print(f"no complete runs under {out}/runs", file=sys.stderr)
             return 1
-        print(f"wrote {write_report(results, out, command)}")
+        from .digits_claims import write_claims
+
+        print(f"wrote {write_report(results, out, command)} and {write_claims(results, out, command)}")
         return 0
     from .imagenet import run
 

@@ -1,7 +1,8 @@
 """The digits proxy for "ViT-5 vs SiT": small backbones on scikit-learn's digits, CPU, minutes a run.
 
 The protocol (datasets, variants, seeds, checkpoints, metrics, decision rules) is fixed in
-``results/digits/PROTOCOL.md``, written before any result was read. In short: every variant trains on the
+``results/digits/PROTOCOL.md``, written and committed before any run of it was read (later additions dated,
+each before its own runs; the paper's other claims: ``digits_claims``). In short: every variant trains on the
 train split of the digits at 8×8 (16 tokens) and upsampled to 16×16 (64 tokens) with the recipe of
 ``configs/digits/repro.yaml``; at 25/50/75/100 % of the run its EMA weights are scored by
 
@@ -24,6 +25,7 @@ import subprocess
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
@@ -33,12 +35,14 @@ import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 
-from fid.digits import digits_metrics
+from fid.digits import digits_metrics, load_digits_net
 
 from .. import training
 from ..config import configs_dir, load_config
 from ..data import DigitsDataset, build_dataset
 from ..models import count_params, flops, load_model, model_from_config
+from ..models.layers import sincos_pos_embed_2d
+from ..objective import create_objective
 from ..sampling import SampleSpec, SamplingPipeline
 from ..training.checkpoint import checkpoint_name, latest_checkpoint
 from ..transport import create_transport
@@ -58,7 +62,7 @@ _VIT5 = {"model.name": "ViT5-S/2"}
 _NEW = {**_VIT5, "model.layer_scale_init": 1.0}
 #: Every variant as dotted config overrides of the base config (the runs spell γ0 out, so that changing the
 #: ViT5 default cannot change a cached run).
-VARIANTS: dict[str, dict[str, Any]] = {
+PROXY_VARIANTS: dict[str, dict[str, Any]] = {
     "SiT": {"model.name": "SiT-S/2"},
     "ViT-5 (γ0=1)": _NEW,
     "ViT-5 (γ0=1e-4)": {**_VIT5, "model.layer_scale_init": 1e-4},
@@ -83,10 +87,43 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "DiT w. ViT (cosine)": {"model.name": "DiT-S/2", "model.learn_sigma": True, "transport.objective": "ddpm",
                             "transport.noise_schedule": "cosine", "sample.method": "ddim"},
 }
+
+# The claims addition (PROTOCOL.md, 2026-12-01): every setting spelled out, so no code default enters a run.
+_SIT_ALL = {"model.name": "SiT-S/2", "model.norm": "layernorm", "model.qk_norm": False, "model.qkv_bias": True,
+            "model.layer_scale_init": None, "model.mlp": "gelu", "model.mlp_act": "gelu_tanh",
+            "model.pos_embed": "fixed", "model.rope": False, "model.rope_theta": 10000.0,
+            "model.num_registers": 0, "model.register_rope_theta": None}
+_VIT5_ALL = {"model.name": "ViT5-S/2", "model.norm": "rmsnorm", "model.qk_norm": True, "model.qkv_bias": False,
+             "model.layer_scale_init": 1.0, "model.mlp": "gelu", "model.mlp_act": "gelu_tanh",
+             "model.pos_embed": "learned", "model.rope": True, "model.rope_theta": 10000.0,
+             "model.num_registers": 4, "model.register_rope_theta": 100.0}
+SIZES = {"6×96": {"model.depth": 6, "model.hidden_size": 96, "model.num_heads": 6},
+         "8×128": {"model.depth": 8, "model.hidden_size": 128, "model.num_heads": 8}}  # 4×64 = the base config
+SPIKE_LRS = (3e-3, 1e-2)
+EXTRA_SPIKE_LR = 3e-2  # only if SiT spikes at neither of SPIKE_LRS (protocol)
+_NO_QK = {**_VIT5_ALL, "model.qk_norm": False}
+CLAIM_VARIANTS: dict[str, dict[str, Any]] = {
+    # C3: where the registers' RoPE matters
+    "ViT-5 registers without RoPE": {**_VIT5_ALL, "model.register_rope_theta": None},
+    "ViT-5 registers at θ=1e4": {**_VIT5_ALL, "model.register_rope_theta": 10000.0},
+    # C7: the official code's exact GELU (ours: SiT's tanh approximation)
+    "ViT-5 (γ0=1) exact GELU": {**_VIT5_ALL, "model.mlp_act": "gelu"},
+    # C4: learning rates at which loss spikes can appear (no gradient clipping in the base config)
+    **{f"{name} lr={lr:g}": {**base, "optim.lr": lr, "optim.grad_clip": None}
+       for lr in (*SPIKE_LRS, EXTRA_SPIKE_LR)
+       for name, base in (("SiT", _SIT_ALL), ("ViT-5 (γ0=1)", _VIT5_ALL), ("ViT-5 − QK-Norm", _NO_QK))},
+    # C1: two larger sizes (head dim 16 as at 4×64)
+    **{f"{name} {size}": {**base, **dims} for size, dims in SIZES.items()
+       for name, base in (("SiT", _SIT_ALL), ("ViT-5 (γ0=1)", _VIT5_ALL))},
+}
+# C5: trained like the main pair; their final checkpoints are also scored at other image sizes
+CLAIM_VARIANTS.update({"SiT (resolution)": _SIT_ALL, "ViT-5 (γ0=1) (resolution)": _VIT5_ALL})
+EVAL_SIZES: dict[str, tuple[int, ...]] = {v: (6, 12, 16) for v in ("SiT (resolution)", "ViT-5 (γ0=1) (resolution)")}
+VARIANTS: dict[str, dict[str, Any]] = {**PROXY_VARIANTS, **CLAIM_VARIANTS}
 MAIN = ("SiT", "ViT-5 (γ0=1)", "ViT-5 (γ0=1e-4)", "ViT-5 − LayerScale")
 THIRD_ROW = ("DiT w. ViT", "DiT w. ViT (cosine)")  # added after the protocol's first version: after MAIN
 LAYER_SCALE_CANDIDATES = ("ViT-5 (γ0=1)", "ViT-5 (γ0=1e-4)", "ViT-5 − LayerScale")
-ABLATIONS = tuple(v for v in VARIANTS if v not in MAIN + THIRD_ROW)
+ABLATIONS = tuple(v for v in PROXY_VARIANTS if v not in MAIN + THIRD_ROW)
 PLOTTED = MAIN + THIRD_ROW  # the curves, as the paper's Fig. 6
 
 
@@ -101,7 +138,7 @@ def count_spikes(losses: Sequence[float], window: int = 100, factor: float = 2.0
 
 def slug(text: str) -> str:
     """File-name form of a variant name: ``ViT-5 − QK-Norm`` -> ``vit-5-minus-qk-norm``."""
-    text = text.lower().replace("−", "minus").replace("+", "plus").replace("γ0", "g")
+    text = text.lower().replace("−", "minus").replace("+", "plus").replace("γ0", "g").replace("θ", "theta")
     return "-".join(filter(None, "".join(c if c.isalnum() or c == "." else "-" for c in text).split("-")))
 
 
@@ -144,6 +181,24 @@ class RunSpec:
 def _read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     return sorted(rows, key=lambda r: r["step"])
+
+
+def _block_means(rows: Sequence[dict[str, Any]], prefix: str) -> list[dict[str, Any]]:
+    """Rows ``{"step", "value"}``: the mean of every per-block metric ``prefix + "NN"`` of each row."""
+    out = []
+    for r in rows:
+        values = [v for k, v in r.items() if k.startswith(prefix) and k[len(prefix):].isdigit()]
+        out.append({"step": r["step"], "value": statistics.fmean(values) if values else None})
+    return out
+
+
+def layer_scale_summary(model: nn.Module) -> dict[str, float] | None:
+    """Mean |γ| of the attention and MLP LayerScales over blocks and channels (None without LayerScale)."""
+    blocks = [b for b in getattr(model, "blocks", []) if getattr(b, "gamma_1", None) is not None]
+    if not blocks:
+        return None
+    return {"attn": statistics.fmean(b.gamma_1.abs().mean().item() for b in blocks),
+            "mlp": statistics.fmean(b.gamma_2.abs().mean().item() for b in blocks)}
 
 
 def _curve(rows: Sequence[dict[str, Any]], key: str, every: int = 20) -> list[list[float]]:
@@ -197,8 +252,54 @@ def evaluate_checkpoint(path: Path, spec: RunSpec, test_data: tuple[Tensor, Tens
         batch = pipeline.generate(indices, global_seed=SAMPLE_SEED, labels=[i % model.num_classes for i in indices])
         pixels.append(batch.pixels)
         labels.append(torch.as_tensor(batch.labels))
+    images, labels_ = torch.cat(pixels).clamp(-1, 1), torch.cat(labels)
+    metrics = digits_metrics(images, labels_)
+    out = {"heldout_loss": loss, "digits_fid": metrics["digits_fid"], "accuracy": metrics["digits_accuracy"]}
+    if images.shape[-1] == 16:  # digits16: also the 16×16 network, whose floor is not the 8×8 one's 142
+        metrics16 = digits_metrics(images, labels_, load_digits_net(resolution=16))
+        out.update(digits_fid16=metrics16["digits_fid"], accuracy16=metrics16["digits_accuracy"])
+    return out
+
+
+@contextmanager
+def recomputed_sincos(model: nn.Module):
+    """SiT's frozen sin-cos table rebuilt for the grid in use (integer positions, as DiT builds it for a new
+    size) instead of the code's bicubic resampling of the training table; learned tables are unchanged."""
+    table = getattr(model, "pos_embed", None)
+    if table is None or getattr(model, "switches", {}).get("pos_embed") != "fixed":
+        yield model
+        return
+    model.pos_embed_for = lambda grid: sincos_pos_embed_2d(table.shape[-1], *grid).unsqueeze(0).to(table)
+    try:
+        yield model
+    finally:
+        del model.pos_embed_for  # the instance attribute shadowed the method
+
+
+def evaluate_at_size(path: Path, spec: RunSpec, cfg: dict[str, Any], size: int) -> dict[str, float]:
+    """C5: the checkpoint at image side ``size`` (trained at another): held-out loss on the test split resized
+    to ``size``, digits-FID / accuracy of samples area-resized to 8×8 and the real-vs-real floor of the same
+    pipeline. Fixed sin-cos tables are recomputed for the new grid; ``heldout_loss_interpolated`` is the loss
+    with the code's resampled table (for learned tables: the same number)."""
+    loaded = load_model(path)
+    model, transport = loaded.model, create_transport(**loaded.transport)
+    data = test_split({**cfg, "data": {**cfg["data"], "image_size": size}})
+    out = {"heldout_loss_interpolated": heldout_loss(model, transport, *data)}
+    with recomputed_sincos(model):
+        out["heldout_loss"] = heldout_loss(model, transport, *data)
+        sample_spec = SampleSpec(method="ode", sampling_method="euler", num_steps=spec.sample_steps)
+        pipeline = SamplingPipeline(model, create_objective(loaded.objective_config), sample_spec,
+                                    (loaded.in_channels, size, size), loaded.num_classes, pixel_space=True)
+        pixels, labels = [], []
+        for start in range(0, spec.num_samples, 250):
+            indices = list(range(start, min(start + 250, spec.num_samples)))
+            batch = pipeline.generate(indices, global_seed=SAMPLE_SEED, labels=[i % model.num_classes for i in indices])
+            pixels.append(batch.pixels)
+            labels.append(torch.as_tensor(batch.labels))
     metrics = digits_metrics(torch.cat(pixels).clamp(-1, 1), torch.cat(labels))
-    return {"heldout_loss": loss, "digits_fid": metrics["digits_fid"], "accuracy": metrics["digits_accuracy"]}
+    floor = fid_floor(size, spec.num_samples)
+    return {**out, "digits_fid": metrics["digits_fid"], "accuracy": metrics["digits_accuracy"],
+            "fid_floor": floor[0]}
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
@@ -216,7 +317,9 @@ def run_one(spec: RunSpec, threads: int | None = None) -> dict[str, Any]:
     requested = json.loads(json.dumps(cfg))  # the request as JSON (tuples -> lists), for the record
     # A run is identified by what the sweep asked for (base config file + overrides), not by the resolved
     # config, whose new default keys (added by later code) do not change what an existing run means.
-    identity = {"base_config": Path(spec.base_config).read_text(), "overrides": spec.overrides()}
+    identity: dict[str, Any] = {"base_config": Path(spec.base_config).read_text(), "overrides": spec.overrides()}
+    if spec.variant in EVAL_SIZES:
+        identity["eval_sizes"] = list(EVAL_SIZES[spec.variant])
     result: dict[str, Any] = {}
     if spec.result_path.is_file():
         result = json.loads(spec.result_path.read_text())
@@ -227,10 +330,13 @@ def run_one(spec: RunSpec, threads: int | None = None) -> dict[str, Any]:
     ckpt_dir = spec.run_dir / "checkpoints"
     if not result and spec.run_dir.exists():
         shutil.rmtree(spec.run_dir)
-    if not (ckpt_dir / checkpoint_name(spec.steps, False)).is_file():
+    if not (ckpt_dir / checkpoint_name(spec.steps, False)).is_file() and "diverged_at_step" not in result:
         resume = "latest" if latest_checkpoint(ckpt_dir) is not None else None
         start = time.perf_counter()
-        training.train(cfg, resume=resume)  # looked up at call time: tests replace it
+        try:
+            training.train(cfg, resume=resume)  # looked up at call time: tests replace it
+        except training.NonFiniteLossError as err:  # a diverged run is a result (protocol, C4), not a crash
+            result["diverged_at_step"] = err.step
         result["train_seconds"] = result.get("train_seconds", 0.0) + time.perf_counter() - start
     rows = _read_metrics(spec.run_dir)
     losses = [r["loss"] for r in rows]
@@ -241,19 +347,33 @@ def run_one(spec: RunSpec, threads: int | None = None) -> dict[str, Any]:
         "num_samples": spec.num_samples, "sample_steps": spec.sample_steps, "identity": identity,
         "config": requested,
         "params": count_params(model), "mflops": flops(model) * 1e3,
-        "loss_spikes": count_spikes(losses), "final_loss": statistics.fmean(losses[-100:]),
+        "loss_spikes": count_spikes(losses), "final_loss": statistics.fmean(losses[-100:]) if losses else math.nan,
         "loss_curve": _curve(rows, "loss"), "gate_attn_curve": _curve(rows, "gate/attn/mean"),
         "gate_mlp_curve": _curve(rows, "gate/mlp/mean"),
+        # the class/time-dependent part of the gates, mean over blocks (diagnostics.GateMonitor)
+        "gate_spread_attn_curve": _curve(_block_means(rows, "gate_spread/attn/"), "value"),
+        "gate_spread_mlp_curve": _curve(_block_means(rows, "gate_spread/mlp/"), "value"),
     })
     grid = spec.run_dir / "samples" / f"{spec.steps:07d}.png"
     if grid.is_file():
         result["sample_grid"] = str(grid)
     evaluations = result.setdefault("checkpoints", {})
     test_data = test_split(cfg)
+    start = time.perf_counter()
     for step in spec.checkpoint_steps:
-        if str(step) not in evaluations:
-            evaluations[str(step)] = evaluate_checkpoint(ckpt_dir / checkpoint_name(step, False), spec, test_data)
+        path = ckpt_dir / checkpoint_name(step, False)
+        if str(step) not in evaluations and (path.is_file() or "diverged_at_step" not in result):
+            evaluations[str(step)] = evaluate_checkpoint(path, spec, test_data)
             _write_json(spec.result_path, result)
+    final = ckpt_dir / checkpoint_name(spec.steps, False)
+    if final.is_file():
+        result["layer_scale"] = layer_scale_summary(load_model(final).model)
+        at_sizes = result.setdefault("resolution", {}) if spec.variant in EVAL_SIZES else {}
+        for size in EVAL_SIZES.get(spec.variant, ()):
+            if str(size) not in at_sizes:
+                at_sizes[str(size)] = evaluate_at_size(final, spec, cfg, size)
+                _write_json(spec.result_path, result)
+    result["eval_seconds"] = result.get("eval_seconds", 0.0) + time.perf_counter() - start
     result["complete"] = True
     _write_json(spec.result_path, result)
     return result
@@ -264,20 +384,45 @@ def _worker(spec: RunSpec, threads: int) -> dict[str, Any]:
     return run_one(spec, threads)
 
 
-def sweep(specs: Sequence[RunSpec], jobs: int = 1) -> list[dict[str, Any]]:
-    """Run every spec in ``jobs`` processes of one thread each (tiny models: more threads only spin)."""
+def cached_runs(results_dir: str | os.PathLike = RESULTS) -> list[dict[str, Any]]:
+    """Every cached run JSON under ``results_dir/runs`` (complete or not, any variant)."""
+    return [json.loads(p.read_text()) for p in sorted(Path(results_dir).glob("runs/*/*.json"))]
+
+
+def core_hours_spent(results_dir: str | os.PathLike = RESULTS) -> float:
+    """Core-hours of the runs that record their evaluation time (those of the claims addition, one thread
+    each): training + evaluation seconds / 3600."""
+    runs = [r for r in cached_runs(results_dir) if "eval_seconds" in r]
+    return sum(r.get("train_seconds", 0.0) + r["eval_seconds"] for r in runs) / 3600
+
+
+def _is_cached(spec: RunSpec) -> bool:
+    return spec.result_path.is_file() and json.loads(spec.result_path.read_text()).get("complete", False)
+
+
+def sweep(specs: Sequence[RunSpec], jobs: int = 1, budget_core_hours: float | None = None) -> list[dict[str, Any]]:
+    """Run every spec in ``jobs`` processes of one thread each (tiny models: more threads only spin).
+    With ``budget_core_hours`` (one job only), no new run starts once ``core_hours_spent`` reaches it;
+    the runs not started are left out of the returned list."""
+    if budget_core_hours is not None and jobs > 1:
+        raise ValueError("a core-hour budget needs jobs=1 (runs start one after another)")
     results: dict[int, dict[str, Any]] = {}
     bar = tqdm(total=len(specs), desc="digits runs", unit="run")
 
     def done(i: int, r: dict[str, Any]) -> None:
         results[i] = r
-        final = r["checkpoints"][str(r["steps"])]
-        bar.set_postfix_str(f"{r['dataset']} {r['variant']} s{r['seed']}: loss {final['heldout_loss']:.4f} "
-                            f"FID {final['digits_fid']:.2f}")
+        final = r["checkpoints"].get(str(r["steps"]))
+        score = (f"loss {final['heldout_loss']:.4f} FID {final['digits_fid']:.2f}" if final
+                 else f"diverged at step {r.get('diverged_at_step')}")
+        bar.set_postfix_str(f"{r['dataset']} {r['variant']} s{r['seed']}: {score}")
         bar.update()
 
-    if jobs <= 1:  # in this process (tests, debugging)
+    if jobs <= 1:  # in this process (tests, debugging, budgeted sweeps)
         for i, spec in enumerate(specs):
+            if (budget_core_hours is not None and not _is_cached(spec)
+                    and core_hours_spent(spec.results_dir) >= budget_core_hours):
+                print(f"budget of {budget_core_hours:g} core-hours spent: {len(specs) - i} runs not started")
+                break
             done(i, run_one(spec, 1))
     else:
         with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
@@ -285,7 +430,7 @@ def sweep(specs: Sequence[RunSpec], jobs: int = 1) -> list[dict[str, Any]]:
             for future in as_completed(futures):
                 done(futures[future], future.result())
     bar.close()
-    return [results[i] for i in range(len(specs))]
+    return [results[i] for i in sorted(results)]
 
 
 def plan(seeds: int = 3, ablation_seeds: int = 2, datasets: Sequence[str] = tuple(DATASETS),
@@ -303,8 +448,7 @@ def plan(seeds: int = 3, ablation_seeds: int = 2, datasets: Sequence[str] = tupl
 def load_results(results_dir: str | os.PathLike = RESULTS) -> list[dict[str, Any]]:
     """Every complete cached run under ``results_dir/runs`` of a variant this code knows (a cache shared with
     newer code may hold others: they are named and left out)."""
-    found = [json.loads(p.read_text()) for p in sorted(Path(results_dir).glob("runs/*/*.json"))]
-    complete = [r for r in found if r.get("complete")]
+    complete = [r for r in cached_runs(results_dir) if r.get("complete")]
     unknown = sorted({r["variant"] for r in complete} - set(VARIANTS))
     if unknown:
         print(f"left out of the report (variants this code does not define): {', '.join(unknown)}")
@@ -346,15 +490,17 @@ def compare(a: Sequence[float], b: Sequence[float]) -> dict[str, Any]:
     return {"delta": delta, "p": p, "exceeds_spread": abs(delta) > spread}
 
 
-def fid_floor(image_size: int, num_samples: int, repeats: int = 5) -> tuple[float, float]:
+def fid_floor(image_size: int, num_samples: int, repeats: int = 5, resolution: int = 8) -> tuple[float, float]:
     """Real-vs-real digits-FID: random ``num_samples``-subsets of the real digits (at ``image_size``, as the
-    models see them) against all real digits; mean and std over ``repeats`` subsets."""
+    models see them) against all real digits, by the ``resolution``×``resolution`` feature network; mean
+    and std over ``repeats`` subsets."""
     real = DigitsDataset(image_size=image_size)
     labels = torch.as_tensor(real.labels)
+    net = load_digits_net(resolution=resolution)
     fids = []
     for r in range(repeats):
         idx = torch.randperm(len(real), generator=torch.Generator().manual_seed(r))[:num_samples]
-        fids.append(digits_metrics(real.images[idx], labels[idx])["digits_fid"])
+        fids.append(digits_metrics(real.images[idx], labels[idx], net)["digits_fid"])
     return mean_std(fids)
 
 
@@ -437,8 +583,9 @@ def _plot_training(results: Sequence[dict[str, Any]], variants: Sequence[str], k
 def _git_commit() -> str:
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                               capture_output=True, text=True, check=True).stdout.strip()
+        # the report's own outputs (results/) do not make the code that wrote them dirty
+        status = ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!results"]
+        dirty = subprocess.run(status, cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
         return sha.stdout.strip() + ("+dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
@@ -472,6 +619,10 @@ def summary_rows(results: Sequence[dict[str, Any]], dataset: str, variants: Sequ
                                "MFLOPs": f"{runs[0]['mflops']:.3f}"}
         for s in steps:
             row[f"FID@{s}"] = fmt([r["checkpoints"][str(s)]["digits_fid"] for r in runs], 2)
+        fid16 = [r["checkpoints"][str(r["steps"])]["digits_fid16"] for r in runs
+                 if "digits_fid16" in r["checkpoints"][str(r["steps"])]]
+        if fid16:  # digits16 runs scored since the 16×16 network exists
+            row[f"FID16@{steps[-1]} (16×16 net)"] = f"{fmt(fid16, 2)} (n={len(fid16)})"
         flow_matching = not math.isnan(_final(runs, "heldout_loss")[0])
         row["held-out loss"] = fmt(_final(runs, "heldout_loss")) if flow_matching else "n/a (ε objective)"
         row["acc."] = fmt(_final(runs, "accuracy"), 3)
@@ -483,7 +634,7 @@ def summary_rows(results: Sequence[dict[str, Any]], dataset: str, variants: Sequ
         base = _by(results, dataset, ablation_base(v))
         if ablations and base:
             row["Δ loss vs its base"] = f"{_delta(runs, base)} vs {ablation_base(v).removeprefix('ViT-5 ').strip('()')}"
-        row["spikes"] = sum(r["loss_spikes"] for r in runs)
+        row["spikes per run"] = "/".join(str(r["loss_spikes"]) for r in runs)
         rows.append(row)
     return rows
 
@@ -496,6 +647,7 @@ def write_report(results: Sequence[dict[str, Any]], out_dir: str | os.PathLike, 
                                              r["seed"]))
     num_samples = results[0]["num_samples"]
     floors = {d: fid_floor(int(DATASETS[d][0].split("=")[1]), num_samples) for d in DATASETS}
+    floor16 = fid_floor(16, num_samples, resolution=16)
     _plot_metric(results, PLOTTED, "digits_fid", f"digits-FID ({num_samples} samples, lower is better)",
                  out / "fid_curves.png", floors)
     _plot_metric(results, MAIN, "heldout_loss", "held-out flow-matching loss (EMA)", out / "loss_curves.png")
@@ -513,13 +665,18 @@ def write_report(results: Sequence[dict[str, Any]], out_dir: str | os.PathLike, 
     default, reason = decide_default(results)
     lines = [
         "# Digits proxy: ViT-5 vs SiT\n",
-        "Protocol (fixed before any result was read): [PROTOCOL.md](PROTOCOL.md)  ",
+        "Protocol (written and committed before any run of it was read; later additions dated, each before "
+        "its runs): [PROTOCOL.md](PROTOCOL.md); the paper's other claims with corrected verdicts: "
+        "[CLAIMS.md](CLAIMS.md)  ",
         f"Command: `{command}`  ",
         f"Commit: `{_git_commit()}`  ",
         f"Runs: {len(results)} complete; base config `configs/digits/repro.yaml`.\n",
-        f"**LayerScale default by the protocol's rule:** {default or 'not decided yet'} ({reason}).\n",
+        f"**LayerScale default, confirmed by the protocol's rule afterwards:** {default or 'not decided yet'} "
+        f"({reason}). γ0 = 1 was made the code default with digits8 numbers only, before any digits16 run was "
+        "committed.\n",
         "Real-vs-real digits-FID floor at the same sample count: "
-        + "; ".join(f"{d}: {m:.2f} ± {s:.2f} (5 subsets)" for d, (m, s) in floors.items()) + ".\n",
+        + "; ".join(f"{d}: {m:.2f} ± {s:.2f} (5 subsets)" for d, (m, s) in floors.items())
+        + f"; digits16 by the 16×16 feature network (column FID16): {floor16[0]:.2f} ± {floor16[1]:.2f}.\n",
     ]
     for d in DATASETS:
         for title, variants in (("main comparison", PLOTTED), ("ablations (on ViT-5 γ0=1 unless named)", ABLATIONS)):
@@ -528,8 +685,10 @@ def write_report(results: Sequence[dict[str, Any]], out_dir: str | os.PathLike, 
                 columns = list(dict.fromkeys(k for row in rows for k in row))
                 lines += [f"## {d}: {title}\n", report.markdown_table(rows, columns)]
     lines += ["FID at each checkpoint and the held-out loss (final checkpoint) are mean ± std over n seeds; "
-              "'beyond spread' = |Δ| larger than the larger seed std; p = Welch's t-test (small n: indicative "
-              "only). abs(gate·γ) = mean of |gate·γ| over blocks, batch and channels at the end of training.\n",
+              "'beyond spread' = |Δ| larger than the larger seed std (the original protocol's rule); p = Welch's "
+              "t-test, uncorrected (CLAIMS.md corrects them). abs(gate·γ) = mean of |gate·γ| over blocks, batch "
+              "and channels at the end of training. Spikes per run in seed order (training loss > 2× the median "
+              "of the previous 100 steps).\n",
               "![digits-FID vs step](fid_curves.png)\n", "![held-out loss vs step](loss_curves.png)\n",
               "![mean abs(gate·γ)](gates.png)\n", "![training loss](train_loss.png)\n"]
     analysis = out / "analysis.md"

@@ -205,12 +205,19 @@ class Attention(nn.Module):
         return self.proj(x.transpose(1, 2).reshape(B, N, D))
 
 
-class Mlp(nn.Module):
-    """fc1 -> GELU(tanh) -> fc2, hidden = mlp_ratio * D (DiT/SiT)."""
+#: The GELU MLP's activation: SiT/DiT's tanh approximation, or the exact erf GELU of the official ViT-5 code.
+MLP_ACTS = {"gelu_tanh": "tanh", "gelu": "none"}  # name -> nn.GELU(approximate=...)
 
-    def __init__(self, dim: int, hidden: int) -> None:
+
+class Mlp(nn.Module):
+    """fc1 -> GELU -> fc2, hidden = mlp_ratio * D; ``act`` "gelu_tanh" (DiT/SiT) or "gelu" (exact)."""
+
+    def __init__(self, dim: int, hidden: int, act: str = "gelu_tanh") -> None:
         super().__init__()
-        self.fc1, self.act, self.fc2 = nn.Linear(dim, hidden), nn.GELU(approximate="tanh"), nn.Linear(hidden, dim)
+        if act not in MLP_ACTS:
+            raise ValueError(f"mlp_act must be one of {sorted(MLP_ACTS)}, got {act!r}")
+        self.fc1, self.fc2 = nn.Linear(dim, hidden), nn.Linear(hidden, dim)
+        self.act = nn.GELU(approximate=MLP_ACTS[act])
 
     def forward(self, x: Tensor) -> Tensor:
         return self.fc2(self.act(self.fc1(x)))
@@ -250,7 +257,8 @@ class Block(nn.Module):
     """Pre-norm transformer block with adaLN-Zero conditioning.
 
     Defaults are the DiT/SiT block. ViT-5 switches: ``norm='rmsnorm'``, ``qk_norm``, ``qkv_bias=False``,
-    ``layer_scale_init`` (LayerScale gamma multiplies the gated branch: our choice for adaLN models), ``mlp``.
+    ``layer_scale_init`` (LayerScale gamma multiplies the gated branch: our choice for adaLN models), ``mlp``,
+    ``mlp_act`` (the GELU MLP's activation).
     """
 
     def __init__(
@@ -263,6 +271,7 @@ class Block(nn.Module):
         qkv_bias: bool = True,
         layer_scale_init: float | None = None,
         mlp: str = "gelu",
+        mlp_act: str = "gelu_tanh",
     ) -> None:
         super().__init__()
         if mlp not in MLPS:
@@ -270,7 +279,8 @@ class Block(nn.Module):
         self.norm1 = make_norm(norm, hidden_size)
         self.attn = Attention(hidden_size, num_heads, qkv_bias=qkv_bias, qk_norm=qk_norm)
         self.norm2 = make_norm(norm, hidden_size)
-        self.mlp = MLPS[mlp](hidden_size, int(hidden_size * mlp_ratio))
+        hidden = int(hidden_size * mlp_ratio)
+        self.mlp = Mlp(hidden_size, hidden, mlp_act) if mlp == "gelu" else MLPS[mlp](hidden_size, hidden)
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 6 * hidden_size))
         if layer_scale_init is not None:
             self.gamma_1 = nn.Parameter(torch.full((hidden_size,), float(layer_scale_init)))

@@ -32,6 +32,7 @@ SIT_SWITCHES: dict = dict(
     qkv_bias=True,
     layer_scale_init=None,  # LayerScale gamma init; None = off
     mlp="gelu",  # gelu | swiglu (FLOP-matched) | swiglu_vit5 (official: 4·D hidden, no biases)
+    mlp_act="gelu_tanh",  # the GELU MLP's activation: gelu_tanh (SiT) | gelu (exact, official ViT-5)
     pos_embed="fixed",  # fixed (frozen sin-cos) | learned (init sin-cos) | none
     rope=False,  # 2-D RoPE on patch tokens
     rope_theta=10000.0,
@@ -117,7 +118,7 @@ class SiT(ModelMixin, ConfigMixin):
             if use_rope
             else None
         )
-        block_sw = {k: sw[k] for k in ("norm", "qk_norm", "qkv_bias", "layer_scale_init", "mlp")}
+        block_sw = {k: sw[k] for k in ("norm", "qk_norm", "qkv_bias", "layer_scale_init", "mlp", "mlp_act")}
         self.blocks = nn.ModuleList(
             [Block(hidden_size, num_heads, mlp_ratio, **block_sw) for _ in range(depth)]
         )

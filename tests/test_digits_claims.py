@@ -1,0 +1,228 @@
+"""The claims addition of the digits proxy: plan order, the Holm family, verdict rules, diverged
+runs and the resolution evaluation's position tables (fast: synthetic results, no training)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from sit_vit5.experiments import digits
+from sit_vit5.experiments import digits_claims as claims
+from sit_vit5.models import SIT_SWITCHES, VIT5_SWITCHES, create_model
+from sit_vit5.models.layers import sincos_pos_embed_2d
+
+
+def test_spelled_out_switches_are_todays_defaults():
+    """The claim variants spell every switch; today they equal the code defaults (a default change
+    must be a decision, not a silent change of what the spelled variants compare against)."""
+    for spelled, defaults in ((digits._SIT_ALL, SIT_SWITCHES), (digits._VIT5_ALL, VIT5_SWITCHES)):
+        assert {
+            k.removeprefix("model."): v for k, v in spelled.items() if k != "model.name"
+        } == defaults
+
+
+def test_plan_follows_the_protocol_order(tmp_path):
+    specs = claims.plan_claims(results_dir=tmp_path)
+    names = [(s.dataset, s.variant, s.seed) for s in specs]
+    assert len(names) == len(set(names))
+    assert all(d == "digits8" for d, _, _ in names[: names.index(("digits16", "ViT-5 (γ0=1)", 3))])
+    first = names[:6]  # C2: both sides to n = 4 first
+    assert first[:2] == [("digits8", "ViT-5 (γ0=1)", 3), ("digits8", "ViT-5 (γ0=1e-4)", 3)]
+    assert {v for _, v, _ in first[2:]} == {a for a, _ in claims.C2_PAIRS}
+    assert [v for _, v, _ in names[6:14]] == list(claims.C3_VARIANTS) * 4
+    c4 = [i for i, (_, v, _) in enumerate(names) if "lr=" in v]
+    c5 = [i for i, (_, v, _) in enumerate(names) if "(resolution)" in v]
+    assert (
+        len(c4) == 18 and len(c5) == 6 and c4[5] < c5[0] < c4[6]
+    )  # C4 seed 0, main, C5, C4 seeds 1-2
+    assert not any(
+        "lr=0.03" in v for _, v, _ in names
+    )  # the extra lr only once SiT failed to spike
+    for spec in specs[:40]:  # every claim run builds
+        digits.load_config(spec.base_config, spec.overrides())
+
+
+def _run(dataset, variant, seed, loss=None, spikes=0, diverged=None, **extra):
+    r = {
+        "dataset": dataset,
+        "variant": variant,
+        "seed": seed,
+        "steps": 4,
+        "complete": True,
+        "loss_spikes": spikes,
+        "checkpoints": {}
+        if loss is None
+        else {"4": {"heldout_loss": loss, "digits_fid": 1.0, "accuracy": 1.0}},
+        **extra,
+    }
+    if diverged is not None:
+        r["diverged_at_step"] = diverged
+    return r
+
+
+def test_extra_learning_rate_is_planned_only_when_sit_never_spiked(tmp_path):
+    runs = tmp_path / "runs" / "digits8"
+    runs.mkdir(parents=True)
+    for lr in digits.SPIKE_LRS:
+        for s in range(3):
+            spec = digits.RunSpec("digits8", claims.spike_variant("SiT", lr), s)
+            (runs / spec.result_path.name).write_text(
+                json.dumps(_run("digits8", spec.variant, s, 0.4))
+            )
+    assert any("lr=0.03" in s.variant for s in claims.plan_claims(results_dir=tmp_path))
+    spec = digits.RunSpec("digits8", claims.spike_variant("SiT", 0.01), 0)
+    (runs / spec.result_path.name).write_text(
+        json.dumps(_run("digits8", spec.variant, 0, 0.4, spikes=3))
+    )
+    assert not any("lr=0.03" in s.variant for s in claims.plan_claims(results_dir=tmp_path))
+
+
+def test_family_has_the_protocols_44_tests():
+    tests = claims.family()
+    assert len(tests) == 44 and len({(t.claim, t.dataset, t.name) for t in tests}) == 44
+    assert sum(t.claim == "C2" for t in tests) == 4 and sum(t.claim == "C4" for t in tests) == 4
+
+
+def _values_results(test, a, b):
+    return [_run(test.dataset, test.a, i, v) for i, v in enumerate(a)] + [
+        _run(test.dataset, test.b, i, v) for i, v in enumerate(b)
+    ]
+
+
+def test_verdicts_follow_the_rules():
+    t = claims.Test("C3", "x", "digits8", "A", "B", expect=1, planned=(3, 3))
+    worse = claims.evaluate_test(t, _values_results(t, [1.10, 1.11, 1.12], [1.00, 1.01, 1.02]))
+    assert worse["effect"] == pytest.approx(100 * 0.1 / 1.01)
+    assert claims.verdict(t, worse, 0.01) == "reproduced"
+    assert claims.verdict(t, worse, 0.2) == "inconclusive"
+    better = claims.evaluate_test(t, _values_results(t, [0.90, 0.91, 0.92], [1.00, 1.01, 1.02]))
+    assert claims.verdict(t, better, 0.01) == "not reproduced (opposite)"
+    same = claims.evaluate_test(
+        t, _values_results(t, [1.0, 1.0001, 1.0002], [1.0001, 1.0002, 1.0003])
+    )
+    assert claims.verdict(t, same, 0.3) == "not reproduced (no effect)"  # CI inside ±0.5 %
+    check = claims.Test("C7", "x", "digits8", "A", "B", expect=0, planned=(3, 3))
+    assert claims.verdict(check, same, 0.3) == "equivalent"
+    partial = claims.evaluate_test(t, _values_results(t, [1.1, 1.2], [1.0, 1.01, 1.02]))
+    assert claims.verdict(t, partial, 0.01) == "pending (5 of 6 runs)"
+
+
+def test_instability_counts_divergences_and_nothing_to_remove():
+    t = claims.Test("C4", "x", "digits8", "A", "B", expect=-1, planned=(3, 3), metric="instability")
+    results = [_run("digits8", "A", i, 0.4) for i in range(3)] + [
+        _run("digits8", "B", 0, None, spikes=2, diverged=300),
+        _run("digits8", "B", 1, 0.5, spikes=4),
+        _run("digits8", "B", 2, 0.5, spikes=3),
+    ]
+    out = claims.evaluate_test(t, results)
+    assert out["values"] == [[0, 0, 0], [3, 4, 3]] and out["diverged"] == [0, 1]
+    loss = claims.evaluate_test(claims.Test("C4", "y", "digits8", "A", "B", -1, (3, 3)), results)
+    assert loss["values"][1] == [0.5, 0.5]  # the diverged run has no final loss
+    calm = [_run("digits8", v, i, 0.4) for v in "AB" for i in range(3)]
+    assert claims.verdict(t, claims.evaluate_test(t, calm), 1.0).startswith(
+        "inconclusive: nothing to remove"
+    )
+
+
+def test_holm_family_counts_pending_tests_as_p_one():
+    rows = claims.evaluate_family([])
+    assert len(rows) == 44 and all(
+        r["p_holm"] == 1.0 and r["verdict"].startswith("pending") for r in rows
+    )
+    assert claims.claim_verdict(["reproduced", "reproduced"]) == "reproduced"
+    assert claims.claim_verdict(["reproduced", "not reproduced (opposite)"]) == "not reproduced"
+    assert claims.claim_verdict(["reproduced", "pending (1 of 2 runs)"]) == "pending"
+    assert claims.claim_verdict(["reproduced", "inconclusive"]) == "inconclusive"
+
+
+def test_shrink_contrast_reads_the_gap_change():
+    t = next(t for t in claims.family() if t.metric == "shrink" and t.dataset == "digits8")
+    sizes = {
+        ("SiT", ""): 1.0,
+        ("ViT-5 (γ0=1)", ""): 0.95,
+        ("SiT", " 8×128"): 0.8,
+        ("ViT-5 (γ0=1)", " 8×128"): 0.76,
+    }
+    results = [
+        _run("digits8", b + sfx, s, m * (1 + 0.001 * s))
+        for (b, sfx), m in sizes.items()
+        for s in range(6)
+    ]
+    out = claims.evaluate_test(t, results)
+    assert out["effect"] == pytest.approx(
+        100 * (math.log(0.76 / 0.8) - math.log(0.95)), abs=1e-6
+    )  # same gap: 0
+    assert claims.verdict(t, out, 1.0).startswith("reproduced")
+
+
+def test_diverged_run_is_recorded_not_raised(tmp_path, monkeypatch):
+    from sit_vit5.training import NonFiniteLossError
+
+    spec = digits.RunSpec(
+        "digits8",
+        "SiT lr=0.01",
+        0,
+        steps=8,
+        runs_dir=str(tmp_path / "runs"),
+        results_dir=str(tmp_path / "res"),
+        num_samples=4,
+    )
+
+    def diverging_train(cfg, resume=None):
+        out = tmp_path / "runs" / "digits8" / "sit-lr-0.01" / "seed0"
+        out.mkdir(parents=True, exist_ok=True)
+        cfg_path = out / "config.yaml"
+        from sit_vit5.config import save_config
+
+        save_config(
+            {
+                **cfg,
+                "model": {**cfg["model"], "input_size": 8, "in_channels": 1, "num_classes": 10},
+            },
+            cfg_path,
+        )
+        (out / "metrics.jsonl").write_text(
+            "".join(json.dumps({"step": i + 1, "loss": 1.0}) + "\n" for i in range(3))
+        )
+        raise NonFiniteLossError("nan", 4)
+
+    monkeypatch.setattr("sit_vit5.training.train", diverging_train)
+    r = digits.run_one(spec)
+    assert r["complete"] and r["diverged_at_step"] == 4 and r["checkpoints"] == {}
+    assert json.loads(spec.result_path.read_text())["diverged_at_step"] == 4
+    monkeypatch.setattr(
+        "sit_vit5.training.train", lambda *a, **k: pytest.fail("a diverged run is cached")
+    )
+    assert digits.run_one(spec)["diverged_at_step"] == 4
+
+
+def test_recomputed_sincos_only_touches_fixed_tables():
+    tiny = dict(input_size=8, in_channels=1, depth=1, hidden_size=32, num_heads=2, num_classes=10)
+    sit, vit5 = create_model("SiT-S/2", **tiny), create_model("ViT5-S/2", **tiny)
+    interpolated = sit.pos_embed_for((6, 6))
+    with digits.recomputed_sincos(sit):
+        torch.testing.assert_close(
+            sit.pos_embed_for((6, 6)), sincos_pos_embed_2d(32, 6, 6).unsqueeze(0)
+        )
+        torch.testing.assert_close(
+            sit.pos_embed_for((4, 4)), sit.pos_embed
+        )  # the training grid: same table
+    assert torch.equal(sit.pos_embed_for((6, 6)), interpolated)  # restored
+    with digits.recomputed_sincos(vit5):
+        assert "pos_embed_for" not in vars(vit5)  # learned APE: the code's interpolation
+
+
+def test_budget_stops_new_runs_but_not_cached_ones(tmp_path, monkeypatch):
+    runs = tmp_path / "runs" / "digits8"
+    runs.mkdir(parents=True)
+    spent = {**_run("digits8", "SiT", 0, 0.4), "train_seconds": 5400.0, "eval_seconds": 1800.0}
+    (runs / "spent.json").write_text(json.dumps(spent))
+    assert digits.core_hours_spent(tmp_path) == pytest.approx(2.0)
+    new = digits.RunSpec("digits8", "SiT lr=0.01", 0, results_dir=str(tmp_path))
+    monkeypatch.setattr(digits, "run_one", lambda *a, **k: pytest.fail("over budget"))
+    assert digits.sweep([new], 1, budget_core_hours=2.0) == []
+    with pytest.raises(ValueError, match="jobs=1"):
+        digits.sweep([new], 2, budget_core_hours=2.0)
