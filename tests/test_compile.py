@@ -21,6 +21,7 @@ from sit_vit5.models import create_model
 from sit_vit5.objective import create_objective, prepare_model, training_loss
 from sit_vit5.training import read_checkpoint, train
 from sit_vit5.training.diagnostics import GateMonitor
+from tests.test_distributed import assert_close_states
 
 #: tiny backbones of every traced path: SiT (no RoPE), ViT5 (RoPE + 2x2 register grid, RMSNorm, QK-norm)
 TINY_MODEL = dict(depth=2, hidden_size=64, num_heads=2, input_size=8, in_channels=1, num_classes=10)
@@ -138,21 +139,6 @@ def keys_of(state, prefix: str = "") -> list[str]:
     return [str(state)] if isinstance(state, str) else []  # strings too: param_names, if torch adds them
 
 
-def assert_states_close(a, b, atol: float, where: str = "") -> None:
-    if isinstance(a, torch.Tensor):
-        torch.testing.assert_close(a, b, rtol=0, atol=atol, msg=where)
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys(), where
-        for k in a:
-            assert_states_close(a[k], b[k], atol, f"{where}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_states_close(x, y, atol, f"{where}[{i}]")
-    else:
-        assert a == b, where
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """6 steps eager and compiled (checkpoints at 3 and 6); from step 3: compiled resumed compiled, compiled
@@ -199,7 +185,7 @@ def test_resume_under_compile_is_exact(runs):
     root, out = runs
     assert out["compiled_resumed"].losses == out["compiled"].losses[3:]
     for key in ("model", "ema", "opt"):  # the same kernels on the same state: bit for bit
-        assert_states_close(ckpt(root / "compiled_resumed", 6)[key], ckpt(root / "compiled", 6)[key], 0.0, key)
+        assert_close_states(ckpt(root / "compiled_resumed", 6)[key], ckpt(root / "compiled", 6)[key], 0.0, key)
 
 
 @pytest.mark.slow

@@ -246,19 +246,26 @@ def evaluate_checkpoint(path: Path, spec: RunSpec, test_data: tuple[Tensor, Tens
         loss = float("nan")
         spec_ = SampleSpec(method="ddim", num_steps=spec.sample_steps)
     pipeline = SamplingPipeline.for_model(loaded, spec_)
-    pixels, labels = [], []
-    for start in range(0, spec.num_samples, 250):
-        indices = list(range(start, min(start + 250, spec.num_samples)))
-        batch = pipeline.generate(indices, global_seed=SAMPLE_SEED, labels=[i % model.num_classes for i in indices])
-        pixels.append(batch.pixels)
-        labels.append(torch.as_tensor(batch.labels))
-    images, labels_ = torch.cat(pixels).clamp(-1, 1), torch.cat(labels)
+    images, labels_ = generate_digits(pipeline, spec.num_samples)
     metrics = digits_metrics(images, labels_)
     out = {"heldout_loss": loss, "digits_fid": metrics["digits_fid"], "accuracy": metrics["digits_accuracy"]}
     if images.shape[-1] == 16:  # digits16: also the 16×16 network, whose floor is not the 8×8 one's 142
         metrics16 = digits_metrics(images, labels_, load_digits_net(resolution=16))
         out.update(digits_fid16=metrics16["digits_fid"], accuracy16=metrics16["digits_accuracy"])
     return out
+
+
+def generate_digits(pipeline: SamplingPipeline, num_samples: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Samples 0..num_samples-1 of the protocol's noise seed with labels i mod num_classes, in batches of
+    250: (images (N, C, H, W) clamped to [-1, 1], labels (N,))."""
+    pixels, labels = [], []
+    for start in range(0, num_samples, 250):
+        indices = list(range(start, min(start + 250, num_samples)))
+        batch = pipeline.generate(indices, global_seed=SAMPLE_SEED,
+                                  labels=[i % pipeline.num_classes for i in indices])
+        pixels.append(batch.pixels)
+        labels.append(torch.as_tensor(batch.labels))
+    return torch.cat(pixels).clamp(-1, 1), torch.cat(labels)
 
 
 @contextmanager
@@ -290,13 +297,8 @@ def evaluate_at_size(path: Path, spec: RunSpec, cfg: dict[str, Any], size: int) 
         sample_spec = SampleSpec(method="ode", sampling_method="euler", num_steps=spec.sample_steps)
         pipeline = SamplingPipeline(model, create_objective(loaded.objective_config), sample_spec,
                                     (loaded.in_channels, size, size), loaded.num_classes, pixel_space=True)
-        pixels, labels = [], []
-        for start in range(0, spec.num_samples, 250):
-            indices = list(range(start, min(start + 250, spec.num_samples)))
-            batch = pipeline.generate(indices, global_seed=SAMPLE_SEED, labels=[i % model.num_classes for i in indices])
-            pixels.append(batch.pixels)
-            labels.append(torch.as_tensor(batch.labels))
-    metrics = digits_metrics(torch.cat(pixels).clamp(-1, 1), torch.cat(labels))
+        images, labels = generate_digits(pipeline, spec.num_samples)
+    metrics = digits_metrics(images, labels)
     floor = fid_floor(size, spec.num_samples)
     return {**out, "digits_fid": metrics["digits_fid"], "accuracy": metrics["digits_accuracy"],
             "fid_floor": floor[0]}
