@@ -1,4 +1,4 @@
-"""The cluster user's path through the shipped XL configs at reduced size (depth 1, 64-px images through the
+"""The cluster user's path through the shipped XL configs at reduced size (depth 1, 32-px images through the
 SD-VAE ft-EMA architecture): latent cache from a folder of mixed image modes, train, checkpoint, resume,
 sample.py grid, export, and the diffusers pipeline giving sample.py's pixels (``bench.cluster_paths``; the
 full-size run is in docs/PERFORMANCE.md)."""
@@ -25,7 +25,7 @@ def test_image_folder_has_the_modes_a_real_one_has(tmp_path):
 @pytest.mark.slow
 def test_every_xl_config_runs_the_cluster_path_at_reduced_size(tmp_path):
     out = tmp_path / "rows.json"
-    rows = cluster_paths.main(["--configs", *cluster_paths.CONFIGS, "--depth", "1", "--image-size", "64",
+    rows = cluster_paths.main(["--configs", *cluster_paths.CONFIGS, "--depth", "1", "--image-size", "32",
                                "--work", str(tmp_path / "work"), "--json", str(out)])
     assert [(r["config"], r["stage"]) for r in rows] == [("(all)", "cache_latents")] + [
         (c, s) for c in cluster_paths.CONFIGS for s in STAGES]
@@ -33,7 +33,7 @@ def test_every_xl_config_runs_the_cluster_path_at_reduced_size(tmp_path):
     for stage in saved["stages"]:
         assert stage["peak_rss"] > saved["baseline_rss"] > 0, stage["stage"]
         if stage["stage"] == "sample.py grid":
-            assert stage["extra"]["image_sizes"] == [[64, 64]]  # decoded by the VAE: 8 latents x 8
+            assert stage["extra"]["image_sizes"] == [[32, 32]]  # decoded by the VAE: 4 latents x 8
         if stage["stage"].startswith(("train", "resume")):
             assert stage["s_per_step"] > 0 and stage["plan_bytes"] > 0
     for config in cluster_paths.CONFIGS:  # the resumed run continued to step 3 in the config's precision
