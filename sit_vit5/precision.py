@@ -12,7 +12,7 @@ import torch
 
 PRECISIONS: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 #: a model's parameter dtype as a precision name (a pipeline loaded with ``torch_dtype=``)
-PRECISION_OF_DTYPE = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+PRECISION_OF_DTYPE = {dtype or torch.float32: name for name, dtype in PRECISIONS.items()}
 
 
 def check_precision(precision: str, what: str = "precision") -> str:

@@ -23,7 +23,7 @@ from sit_vit5 import SiTPipeline
 from sit_vit5 import cache_latents as cache_latents_module
 from sit_vit5.config import ConfigError, load_config
 from sit_vit5.models import load_model
-from sit_vit5.precision import PRECISIONS
+from sit_vit5.precision import PRECISION_OF_DTYPE, PRECISIONS
 from sit_vit5.sampling import SampleSpec, SamplingPipeline
 from sit_vit5.training import read_checkpoint, train
 from tests.test_pipeline import checkpoint as pipeline_checkpoint
@@ -140,7 +140,7 @@ def test_diffusers_pipeline_in_half_precision(tmp_path, vae_dir, dtype, how):
     ref = ref_pipe(**kwargs, output_type="pt").images
     half = pipe(**kwargs, output_type="pt").images
     assert half.dtype == torch.float32 and half.shape == ref.shape
-    precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+    precision = PRECISION_OF_DTYPE[dtype]
     err = (half - ref).abs().max().item()
     assert 0 < err < PIXEL_ATOL[precision], err
     images = pipe(**kwargs, output_type="np").images

@@ -507,8 +507,9 @@ def train_step(run: Run, x: Tensor, y: Tensor, lr: float) -> tuple[float, float]
             scaled = loss / accum
             accelerator.backward(run.scaler.scale(scaled) if run.scaler is not None else scaled)
         loss_sum += loss.detach()
+    bare_optimizer = getattr(optimizer, "optimizer", optimizer)  # the scaler steps the torch optimizer
     if run.scaler is not None:  # clip and report the true gradient norm
-        run.scaler.unscale_(getattr(optimizer, "optimizer", optimizer))
+        run.scaler.unscale_(bare_optimizer)
     max_norm = o["grad_clip"] or math.inf
     grad_norm = (fsdp.clip_grad_norm(model, max_norm) if run.sharded
                  else float(accelerator.clip_grad_norm_(model.parameters(), max_norm)))
@@ -523,7 +524,7 @@ def train_step(run: Run, x: Tensor, y: Tensor, lr: float) -> tuple[float, float]
             "lower optim.lr, optim.grad_clip, optim.warmup_steps or train.precision=fp32.",
             step + 1)
     if run.scaler is not None:
-        run.scaler.step(getattr(optimizer, "optimizer", optimizer))
+        run.scaler.step(bare_optimizer)
         run.scaler.update()
     else:
         optimizer.step()
