@@ -29,3 +29,46 @@ def vae_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny_vae")
     AutoencoderKL(**TINY_VAE).save_pretrained(path)
     return path
+
+
+@pytest.fixture(autouse=True)
+def record_sample_outputs(request, monkeypatch):
+    """With ``SIT_VIT5_SAMPLE_SHA_LOG=<file>``: append the SHA-256 of every image / npz array that a
+    ``sample.py`` call of this test wrote (refactors must leave them bit-identical)."""
+    import hashlib
+    import os
+    from pathlib import Path
+
+    import numpy as np
+
+    log = os.environ.get("SIT_VIT5_SAMPLE_SHA_LOG")
+    if not log:
+        yield
+        return
+    from sit_vit5.cli import sample as cli_sample
+
+    real_main, calls = cli_sample.main, []
+
+    def main(argv=None):
+        status = real_main(argv)
+        argv = list(argv or [])
+        out = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("--out", "--sample-dir")),
+                   None)
+        lines = [f"{request.node.nodeid} call{len(calls)} status={status}"]
+        if out is not None and Path(out).is_dir():
+            for path in sorted(Path(out).rglob("*")):
+                if path.suffix == ".png":
+                    lines.append(f"  {path.relative_to(out)} {hashlib.sha256(path.read_bytes()).hexdigest()}")
+                elif path.suffix == ".npz" and path.parent.name != "parts":
+                    with np.load(path) as f:
+                        for key in sorted(f.files):
+                            digest = hashlib.sha256(np.ascontiguousarray(f[key]).tobytes()).hexdigest()
+                            lines.append(f"  {path.relative_to(out)}:{key} {digest}")
+        calls.append(lines)
+        return status
+
+    monkeypatch.setattr(cli_sample, "main", main)
+    yield
+    with open(log, "a") as f:
+        for lines in calls:
+            f.write("\n".join(lines) + "\n")
