@@ -63,6 +63,21 @@ def report(err: BaseException, status: int = EXIT_BAD_INPUT, hint: str = "") -> 
     return status
 
 
+class SettingError(SitVit5Error, ValueError):
+    """A setting with a bad value: ``key`` (a field or config key), ``value`` and ``reason`` (which
+    starts with its own separator: ": must be >= 2", "; valid: a, b"). ``str()`` is
+    ``key=value<reason>``; front doors re-render it as their flag or dotted key."""
+
+    def __init__(self, key: str, value: object, reason: str) -> None:
+        self.key, self.value, self.reason = key, value, reason
+        super().__init__(f"{key}={value!r}{reason}")
+
+    def as_flag(self) -> str:
+        """The message in command-line words: ``--num-steps 1: ...``."""
+        value = " ".join(map(str, self.value)) if isinstance(self.value, tuple) else self.value
+        return f"--{self.key.replace('_', '-')} {value}{self.reason}"
+
+
 #: what every entry point reports as one line: our errors, and files the OS refused (missing,
 #: unreadable, disk full)
 KNOWN_ERRORS: tuple[type[BaseException], ...] = (SitVit5Error, OSError)
@@ -75,10 +90,12 @@ def run_cli(
     errors: tuple[type[BaseException], ...] = KNOWN_ERRORS,
     statuses: Mapping[type[BaseException], int] | None = None,
     resumable: bool = False,
+    render: Callable[[BaseException], str] = one_line,
 ) -> int:
     """``main()``; any of ``errors`` is printed as ``<prog>: error: <one line>`` and returns
     ``statuses[type]`` (the first matching base, else 2); Ctrl-C returns 130 after one line that says
-    whether rerunning continues (``resumable``). ``SIT_VIT5_DEBUG=1`` re-raises instead."""
+    whether rerunning continues (``resumable``). ``render`` words the message (default: its one
+    line). ``SIT_VIT5_DEBUG=1`` re-raises instead."""
     try:
         return main()
     except KeyboardInterrupt:
@@ -92,5 +109,5 @@ def run_cli(
             raise
         status = next((s for kind, s in (statuses or {}).items() if isinstance(err, kind)),
                       EXIT_BAD_INPUT)
-        print(f"{prog}: error: {one_line(err)}", file=sys.stderr)
+        print(f"{prog}: error: {render(err)}", file=sys.stderr)
         return status

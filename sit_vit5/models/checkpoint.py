@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..errors import SitVit5Error
 from ..io import PAYLOAD_DIGEST_KEY, ChecksumError, verify_payload_digest, verify_sha256, verify_sidecar
 from ..vae import SD_VAE_EMA, SD_VAE_SCALING_FACTOR
 from .registry import create_model, list_models, model_kwargs, name_objective
@@ -29,7 +30,7 @@ _WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP and torch.compile wrappers
 _TRANSPORT_KEYS = ("path_type", "prediction", "loss_weight", "train_eps", "sample_eps")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(SitVit5Error, RuntimeError):
     """A checkpoint that cannot be read or does not fit the model."""
 
 

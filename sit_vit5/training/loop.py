@@ -44,7 +44,7 @@ from ..distributed import check_group, describe_group, prepare_launch
 from ..images import save_grid
 from ..io import unwritable_dir_reason
 from ..models import count_params, model_from_config
-from ..objective import Objective, create_objective, prepare_model, training_loss
+from ..objective import Objective, create_objective
 from ..precision import autocast, grad_scaler
 from ..runtime import set_cpu_threads
 from ..sampling import SampleSpec, SamplingPipeline
@@ -176,7 +176,7 @@ def sample_spec(cfg_sample: dict[str, Any]) -> SampleSpec:
 def compute_loss(transport: Objective, model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
     """Per-sample training loss (B,) of either objective (SiT's transport, DiT's diffusion). A
     module-level function so that tests can wrap it."""
-    return training_loss(transport, model, x, y)
+    return transport.loss(model, x, y)
 
 
 def learning_rate(cfg_optim: dict[str, Any], step: int) -> float:
@@ -395,7 +395,8 @@ def build(cfg: Config, resume: str | None) -> Run:
     torch.manual_seed(t["seed"])
     random.seed(t["seed"])
     np.random.seed(t["seed"] % 2**32)  # noqa: NPY002  (the legacy global RNG is what others draw from)
-    model = prepare_model(model_from_config(cfg["model"]), cfg["transport"])
+    objective = create_objective(cfg["transport"])
+    model = objective.prepare(model_from_config(cfg["model"]))
     threads = None
     if device.type == "cpu":
         count, reason = set_cpu_threads(count_params(model), t["cpu_threads"])
@@ -448,7 +449,7 @@ def build(cfg: Config, resume: str | None) -> Run:
     last = latest_checkpoint(run_dir / CKPT_DIR)
     result = TrainResult(run_dir, position.step, last, None, config=cfg, cpu_threads=threads)
     return Run(cfg, accelerator, run_dir, dataset, batches, loader, vae, model, unwrapped, ema,
-               optimizer, create_objective(cfg["transport"]), gates, logger, position, result,
+               optimizer, objective, gates, logger, position, result,
                ema_shards, scaler)
 
 
