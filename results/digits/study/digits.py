@@ -43,7 +43,6 @@ from sit_vit5.experiments import report
 from sit_vit5.io import TMP_PREFIX, atomic_write_text
 from sit_vit5.models import count_params, flops, load_model, model_from_config
 from sit_vit5.models.layers import sincos_pos_embed_2d
-from sit_vit5.objective import create_objective
 from sit_vit5.sampling import SampleSpec, SamplingPipeline
 from sit_vit5.training.checkpoint import checkpoint_name, latest_checkpoint
 from sit_vit5.transport import create_transport
@@ -296,8 +295,7 @@ def evaluate_at_size(path: Path, spec: RunSpec, cfg: dict[str, Any], size: int) 
     with recomputed_sincos(model):
         out["heldout_loss"] = heldout_loss(model, transport, *data)
         sample_spec = SampleSpec(method="ode", sampling_method="euler", num_steps=spec.sample_steps)
-        pipeline = SamplingPipeline(model, create_objective(loaded.objective_config), sample_spec,
-                                    (loaded.in_channels, size, size), loaded.num_classes, pixel_space=True)
+        pipeline = SamplingPipeline.for_model(loaded, sample_spec, vae="none", image_size=size)
         images, labels = generate_digits(pipeline, spec.num_samples)
     metrics = digits_metrics(images, labels)
     floor = fid_floor(size, spec.num_samples)
