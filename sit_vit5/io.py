@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +17,20 @@ TMP_PREFIX = ".tmp-"  # temporary files start with this; a killed writer's lefto
 
 class ChecksumError(SitVit5Error, ValueError):
     """A file whose SHA-256 differs from the one recorded for it."""
+
+
+class OutputPathError(SitVit5Error, NotADirectoryError):
+    """An output folder that is a file, or lies under one."""
+
+
+def output_dir(path: str | os.PathLike) -> Path:
+    """``path`` as a folder, created if needed; OutputPathError naming the file in the way."""
+    out = Path(path)
+    blocking = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise OutputPathError(f"{out}: cannot be the output folder: {blocking} is a file")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 24) -> str:
@@ -166,6 +181,11 @@ def _feed(digest: Any, obj: Any) -> None:
     else:  # anything else a weights-only pickle can hold (e.g. an argparse.Namespace): its repr
         text = repr(obj).encode()
         digest.update(f"O{type(obj).__name__}{len(text)};".encode() + text)
+
+
+def json_safe(obj: Any) -> Any:
+    """``obj`` as JSON would store it (tuples -> lists, other types -> their ``str``)."""
+    return json.loads(json.dumps(obj, default=str))
 
 
 def payload_sha256(state: dict[str, Any]) -> str:

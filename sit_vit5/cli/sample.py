@@ -297,7 +297,7 @@ def _bulk(args: argparse.Namespace) -> int:
     settings = {"ckpt": str(args.ckpt_path.resolve()), "which": info.which, "model": info.name,
                 "image_size": image_size, "vae": args.vae or info.vae.get("name"),
                 "precision": args.precision, "transport": repr(pipe.transport),
-                "objective": info.objective}
+                "objective": info.objective, **pipe.input_digests()}
     barrier = state.wait_for_everyone if state.num_processes > 1 else None
     result = sample_bulk(pipe, args.num_samples, args.out, global_seed=args.seed,
                          batch_size=args.batch_size, rank=state.process_index,
@@ -307,6 +307,9 @@ def _bulk(args: argparse.Namespace) -> int:
     rate = (f"NFE per image: {result.nfe}; {result.images_per_second:.2f} images/s" if result.generated
             else f"nothing to do: this process's samples were all in {args.out}")
     print(f"{rank} generated {result.generated}, skipped {result.skipped} (done before); {rate}")
+    if result.claimed:
+        print(f"{rank} {result.claimed} samples are being made by another process in {args.out}; "
+              "the last one to finish writes the npz")
     if result.npz is not None:
         print(f"wrote {result.npz}")
     return 0

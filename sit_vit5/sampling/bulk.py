@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import socket
 import time
 import warnings
 import zipfile
@@ -28,12 +29,54 @@ from tqdm.auto import tqdm
 
 from ..errors import SitVit5Error
 from ..images import save_png, to_rgb
-from ..io import atomic_write, atomic_write_text
+from ..io import atomic_write, atomic_write_text, output_dir
 from .pipeline import Generated, SamplingPipeline
+
+#: settings keys holding content digests (``SamplingPipeline.input_digests``)
+DIGEST_KEYS = ("weights_sha256", "vae_sha256")
+CLAIM_PREFIX = ".claim-"  # parts/.claim-<part>: a process is making that batch
+CLAIM_TIMEOUT_S = 6 * 3600.0  # a claim this old from another host is taken over
 
 
 class ResumeError(SitVit5Error, ValueError):
-    """An output directory holding samples made with other settings."""
+    """An output directory holding samples made with other settings (or inputs)."""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def claim_batch(parts_dir: Path, indices: np.ndarray, timeout_s: float = CLAIM_TIMEOUT_S
+                ) -> Path | None:
+    """Claim the batch ``indices`` for this process (an exclusively created
+    ``parts/.claim-<part>``); None when a live process holds it. A claim of a dead process on this
+    host, or older than ``timeout_s`` from another host, is taken over (a crashed claimant)."""
+    path = parts_dir / f"{CLAIM_PREFIX}{_part_name(indices)[:-4]}"
+    record = {"host": socket.gethostname(), "pid": os.getpid(), "time": time.time()}
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                holder = json.loads(path.read_text())
+                stale = (not _alive(int(holder["pid"])) if holder["host"] == record["host"]
+                         else time.time() - path.stat().st_mtime > timeout_s)
+            except (OSError, ValueError, KeyError, TypeError):  # half-written or vanished
+                stale = not path.exists() or time.time() - path.stat().st_mtime > 60
+            if not stale:
+                return None
+            path.unlink(missing_ok=True)
+            continue
+        with os.fdopen(fd, "w") as f:
+            json.dump(record, f)
+        return path
+    return None
 
 
 @dataclass
@@ -47,6 +90,7 @@ class BulkResult:
     nfe: int | None
     seconds: float
     images_per_second: float
+    claimed: int = 0  # samples of this process's share being made by another process
 
 
 def _part_name(indices: np.ndarray) -> str:
@@ -105,8 +149,13 @@ def _check_settings(out: Path, settings: dict[str, Any]) -> None:
     settings = json.loads(json.dumps(settings, default=str))
     if path.is_file():
         saved = json.loads(path.read_text())
+        unrecorded = [k for k in DIGEST_KEYS if k in settings and k not in saved]
+        if unrecorded:  # written before digests were recorded: the paths must do
+            warnings.warn(f"{path} records no {', '.join(unrecorded)} (an older version wrote "
+                          "it): resuming without checking the weights' content", stacklevel=3)
+        keys = sorted((set(saved) | set(settings)) - set(unrecorded))
         diffs = [f"{k}: {saved.get(k)!r} (in {path}) != {settings.get(k)!r} (now)"
-                 for k in sorted(set(saved) | set(settings)) if saved.get(k) != settings.get(k)]
+                 for k in keys if saved.get(k) != settings.get(k)]
         if diffs:
             raise ResumeError(f"{out} holds samples made with other settings:\n  "
                               + "\n  ".join(diffs)
@@ -219,25 +268,35 @@ def sample_bulk(
                       "solver tolerance); use a fixed-step method (euler, heun2, rk4) or the SDE "
                       "for index-exact reproducibility", stacklevel=2)
     barrier = barrier or _default_barrier()
-    out = Path(out_dir)
+    out = output_dir(out_dir)
     parts = out / "parts"
-    parts.mkdir(parents=True, exist_ok=True)
+    parts.mkdir(exist_ok=True)
     _check_settings(out, {"global_seed": global_seed, "spec": asdict(pipe.spec),
                           "latent_shape": list(pipe.latent_shape), "num_classes": pipe.num_classes,
                           **(settings or {})})
     done = scan_parts(parts, remove_unreadable=True)
     mine = range(rank, num_samples, world_size)
     todo = [i for i in mine if i not in done]
-    nfe, start = None, time.perf_counter()
+    nfe, start, generated, claimed = None, time.perf_counter(), 0, 0
     with tqdm(total=len(mine), initial=len(mine) - len(todo), disable=not progress or rank != 0,
               desc=f"sampling (rank 0 of {world_size})", unit="img", dynamic_ncols=True) as bar:
         for lo in range(0, len(todo), batch_size):
-            batch = pipe.generate(todo[lo : lo + batch_size], global_seed)
-            if png:
-                for i, image in zip(batch.indices, batch.images):
-                    save_png(image, out / "images" / f"{int(i):06d}.png")
-            _save_part(parts, batch)  # last: a part on disk means its PNGs are there too
-            nfe = batch.nfe
+            indices = np.asarray(todo[lo : lo + batch_size], dtype=np.int64)
+            claim = claim_batch(parts, indices)
+            if claim is None or (parts / _part_name(indices)).exists():  # another process's
+                claimed += len(indices) if claim is None else 0
+                if claim is not None:
+                    claim.unlink(missing_ok=True)
+                continue
+            try:
+                batch = pipe.generate(indices.tolist(), global_seed)
+                if png:
+                    for i, image in zip(batch.indices, batch.images):
+                        save_png(image, out / "images" / f"{int(i):06d}.png")
+                _save_part(parts, batch)  # last: a part on disk means its PNGs are there too
+            finally:
+                claim.unlink(missing_ok=True)
+            nfe, generated = batch.nfe, generated + len(indices)
             bar.update(len(batch.indices))
     seconds = time.perf_counter() - start
     if barrier is not None:
@@ -247,5 +306,5 @@ def sample_bulk(
         done = scan_parts(parts)
         if all(i in done for i in range(num_samples)):
             npz = merge_parts(out, num_samples, progress)
-    return BulkResult(npz, len(todo), len(mine) - len(todo), nfe, seconds,
-                      len(todo) / max(seconds, 1e-9))
+    return BulkResult(npz, generated, len(mine) - len(todo), nfe, seconds,
+                      generated / max(seconds, 1e-9), claimed)

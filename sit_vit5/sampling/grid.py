@@ -12,6 +12,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ..images import save_png, save_uint8_grid
+from ..io import output_dir
 from .pipeline import Generated, SamplingPipeline
 
 
@@ -65,8 +66,7 @@ def sample_grid(
     label per image. Tiny images are upscaled (nearest) to >= 64 px in the grid only; the single
     PNGs keep their size.
     """
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_dir(out_dir)
     start = time.perf_counter()
     batches = generate_first(pipe, num_images, labels, global_seed, batch_size, progress)
     seconds = time.perf_counter() - start

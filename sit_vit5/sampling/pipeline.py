@@ -18,6 +18,7 @@ from ..diffusion import GaussianDiffusion
 from ..errors import SettingError, SitVit5Error
 from ..guidance import ClassifierFreeGuidance
 from ..images import to_uint8
+from ..io import json_safe, payload_sha256
 from ..models.checkpoint import LoadedModel
 from ..objective import DiffusionSampler, Objective, as_objective, create_objective
 from ..precision import PRECISION_OF_DTYPE, autocast, check_precision
@@ -98,6 +99,7 @@ class SamplingPipeline:
     compile: bool = False
     allow_negative_cfg: bool = False  # a cfg_scale < 0 steers away from the class: only when asked
     vae_factor: int = 1  # pixels per latent along a side (1: no decoder)
+    vae: nn.Module | None = field(default=None, repr=False)  # the decoder's module, for its digest
     sampler: Sampler | DiffusionSampler = field(init=False, repr=False)
     sample_fn: Callable[..., Any] = field(init=False, repr=False)
     model_fn: Callable[..., Tensor] = field(init=False, repr=False)
@@ -218,7 +220,17 @@ class SamplingPipeline:
                           f"{trained_side * factor}; sampling at another size interpolates its "
                           "position embedding", stacklevel=3)
         return cls(model, objective, spec, (channels, side, side), num_classes, decode,
-                   vae_factor=factor, **kwargs)
+                   vae_factor=factor, vae=vae, **kwargs)
+
+    def input_digests(self) -> dict[str, str]:
+        """SHA-256 of the weights the images come from: the model's and the decoder's (with its
+        config). Content, not paths: a file replaced at the same path changes them. Hashes every
+        parameter once (~1 s per GB on a CPU core)."""
+        digests = {"weights_sha256": payload_sha256({"model": self.model.state_dict()})}
+        if self.vae is not None:
+            digests["vae_sha256"] = payload_sha256({"vae": self.vae.state_dict(),
+                                                    "config": json_safe(dict(self.vae.config))})
+        return digests
 
     @property
     def image_size(self) -> int:
