@@ -79,7 +79,7 @@ class SampleSpec:
                                  choices=tuple(DIFFUSION_FORMS))
     diffusion_norm: float = option(1.0, "SDE diffusion scale (default {default})", type=float)
     last_step: str | None = option("Mean", "SDE final step (default {default})",
-                                   choices=tuple(k for k in LAST_STEPS if k is not None))
+                                   choices=(*(k for k in LAST_STEPS if k is not None), "None"))
     last_step_size: float = option(0.04, "SDE final step size (default {default})", type=float)
     cfg_scale: float = option(1.0, "classifier-free guidance scale (default {default:g} = off; < 0 "
                               "needs --allow-negative-cfg)", type=float)
@@ -111,7 +111,7 @@ class SampleSpec:
                                "(objective ddpm) does not support it")
         if self.sampling_method is None and not diffusion:  # frozen: set via object.__setattr__
             object.__setattr__(self, "sampling_method", DEFAULT_SAMPLING_METHOD[self.method])
-        if self.last_step == "none":
+        if self.last_step in ("none", "None"):  # "None": SiT's sample.py spelling
             object.__setattr__(self, "last_step", None)
         if self.cfg_interval is not None:
             lo, hi = (float(v) for v in self.cfg_interval)

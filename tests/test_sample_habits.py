@@ -138,3 +138,43 @@ def test_dit_files_are_read_with_dits_objective_not_misread(tmp_path, monkeypatc
         assert "is a ddpm-objective model" in capsys.readouterr().err
     finally:
         torch.hub.set_dir(old)
+
+
+def test_dits_bare_command_line_is_a_grid(ckpt, tmp_path, capsys):
+    """DiT's sample.py has no subcommand: ``sample.py --ckpt F ...`` is our grid, the same pixels."""
+    dit = ["--ckpt", ckpt, "--num-sampling-steps", "4", "--seed", "2", "--cfg-scale", "1",
+           "--sample-dir", str(tmp_path / "dit"), "--classes", "4", "5", "--no-progress"]
+    assert sample.main(dit) == 0
+    ours = ["grid", "--ckpt", ckpt, "--num-steps", "4", "--seed", "2", "--out", str(tmp_path / "ours"),
+            "--classes", "4", "5", "--no-progress"]
+    assert sample.main(ours) == 0
+    assert np.array_equal(pngs(tmp_path / "dit", 2), pngs(tmp_path / "ours", 2))
+    assert sample.translate_mode_word(["--ckpt", "x", "--num-fid-samples", "8"])[0] == "bulk"
+    assert sample.translate_mode_word(["--help"]) == ["--help"]
+
+
+@pytest.mark.parametrize("model, expected", [("DiT-XL/2", "DiT-XL-2-256x256.pt"),
+                                             ("SiT-XL/2", "SiT-XL-2-256.pt")])
+def test_no_ckpt_means_the_official_file_of_the_model(tmp_path, capsys, monkeypatch, model, expected):
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))  # no DiT file found in a real cache
+    assert sample.main(["--model", model, "--image-size", "256", "--out", str(tmp_path / "g"),
+                        "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert expected in err and "Traceback" not in err
+    assert sample.main(["--model", "ViT5-S/2", "--out", str(tmp_path / "g")]) == 2
+    assert "--ckpt is required" in capsys.readouterr().err
+
+
+def test_sits_last_step_none_and_sample_ddp(ckpt, tmp_path):
+    import sample_ddp
+
+    flags = ["--ckpt", ckpt, "--num-sampling-steps", "4", "--no-progress", "--global-seed", "1"]
+    assert sample.main(["SDE", *flags, "--last-step", "None", "--sample-dir", str(tmp_path / "a")]) == 0
+    assert sample.main(["SDE", *flags, "--last-step", "none", "--sample-dir", str(tmp_path / "b")]) == 0
+    assert np.array_equal(pngs(tmp_path / "a", 16), pngs(tmp_path / "b", 16))
+    assert sample_ddp.main(["SDE", *flags, "--num-fid-samples", "4", "--sample-dir", str(tmp_path / "d")]) == 0
+    assert sample.main(["bulk", "--method", "sde", *flags, "--num-samples", "4", "--out", str(tmp_path / "e")]) == 0
+    with np.load(tmp_path / "d" / "samples_4x8x8x3.npz") as a, np.load(tmp_path / "e" / "samples_4x8x8x3.npz") as b:
+        assert np.array_equal(a["arr_0"], b["arr_0"])

@@ -7,12 +7,15 @@
 Hugging Face cache and SHA-256-checked). ``python sample.py`` in a checkout = ``sit-vit5-sample`` when
 installed; the library behind it is ``sit_vit5.sampling``; see ``sample.py {grid,bulk} --help``.
 
-SiT/DiT habits work too: SiT's mode word (``sample.py ODE|SDE [grid|bulk] ...``; without grid/bulk it
-is bulk when --num-fid-samples/--num-samples/--png is given, else grid) and the flag names
+SiT/DiT habits work too: SiT's mode word (``sample.py ODE|SDE [grid|bulk] ...``) and DiT's bare
+``sample.py --model DiT-XL/2 --image-size 256 [--ckpt F]`` (without grid/bulk it is bulk when
+--num-fid-samples/--num-samples/--png is given, else grid; without --ckpt, the official file of
+--model at --image-size), ``sample_ddp.py`` (= ``sample.py bulk``), and the flag names
 --num-sampling-steps (= --num-steps), --per-proc-batch-size (= --batch-size), --num-fid-samples
 (= --num-samples), --sample-dir (= --out), --global-seed (= --seed), --vae ema|mse (= the
-stabilityai/sd-vae-ft-ema|mse decoders) and --tf32/--no-tf32. Only the names are shared: the
-defaults stay ours (e.g. TF32 stays at PyTorch's setting unless asked for, CFG stays 1). Unknown flags are errors.
+stabilityai/sd-vae-ft-ema|mse decoders), --last-step None and --tf32/--no-tf32. Only the names are
+shared: the defaults stay ours (TF32 stays at PyTorch's setting unless asked for, CFG stays 1).
+Unknown flags are errors.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ import torch
 
 from sit_vit5.distributed import describe_group, join_launcher_group
 from sit_vit5.errors import KNOWN_ERRORS, SettingError, SitVit5Error, one_line, run_cli
-from sit_vit5.models import LoadedModel, load_model, resolve_checkpoint
+from sit_vit5.models import LoadedModel, load_model, name_objective, resolve_checkpoint
+from sit_vit5.models.official import OFFICIAL_WEIGHTS
 from sit_vit5.objective import OBJECTIVES, create_objective
 from sit_vit5.precision import PRECISIONS
 from sit_vit5.sample_spec import SAMPLE_METHODS, SampleSpec, positive_int
@@ -73,9 +77,10 @@ class UsageError(SitVit5Error, ValueError):
 def _common_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     g = p.add_argument_group("model")
-    g.add_argument("--ckpt", required=True,
+    g.add_argument("--ckpt",
                    help="our training checkpoint (.pt), an official SiT/DiT state dict, or an "
-                   "official name (SiT-XL-2-256.pt, ...: see sit_vit5/models/official.py)")
+                   "official name (SiT-XL-2-256.pt, ...: see sit_vit5/models/official.py); "
+                   "default: the official file of --model at --image-size, as DiT's sample.py")
     g.add_argument("--model", help="architecture of an official / bare checkpoint: SiT-XL/2 for a "
                    "SiT file, DiT-XL/2 for a DiT file (the same network under the ddpm objective); "
                    "ours: from the checkpoint, a different name is an error")
@@ -149,24 +154,38 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def translate_mode_word(argv: list[str]) -> list[str]:
-    """SiT's ``sample.py ODE|SDE [grid|bulk] ...`` as ours: the word becomes ``--method``; without a
-    command, bulk when a bulk-only flag is given (SiT's sample_ddp.py habit), else grid."""
-    args = list(argv)
+    """SiT's ``sample.py ODE|SDE [grid|bulk] ...`` and DiT's ``sample.py --ckpt ...`` (no command) as
+    ours: the mode word becomes ``--method``; without a command it is bulk when a bulk-only flag is
+    given (SiT/DiT's sample_ddp.py habit), else grid."""
+    args, method = list(argv), None
     if args[:1] and args[0] in MODE_WORDS:
         method = MODE_WORDS[args.pop(0)]
-        if args[:1] and args[0] in ("grid", "bulk"):
-            command = args.pop(0)
-        else:
-            bulk = any(a.split("=", 1)[0] in BULK_ONLY_FLAGS for a in args)
-            command = "bulk" if bulk else "grid"
     elif len(args) > 1 and args[0] in ("grid", "bulk") and args[1] in MODE_WORDS:
-        command, method = args[0], MODE_WORDS[args[1]]
-        args = args[2:]
-    else:
+        method = MODE_WORDS[args.pop(1)]
+    if not args[:1] or args[0] not in ("grid", "bulk"):
+        if method is None and (not args or args[0] in ("-h", "--help")):
+            return args  # the top-level help, or argparse's "a command is required"
+        bulk = any(a.split("=", 1)[0] in BULK_ONLY_FLAGS for a in args)
+        args.insert(0, "bulk" if bulk else "grid")
+    if method is None:
         return args
     if any(a.split("=", 1)[0] == "--method" for a in args):
         raise UsageError(f"both the mode word {method.upper()} and --method were given; keep one")
-    return [command, "--method", method, *args]
+    return [args[0], "--method", method, *args[1:]]
+
+
+def default_checkpoint(model: str | None, image_size: int | None) -> str:
+    """DiT/SiT's sample.py without ``--ckpt``: the official file of ``--model`` at ``--image-size``
+    (default 256), e.g. DiT-XL/2 -> DiT-XL-2-256x256.pt, SiT-XL/2 -> SiT-XL-2-256.pt."""
+    side = image_size or 256
+    objective = name_objective(model) if model else None
+    arch = model.replace("DiT-", "SiT-", 1) if objective == "ddpm" else model
+    for name, entry in OFFICIAL_WEIGHTS.items():
+        if (entry.model, entry.image_size, entry.objective) == (arch, side, objective or "sit"):
+            return name
+    known = ", ".join(sorted(OFFICIAL_WEIGHTS))
+    raise UsageError(f"--ckpt is required (a checkpoint file or an official name: {known})"
+                     + (f"; --model {model} at {side} px has no official file" if model else ""))
 
 
 # ----------------------------------------------------------------------------- resolution
@@ -234,6 +253,7 @@ def build_pipeline(args: argparse.Namespace, device: torch.device
     side)."""
     # a local file, or an official name -> the hub cache (SHA-256 checked, licence printed);
     # after the launcher check of bulk runs, so a bad launch is reported before any download
+    args.ckpt = args.ckpt or default_checkpoint(args.model, args.image_size)
     args.ckpt_path, official = resolve_checkpoint(args.ckpt)
     objective = args.objective
     if official is not None:  # the table says what the file is (DiT's: the ddpm objective)
