@@ -252,6 +252,23 @@ class SwiGLUViT5(SwiGLU):
 
 MLPS = {"gelu": Mlp, "swiglu": SwiGLU, "swiglu_vit5": SwiGLUViT5}
 
+#: Named LayerScale initial values: ``layer_scale_init="classification"`` (config or keyword).
+LAYER_SCALE_INITS: dict[str, float] = {
+    "generative": 1.0,  # gamma starts at 1 on the zero-init adaLN gate: no second bottleneck
+    "classification": 1e-4,  # official ViT-5 ImageNet-1k recipe (LAMB, lr 3e-3-4e-3, long warm-up)
+}
+
+
+def resolve_layer_scale_init(value: float | str | None) -> float | None:
+    """LayerScale's initial gamma: a number as given, None (off), or a name in
+    ``LAYER_SCALE_INITS``; raises ValueError for any other name."""
+    if not isinstance(value, str):
+        return value
+    if value not in LAYER_SCALE_INITS:
+        raise ValueError(f"layer_scale_init={value!r}: a number, None (off) or one of "
+                         f"{sorted(LAYER_SCALE_INITS)}")
+    return LAYER_SCALE_INITS[value]
+
 
 class Block(nn.Module):
     """Pre-norm transformer block with adaLN-Zero conditioning.

@@ -8,6 +8,8 @@ Positions are ``arange(n) / n * n_train`` so any grid size is mapped onto the tr
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -60,6 +62,22 @@ class Rotation:
         return x * self.cos + swap_pairs(x) * self.sin_folded
 
 
+def check_head_dim(head_dim: int) -> None:
+    """Raise ValueError unless 2-D RoPE can rotate heads of this size (2 axes of channel pairs)."""
+    if head_dim % 4:
+        raise ValueError(f"2-D RoPE needs head_dim divisible by 4, got {head_dim}")
+
+
+def register_grid(num_registers: int, register_theta: float | None) -> tuple[int, int]:
+    """The (side, side) grid registers rotate on; raises ValueError when register RoPE is on
+    (``register_theta`` set, registers present) and ``num_registers`` is not a perfect square."""
+    side = math.isqrt(num_registers)
+    if register_theta is not None and side * side != num_registers:
+        raise ValueError("num_registers must be a perfect square with register RoPE, "
+                         f"got {num_registers}")
+    return side, side
+
+
 def axis_positions(n: int, n_train: int) -> Tensor:
     """Positions of an n-long axis rescaled onto a model trained with n_train positions (float64)."""
     return torch.arange(n, dtype=torch.float64) / n * n_train
@@ -69,8 +87,7 @@ def rope_angles_2d(
     head_dim: int, theta: float, grid: tuple[int, int], train_grid: tuple[int, int]
 ) -> Tensor:
     """Rotation angles (h*w, head_dim) in float64 for a row-major (h, w) token grid."""
-    if head_dim % 4:
-        raise ValueError(f"2-D RoPE needs head_dim divisible by 4, got {head_dim}")
+    check_head_dim(head_dim)
     d = head_dim // 2
     freqs = (theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)).repeat_interleave(2)
     (h, w), (h0, w0) = grid, train_grid
@@ -96,10 +113,9 @@ class RopeTables:
     ) -> None:
         self.head_dim, self.train_grid, self.theta = head_dim, train_grid, theta
         self.num_registers, self.register_theta = num_registers, register_theta
-        side = round(num_registers**0.5)
-        if register_theta is not None and num_registers and side * side != num_registers:
-            raise ValueError(f"num_registers must be a perfect square with register RoPE, got {num_registers}")
-        self.register_grid = (side, side)
+        if theta is not None or (register_theta is not None and num_registers):
+            check_head_dim(head_dim)  # now, not at the first forward (angles are built lazily)
+        self.register_grid = register_grid(num_registers, register_theta)
         self._cache: dict[tuple, tuple[Tensor, Tensor]] = {}  # (grid, device, dtype) -> (cos, sin)
         self._rotations: dict[tuple, Rotation] = {}  # same keys; rebuilt if a _cache entry is replaced
 

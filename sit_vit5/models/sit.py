@@ -14,6 +14,7 @@ component of a ``diffusers.DiffusionPipeline`` (``sit_vit5.pipeline.SiTPipeline`
 from __future__ import annotations
 
 import inspect
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -22,7 +23,15 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from ..guidance import forward_with_cfg
-from .layers import Block, FinalLayer, LabelEmbedder, PatchEmbed, TimestepEmbedder, sincos_pos_embed_2d
+from .layers import (
+    Block,
+    FinalLayer,
+    LabelEmbedder,
+    PatchEmbed,
+    TimestepEmbedder,
+    resolve_layer_scale_init,
+    sincos_pos_embed_2d,
+)
 from .rope import RopeTables
 
 #: Architecture switches and their SiT values; ViT5 overrides them (see vit5.py).
@@ -40,6 +49,15 @@ SIT_SWITCHES: dict = dict(
     register_rope_theta=None,  # None = registers get no rotation
 )
 POS_EMBED_KINDS = ("fixed", "learned", "none")
+
+
+def rope_thetas(sw: dict[str, Any]) -> tuple[float | None, float | None]:
+    """(patch theta, register theta) of a model with switches ``sw``; None = that part is not
+    rotated. Registers rotate with their own theta whenever they have one, with or without patch
+    RoPE."""
+    patch = sw["rope_theta"] if sw["rope"] else None
+    register = sw["register_rope_theta"] if sw["num_registers"] else None
+    return patch, register
 
 
 def _compute_dtype(x: Tensor) -> torch.dtype:
@@ -82,6 +100,8 @@ class SiT(ModelMixin, ConfigMixin):
         if unknown:
             raise TypeError(f"unknown model option(s) {sorted(unknown)}; valid switches: {sorted(SIT_SWITCHES)}")
         sw = {**SIT_SWITCHES, **switches}
+        # names resolved here, for every backbone: config.json records the number
+        sw["layer_scale_init"] = resolve_layer_scale_init(sw["layer_scale_init"])
         if sw["pos_embed"] not in POS_EMBED_KINDS:
             raise ValueError(f"pos_embed must be one of {POS_EMBED_KINDS}, got {sw['pos_embed']!r}")
         if hidden_size % num_heads:
@@ -106,18 +126,11 @@ class SiT(ModelMixin, ConfigMixin):
             self.pos_embed = nn.Parameter(torch.zeros(1, n_patches, hidden_size), sw["pos_embed"] == "learned")
         if self.num_registers:
             self.register_tokens = nn.Parameter(torch.zeros(1, self.num_registers, hidden_size))
-        use_rope = sw["rope"] or (self.num_registers and sw["register_rope_theta"] is not None)
-        self.rope = (
-            RopeTables(
-                hidden_size // num_heads,
-                self.grid,
-                sw["rope_theta"] if sw["rope"] else None,
-                self.num_registers,
-                sw["register_rope_theta"],
-            )
-            if use_rope
-            else None
-        )
+        patch_theta, register_theta = rope_thetas(sw)
+        self.rope = None
+        if patch_theta is not None or register_theta is not None:
+            self.rope = RopeTables(hidden_size // num_heads, self.grid, patch_theta,
+                                   self.num_registers, register_theta)
         block_sw = {k: sw[k] for k in ("norm", "qk_norm", "qkv_bias", "layer_scale_init", "mlp", "mlp_act")}
         self.blocks = nn.ModuleList(
             [Block(hidden_size, num_heads, mlp_ratio, **block_sw) for _ in range(depth)]

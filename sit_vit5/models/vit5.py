@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from diffusers import ModelMixin  # noqa: F401  diffusers' pipeline loader looks the base class up here
 
+from .layers import LAYER_SCALE_INITS  # noqa: F401  re-exported: the named inits of the recipe
 from .sit import SIT_SWITCHES, SiT
 
 #: The ViT-5 recipe (official classification code, commit b7b0796), with the generative LayerScale init.
@@ -45,22 +46,9 @@ VIT5_SWITCHES: dict = dict(
 )
 assert VIT5_SWITCHES.keys() == SIT_SWITCHES.keys()
 
-#: Named LayerScale initial values, usable as ``layer_scale_init="classification"`` (config or keyword).
-LAYER_SCALE_INITS: dict[str, float] = {
-    "generative": 1.0,  # gamma starts at 1 on top of the zero-init adaLN gate: no second bottleneck
-    "classification": 1e-4,  # the official ViT-5 ImageNet-1k recipe (LAMB, lr 3e-3-4e-3, long warm-up)
-}
-
 
 class ViT5(SiT):
     """SiT with ViT-5 block internals; any switch can be overridden by keyword (see ``VIT5_SWITCHES``)."""
 
     def __init__(self, **kwargs) -> None:
-        switches = {**VIT5_SWITCHES, **kwargs}
-        init = switches["layer_scale_init"]
-        if isinstance(init, str):
-            if init not in LAYER_SCALE_INITS:
-                raise ValueError(f"layer_scale_init={init!r}: a number, None (off) or one of "
-                                 f"{sorted(LAYER_SCALE_INITS)}")
-            switches["layer_scale_init"] = LAYER_SCALE_INITS[init]
-        super().__init__(**switches)
+        super().__init__(**{**VIT5_SWITCHES, **kwargs})
