@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from sit_vit5.config import DEFAULTS, ConfigError, flatten, load_config, parse_overrides, save_config
+from tests.helpers import run_train
 
 
 def write_yaml(tmp_path, data, name="exp.yaml"):
@@ -180,3 +181,43 @@ def test_named_layer_scale_inits_come_from_the_models():
         assert cfg["model"]["layer_scale_init"] == name  # kept as written; the model resolves it
     with pytest.raises(ConfigError, match="model.layer_scale_init='lamb'.*classification"):
         load_config(None, ["model.layer_scale_init=lamb"])
+
+
+# ------------------------------------------------------------------------ refusals through train.py
+
+
+@pytest.mark.parametrize("override, named", [
+    ("optim.ema_decay=2", "optim.ema_decay=2"),  # used to train to exit 0 with EMA weights ~5e25
+    ("optim.ema_decay=1", "optim.ema_decay=1"),  # an EMA that never moves
+    ("optim.lr=-1", "optim.lr=-1"),
+    ("optim.lr=0", "optim.lr=0"),
+    ("optim.betas=[0.9,1.5]", "optim.betas=[0.9, 1.5]"),
+    ("optim.grad_clip=-1", "optim.grad_clip=-1"),
+    ("optim.warmup_steps=-5", "optim.warmup_steps=-5"),
+    ("sample.num_steps=1", "sample.num_steps=1"),
+    ("train.sample_every=-1", "train.sample_every=-1"),
+    ("train.steps=0", "train.steps=0"),
+    ("data.num_workers=-1", "data.num_workers=-1"),
+    ("optim.lr=.nan", "optim.lr=nan"),
+    ("model.depth=abc", "model.depth='abc'"),  # was a TypeError traceback from range()
+    ("model.learn_sigma=3", "model.learn_sigma=3"),
+    ("model.norm=batchnorm", "model.norm='batchnorm'"),
+    ("model.class_dropout_prob=1.5", "model.class_dropout_prob=1.5"),
+    ("model.hidden_size=66", "model.hidden_size=66 is not divisible by model.num_heads=4"),
+    ("model.hidden_size=100", "head dim 25"),  # divisible, but 2-D RoPE needs head_dim % 4 == 0
+])
+def test_bad_config_values_are_one_line_errors(tmp_path, capsys, override, named):
+    argv = [f"train.out_dir={tmp_path / 'run'}", "train.steps=2", override]
+    status, line = run_train(argv, capsys)
+    assert status == 2 and named in line
+    assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+def test_valid_edges_are_accepted():
+    from sit_vit5.config import validate_architecture
+
+    cfg = load_config(None, ["optim.ema_decay=0", "optim.betas=[0,0.999]", "sample.num_steps=2",
+                             "train.sample_every=0", "optim.grad_clip=null",
+                             "model.layer_scale_init=null"])
+    validate_architecture(cfg["model"])
+    assert cfg["optim"]["ema_decay"] == 0 and cfg["sample"]["num_steps"] == 2
