@@ -213,5 +213,7 @@ def test_slurm_task_maps_slurm_variables_to_torch_distributed(tmp_path):
 
 
 def test_shell_scripts_are_valid_bash():
-    for script in [*EXAMPLES.glob("*.sh"), *EXAMPLES.glob("slurm/*")]:
+    scripts = [*EXAMPLES.glob("*.sh"), *EXAMPLES.glob("slurm/*")]
+    assert EXAMPLES / "slurm" / "task.sh" in scripts and len(scripts) >= 3, scripts
+    for script in scripts:
         assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0, script

@@ -85,7 +85,9 @@ def test_no_upward_or_hidden_imports(path):
 
 
 def test_fid_imports_nothing_from_sit_vit5():
-    for path in sorted((ROOT / "fid").rglob("*.py")):
+    paths = sorted((ROOT / "fid").rglob("*.py"))
+    assert ROOT / "fid" / "__main__.py" in paths, paths
+    for path in paths:
         bad = [m for m, _, _ in _imports(path) if m.split(".")[0] == "sit_vit5"]
         assert not bad, f"{path.relative_to(ROOT)} imports {bad}: fid/ must stay standalone"
 

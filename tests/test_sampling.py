@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -328,3 +329,41 @@ def test_config_sample_section_defers_to_the_spec():
     defaults = SampleSpec(method=section["method"], sampling_method=section["sampling_method"],
                           num_steps=section["num_steps"])
     assert spec == defaults
+
+
+# ----------------------------------------------------------------------------- parts on disk
+
+
+def test_part_names_say_which_indices_they_hold():
+    from sit_vit5.sampling.bulk import _part_name
+
+    assert _part_name(np.arange(0, 32)) == "0000000-0000031.npz"
+    assert _part_name(np.arange(48, 384, 8)) == "0000048-0000376-step8.npz"  # one of 8 processes
+    odd = _part_name(np.array([48, 50, 383]))
+    assert odd.startswith("0000048-0000383-3-") and odd != _part_name(np.array([48, 51, 383]))
+
+
+def test_truncated_part_is_removed_and_remade(tmp_path):
+    """A part cut short after it was written (disk trouble, a copy): removed and regenerated once,
+    not warned about forever; the merged samples equal an undamaged run's."""
+    torch.manual_seed(0)
+    model = create_model("SiT-S/2", input_size=8, in_channels=1, num_classes=10, depth=1,
+                         hidden_size=32, num_heads=2, learn_sigma=False)
+
+    def pipe():
+        spec = SampleSpec(method="ode", sampling_method="euler", num_steps=3)
+        return SamplingPipeline(model, create_transport(), spec, (1, 8, 8), 10)
+
+    reference = sample_bulk(pipe(), 6, tmp_path / "ref", batch_size=3, progress=False).npz
+    run = tmp_path / "run"
+    sample_bulk(pipe(), 6, run, batch_size=3, progress=False)
+    part = run / "parts" / "0000003-0000005.npz"
+    part.write_bytes(part.read_bytes()[:100])
+    with pytest.warns(UserWarning, match="removed unreadable part"):
+        result = sample_bulk(pipe(), 6, run, batch_size=3, progress=False)
+    assert result.generated == 3 and result.skipped == 3
+    with np.load(result.npz) as a, np.load(reference) as b:
+        assert np.array_equal(a["arr_0"], b["arr_0"]) and np.array_equal(a["arr_1"], b["arr_1"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the third run has nothing to warn about
+        assert sample_bulk(pipe(), 6, run, batch_size=3, progress=False).generated == 0

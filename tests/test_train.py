@@ -25,6 +25,7 @@ from sit_vit5.training import (
     train,
 )
 from sit_vit5.training import loop as loop_module
+from tests.helpers import TRAIN_ARGV, run_train
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [
@@ -292,3 +293,14 @@ def test_none_switches_reach_the_model_in_training_and_sampling(tmp_path):
     torch.save({"model": model.state_dict(), "ema": model.state_dict(), "args": cfg}, path)
     loaded = load_model(path).model
     assert loaded.blocks[0].gamma_1 is None and loaded.rope.register_theta is None
+
+
+# ----------------------------------------------------------------------------- refusals
+
+
+def test_unwritable_out_dir_is_a_one_line_error(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")  # works for root too, unlike chmod
+    argv = [*TRAIN_ARGV, f"train.out_dir={blocker / 'run'}", "train.steps=2"]
+    status, line = run_train(argv, capsys)
+    assert status == 2 and "train.out_dir" in line and str(blocker) in line
