@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from sit_vit5 import sampling
-from sit_vit5.config import load_config
+from sit_vit5.config import ConfigError, load_config
 from sit_vit5.guidance import ClassifierFreeGuidance
 from sit_vit5.images import to_uint8
 from sit_vit5.models import create_model, load_model
@@ -367,3 +367,15 @@ def test_truncated_part_is_removed_and_remade(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the third run has nothing to warn about
         assert sample_bulk(pipe(), 6, run, batch_size=3, progress=False).generated == 0
+
+
+def test_a_negative_cfg_scale_is_refused_alike_everywhere_unless_asked_for():
+    """One rule (sample_spec.check_cfg_scale) for the pipeline, the config and sample.py: refused
+    unless explicitly allowed, then warned about."""
+    spec = SampleSpec(method="ode", sampling_method="euler", num_steps=2, cfg_scale=-1.0)
+    with pytest.raises(ValueError, match="cfg_scale=-1.0: a negative scale"):
+        pipeline(spec)
+    with pytest.warns(UserWarning, match="steers samples away"):
+        assert pipeline(spec, allow_negative_cfg=True).spec.cfg_scale == -1.0
+    with pytest.raises(ConfigError, match="sample.cfg_scale=-1.0: a negative scale"):
+        load_config(None, ["sample.cfg_scale=-1"])

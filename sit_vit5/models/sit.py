@@ -241,15 +241,9 @@ class SiT(ModelMixin, ConfigMixin):
         x = self.unpatchify(x, grid)  # (B, C_out, H, W)
         return x[:, : self.in_channels] if self.learn_sigma and not self.return_sigma else x
 
-    def forward_with_cfg(
-        self,
-        x: Tensor,
-        t: Tensor,
-        y: Tensor,
-        cfg_scale: float,
-        cfg_channels: int | None = None,
-        interval: tuple[float, float] | None = None,
-    ) -> Tensor:
+    def forward_with_cfg(self, x: Tensor, t: Tensor, y: Tensor, cfg_scale: float,
+                         cfg_channels: int | None = None,
+                         interval: tuple[float, float] | None = None) -> Tensor:
         """Guided forward on a doubled batch (``x = cat([z, z])``, ``y = cat([labels, null])``), as
         in SiT.
 
