@@ -377,5 +377,5 @@ def test_a_negative_cfg_scale_is_refused_alike_everywhere_unless_asked_for():
         pipeline(spec)
     with pytest.warns(UserWarning, match="steers samples away"):
         assert pipeline(spec, allow_negative_cfg=True).spec.cfg_scale == -1.0
-    with pytest.raises(ConfigError, match="sample.cfg_scale=-1.0: a negative scale"):
+    with pytest.raises(ConfigError, match=r"sample.cfg_scale=-1(\.0)?: a negative scale"):
         load_config(None, ["sample.cfg_scale=-1"])
