@@ -110,8 +110,8 @@ def test_batch_must_split_evenly():
 
 def test_warmup_learning_rate():
     o = {"lr": 1e-3, "warmup_steps": 4}
-    assert [learning_rate(o, s) for s in range(6)] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3,
-                                                                                  1e-3, 1e-3])
+    expected = [2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3]
+    assert [learning_rate(o, s) for s in range(6)] == pytest.approx(expected)
     assert learning_rate({"lr": 1e-4, "warmup_steps": 0}, 0) == 1e-4
 
 
