@@ -22,13 +22,15 @@ from typing import Any, NamedTuple
 
 import yaml
 
+from .errors import SettingError, SitVit5Error
 from .models import list_models, valid_overrides
 from .models.layers import MLP_ACTS, MLPS, NORMS
 from .models.registry import _NAME, DATA_DERIVED_KEYS, SIZES
 from .models.sit import POS_EMBED_KINDS, SIT_SWITCHES, SiT
 from .models.vit5 import LAYER_SCALE_INITS, VIT5_SWITCHES
-from .objective import ObjectiveError, check_objective
+from .objective import DDPM_DEFAULTS, ObjectiveError, check_objective
 from .precision import PRECISIONS
+from .sample_spec import SampleSpec, check_cfg_scale, config_defaults
 from .vae import SD_VAE_SCALING_FACTOR
 
 Config = dict[str, dict[str, Any]]
@@ -48,11 +50,13 @@ DEFAULTS: Config = {
         "loss_weight": None,  # sit: None | velocity | likelihood (score/noise predictions only)
         "train_eps": None,  # sit: None = the transport's default for this path/prediction
         "sample_eps": None,  # sit: None = the transport's default for this path/prediction
-        "diffusion_steps": 1000,  # ddpm: steps T; the model sees integer t in 0..T-1 (T-1 = noise)
-        "noise_schedule": "linear",  # ddpm: linear (DiT: betas 1e-4..0.02, x 1000/T) | cosine
+        # ddpm: steps T; the model sees integer t in 0..T-1 (T-1 = noise)
+        "diffusion_steps": DDPM_DEFAULTS["diffusion_steps"],
+        # ddpm: linear (DiT: betas 1e-4..0.02, x 1000/T) | cosine
+        "noise_schedule": DDPM_DEFAULTS["noise_schedule"],
         # ddpm: learned (DiT: IDDPM learned range, loss MSE(eps) + VLB; needs model.learn_sigma=true)
         #   | fixed_large (beta_t) | fixed_small (posterior variance): MSE(eps) only, learn_sigma=false
-        "ddpm_variance": "learned",
+        "ddpm_variance": DDPM_DEFAULTS["ddpm_variance"],
     },
     "data": {
         "kind": "imagefolder",  # digits | imagefolder | latents (see sit_vit5.data.DATASETS)
@@ -99,20 +103,13 @@ DEFAULTS: Config = {
         "wandb_project": "sit-vit5",  # wandb project name
     },
     # Sample grids during training, and sample.py's starting point for this run's checkpoints.
-    # Sampler keys are sit_vit5.sampling.SampleSpec's fields; None = the SampleSpec default.
+    # Sampler keys: every field of sit_vit5.sample_spec.SampleSpec (help: sample.py grid --help);
+    # None = the SampleSpec default. The spec checks their values.
     "sample": {
+        **config_defaults(),
         "method": "ode",  # objective sit: ode | sde; objective ddpm: ddpm (DiT) | ddim (eta 0)
         "sampling_method": "euler",  # cheap fixed step; ode: euler | heun2 | dopri5 ...; sde: Euler
         "num_steps": 50,  # time-grid points (fixed-step ODE: num_steps - 1); ddpm/ddim: steps
-        "atol": None,  # adaptive ODE tolerances
-        "rtol": None,
-        "diffusion_form": None,  # SDE diffusion coefficient D(t): sigma | SBDM | linear | ...
-        "diffusion_norm": None,  # SDE diffusion scale
-        "last_step": None,  # SDE final step: Mean | Tweedie | Euler | none
-        "last_step_size": None,  # SDE final step size
-        "cfg_scale": None,  # classifier-free guidance scale (1 = off); needs class_dropout_prob > 0
-        "cfg_channels": None,  # guided channels: None = all, 3 = the SiT/DiT legacy mode
-        "cfg_interval": None,  # [t_lo, t_hi]: guide only there (t = 0 noise, 1 data)
         "num_images": 16,  # images in the grid
         "classes": None,  # class of each image; None = 0, 1, 2, ... repeated over the classes
         "seed": 0,  # global seed of the grid: image i is sample i of sample.py with this seed
@@ -139,7 +136,7 @@ def _load_yaml(text) -> Any:
     return yaml.load(text, Loader=_Loader)  # a SafeLoader subclass: no arbitrary objects
 
 
-class ConfigError(ValueError):
+class ConfigError(SitVit5Error, ValueError):
     """A config file or override that names an unknown key or holds a value of the wrong type."""
 
 
@@ -252,8 +249,6 @@ RANGES: dict[str, Range] = {
     "train.keep_last": _COUNT,
     "train.milestone_every": _COUNT0,
     "train.sample_every": _COUNT0,
-    "sample.num_steps": Range(2, integer=True),  # a 1-point time grid integrates nothing
-    "sample.cfg_scale": Range(0, nullable=True),  # < 0 steers away from the class: sample.py only, by flag
     "sample.num_images": _COUNT,
     "sample.seed": _COUNT0,
     "sample.nrow": Range(1, integer=True, nullable=True),
@@ -389,6 +384,10 @@ def validate(cfg: Config) -> None:
     if not all(BETA_RANGE.holds(b) for b in betas):
         raise ConfigError(f"optim.betas={betas!r}; each must be {BETA_RANGE.describe()}")
     validate_model_section(cfg)
+    try:  # the sampler keys: the spec checks its fields; a negative CFG only by sample.py's flag
+        check_cfg_scale(SampleSpec.resolve(cfg["sample"]).cfg_scale)
+    except SettingError as err:
+        raise ConfigError(f"sample.{err}") from None
     try:  # objective vs model (learn_sigma, DiT-* names) and sampler (sample.method)
         check_objective(cfg["transport"], learn_sigma=cfg["model"].get("learn_sigma", True),
                         model_name=cfg["model"]["name"], sample_method=cfg["sample"]["method"])

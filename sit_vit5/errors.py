@@ -1,18 +1,26 @@
-"""One-line errors for the command lines.
+"""One-line errors for the command lines, and the one base class of the errors they report.
 
-A bad input (a config key, a file, a checkpoint, a full disk) is reported as ``error: <message>`` on one
-line of stderr with exit status 2, instead of a traceback. ``SIT_VIT5_DEBUG=1`` re-raises the exception so
-that the full traceback is shown.
+A bad input (a config key, a file, a checkpoint, a full disk) is reported as ``<prog>: error: <message>``
+on one line of stderr with exit status 2, instead of a traceback; Ctrl-C exits 130 with one line saying
+whether rerunning the command continues the job. ``SIT_VIT5_DEBUG=1`` re-raises the exception so that
+the full traceback is shown. Every entry point runs its body through :func:`run_cli`.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 DEBUG_ENV = "SIT_VIT5_DEBUG"
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell's convention
+
+
+class SitVit5Error(Exception):
+    """Base of every failure the user can fix (a flag, value, key, file or setting at fault): the
+    command lines print it on one line. Subclasses also derive from the builtin kind they refine
+    (ValueError, RuntimeError, ...) so that ``except ValueError`` keeps catching them."""
 
 
 def debug_enabled() -> bool:
@@ -55,10 +63,51 @@ def report(err: BaseException, status: int = EXIT_BAD_INPUT, hint: str = "") -> 
     return status
 
 
-def run_cli(main: Callable[[], int], errors: tuple[type[BaseException], ...],
-            status: int = EXIT_BAD_INPUT) -> int:
-    """``main()``, with any of ``errors`` reported as one line and exit ``status`` (see ``report``)."""
+class SettingError(SitVit5Error, ValueError):
+    """A setting with a bad value: ``key`` (a field or config key), ``value`` and ``reason`` (which
+    starts with its own separator: ": must be >= 2", "; valid: a, b"). ``str()`` is
+    ``key=value<reason>``; front doors re-render it as their flag or dotted key."""
+
+    def __init__(self, key: str, value: object, reason: str) -> None:
+        self.key, self.value, self.reason = key, value, reason
+        super().__init__(f"{key}={value!r}{reason}")
+
+    def as_flag(self) -> str:
+        """The message in command-line words: ``--num-steps 1: ...``."""
+        value = " ".join(map(str, self.value)) if isinstance(self.value, tuple) else self.value
+        return f"--{self.key.replace('_', '-')} {value}{self.reason}"
+
+
+#: what every entry point reports as one line: our errors, and files the OS refused (missing,
+#: unreadable, disk full)
+KNOWN_ERRORS: tuple[type[BaseException], ...] = (SitVit5Error, OSError)
+
+
+def run_cli(
+    prog: str,
+    main: Callable[[], int],
+    *,
+    errors: tuple[type[BaseException], ...] = KNOWN_ERRORS,
+    statuses: Mapping[type[BaseException], int] | None = None,
+    resumable: bool = False,
+    render: Callable[[BaseException], str] = one_line,
+) -> int:
+    """``main()``; any of ``errors`` is printed as ``<prog>: error: <one line>`` and returns
+    ``statuses[type]`` (the first matching base, else 2); Ctrl-C returns 130 after one line that says
+    whether rerunning continues (``resumable``). ``render`` words the message (default: its one
+    line). ``SIT_VIT5_DEBUG=1`` re-raises instead."""
     try:
         return main()
+    except KeyboardInterrupt:
+        if debug_enabled():
+            raise
+        tail = "; rerun the same command to continue" if resumable else ""
+        print(f"{prog}: interrupted{tail}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except errors as err:
-        return report(err, status)
+        if debug_enabled():
+            raise
+        status = next((s for kind, s in (statuses or {}).items() if isinstance(err, kind)),
+                      EXIT_BAD_INPUT)
+        print(f"{prog}: error: {render(err)}", file=sys.stderr)
+        return status

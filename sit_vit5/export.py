@@ -29,10 +29,9 @@ from pathlib import Path
 
 from .models import CheckpointError, load_model, resolve_checkpoint
 from .models.official import OfficialWeights
-from .objective import SAMPLE_METHODS
 from .pipeline import SiTPipeline, scheduler_from
 from .precision import PRECISIONS, check_precision
-from .sampling import SampleSpec
+from .sample_spec import SAMPLE_METHODS, SampleSpec
 from .training.checkpoint import latest_checkpoint
 from .vae import SD_VAE_SCALING_FACTOR, load_vae, vae_enabled
 

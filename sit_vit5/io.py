@@ -8,11 +8,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
+from .errors import SitVit5Error
+
 T = TypeVar("T")
 TMP_PREFIX = ".tmp-"  # temporary files start with this; a killed writer's leftovers are recognisable
 
 
-class ChecksumError(ValueError):
+class ChecksumError(SitVit5Error, ValueError):
     """A file whose SHA-256 differs from the one recorded for it."""
 
 

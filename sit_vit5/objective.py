@@ -10,27 +10,32 @@ or DiT's discrete Gaussian diffusion (``objective: ddpm``), both read from the c
   2C-channel model (``model.learn_sigma: true``).
 
 "DiT w. ViT" is a SiT backbone with ``objective: ddpm``; ``DiT-*`` model names say so themselves.
+
+Both are an :class:`Objective`: its ``loss``, its ``sampler`` for a ``SampleSpec``, the channels
+guidance mixes and the model output mode it reads (``prepare``). Callers hold an ``Objective`` and
+never ask which one it is.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
-from .diffusion import METHODS as DIFFUSION_METHODS
 from .diffusion import GaussianDiffusion, create_diffusion
 from .diffusion.schedule import NOISE_SCHEDULES
+from .errors import SettingError, SitVit5Error
 from .models import name_objective
-from .transport import Transport, create_transport
-from .transport.sampler import METHODS as TRANSPORT_METHODS
+from .sample_spec import SAMPLE_METHODS, SampleSpec
+from .transport import TRANSPORT_KEYS, Sampler, Transport, create_transport
 
 OBJECTIVES = ("sit", "ddpm")
 #: transport-section keys each objective reads (the others must stay at their defaults' meaning:
 #: unused)
-SIT_KEYS = ("path_type", "prediction", "loss_weight", "train_eps", "sample_eps")
 DDPM_KEYS = ("diffusion_steps", "noise_schedule", "ddpm_variance")
 #: config name -> GaussianDiffusion variance type (DiT: learned = IDDPM's learned range + the hybrid
 #: loss)
@@ -44,13 +49,9 @@ DDPM_DEFAULTS: dict[str, Any] = {
     "noise_schedule": "linear",
     "ddpm_variance": "learned",
 }
-#: sample.method values each objective can sample with
-SAMPLE_METHODS: dict[str, tuple[str, ...]] = {"sit": TRANSPORT_METHODS, "ddpm": DIFFUSION_METHODS}
-
-Objective = Transport | GaussianDiffusion
 
 
-class ObjectiveError(ValueError):
+class ObjectiveError(SitVit5Error, ValueError):
     """An objective setting that contradicts itself, the model or the sampler (names the keys at
     fault)."""
 
@@ -88,36 +89,32 @@ def check_objective(
             f"{', '.join(SAMPLE_METHODS[name])}"
         )
     if name == "ddpm":
-        ddpm = ddpm_settings(cfg_transport)
-        if ddpm["noise_schedule"] not in NOISE_SCHEDULES:
-            problems.append(
-                f"transport.noise_schedule={ddpm['noise_schedule']!r}; valid: "
-                f"{', '.join(NOISE_SCHEDULES)}"
-            )
-        if not isinstance(ddpm["diffusion_steps"], int) or ddpm["diffusion_steps"] < 2:
-            problems.append(
-                f"transport.diffusion_steps={ddpm['diffusion_steps']!r}; need an integer >= 2"
-            )
-        variance = ddpm["ddpm_variance"]
-        if variance not in DDPM_VARIANCES:
-            problems.append(
-                f"transport.ddpm_variance={variance!r}; valid: {', '.join(DDPM_VARIANCES)}"
-            )
-        elif variance == "learned" and not learn_sigma:
-            problems.append(
-                "transport.ddpm_variance=learned (DiT's learned variance and hybrid loss) needs "
-                "model.learn_sigma=true (2C output channels); or choose "
-                "transport.ddpm_variance=fixed_large / fixed_small for a C-channel model"
-            )
-        elif variance != "learned" and learn_sigma:
-            problems.append(
-                f"transport.ddpm_variance={variance} has no use for the variance half of a "
-                "model.learn_sigma=true model; set transport.ddpm_variance=learned (DiT) or "
-                "model.learn_sigma=false"
-            )
+        problems += _ddpm_problems(ddpm_settings(cfg_transport), learn_sigma)
     if problems:
         raise ObjectiveError("; ".join(problems))
     return name
+
+
+def _ddpm_problems(ddpm: Mapping[str, Any], learn_sigma: bool) -> list[str]:
+    problems = []
+    if ddpm["noise_schedule"] not in NOISE_SCHEDULES:
+        problems.append(f"transport.noise_schedule={ddpm['noise_schedule']!r}; valid: "
+                        f"{', '.join(NOISE_SCHEDULES)}")
+    if not isinstance(ddpm["diffusion_steps"], int) or ddpm["diffusion_steps"] < 2:
+        problems.append(f"transport.diffusion_steps={ddpm['diffusion_steps']!r}; need an integer "
+                        ">= 2")
+    variance = ddpm["ddpm_variance"]
+    if variance not in DDPM_VARIANCES:
+        problems.append(f"transport.ddpm_variance={variance!r}; valid: {', '.join(DDPM_VARIANCES)}")
+    elif variance == "learned" and not learn_sigma:
+        problems.append("transport.ddpm_variance=learned (DiT's learned variance and hybrid loss) "
+                        "needs model.learn_sigma=true (2C output channels); or choose "
+                        "transport.ddpm_variance=fixed_large / fixed_small for a C-channel model")
+    elif variance != "learned" and learn_sigma:
+        problems.append(f"transport.ddpm_variance={variance} has no use for the variance half of a "
+                        "model.learn_sigma=true model; set transport.ddpm_variance=learned (DiT) or "
+                        "model.learn_sigma=false")
+    return problems
 
 
 def ddpm_settings(cfg_transport: Mapping[str, Any]) -> dict[str, Any]:
@@ -129,7 +126,7 @@ def ddpm_settings(cfg_transport: Mapping[str, Any]) -> dict[str, Any]:
 
 def transport_kwargs(cfg_transport: Mapping[str, Any]) -> dict[str, Any]:
     """``create_transport`` keywords of a transport section (SiT keys that are set)."""
-    return {k: cfg_transport[k] for k in SIT_KEYS if cfg_transport.get(k) is not None}
+    return {k: cfg_transport[k] for k in TRANSPORT_KEYS if cfg_transport.get(k) is not None}
 
 
 def create_ddpm(
@@ -148,44 +145,127 @@ def create_ddpm(
     )
 
 
+# ----------------------------------------------------------------------------- the interface
+
+
+@dataclass(frozen=True)
+class BuiltSampler:
+    """One objective's sampler for one spec: ``sample(z, model_fn, *, generator=None,
+    **model_kwargs)`` returns the trajectory ``[x]`` (final sample last, ``(B, C, H, W)``);
+    ``counter.last_nfe`` is the model calls of the latest call."""
+
+    sample: Callable[..., list[Tensor]]
+    counter: Sampler | DiffusionSampler
+
+
+class Objective(ABC):
+    """What a training objective provides: the loss, a sampler per ``SampleSpec``, the channels
+    guidance mixes, and the output mode it reads from the model."""
+
+    name: ClassVar[str]
+
+    @property
+    def methods(self) -> tuple[str, ...]:
+        """The ``sample.method`` values that sample this objective."""
+        return SAMPLE_METHODS[self.name]
+
+    @abstractmethod
+    def loss(self, model: Callable[..., Tensor], x: Tensor, y: Tensor) -> Tensor:
+        """Per-sample loss ``(B,)`` for data ``x`` ``(B, C, H, W)`` and labels ``y`` ``(B,)``;
+        t and the noise come from the global RNG, drawn in the order SiT / DiT draw them."""
+
+    @abstractmethod
+    def _sampler(self, spec: SampleSpec, pixel_space: bool) -> BuiltSampler: ...
+
+    def sampler(self, spec: SampleSpec, *, pixel_space: bool = False) -> BuiltSampler:
+        """The sampler ``spec`` describes; ``pixel_space``: the model makes images in [-1, 1]."""
+        if spec.method not in self.methods:
+            raise SettingError("method", spec.method, f" cannot sample a model trained with the "
+                               f"{self.name} objective; valid: {', '.join(self.methods)}")
+        return self._sampler(spec, pixel_space)
+
+    def guided_channels(self, cfg_channels: int | None, in_channels: int) -> int | None:
+        """Output channels classifier-free guidance mixes (None = all of them)."""
+        return cfg_channels
+
+    def prepare(self, model: nn.Module) -> nn.Module:
+        """The model set to output what this objective reads (in place; returned for chaining)."""
+        return model
+
+
+class SiTObjective(Objective):
+    """SiT's transport: continuous t in [0, 1] (0 = noise), ODE / SDE samplers."""
+
+    name = "sit"
+
+    def __init__(self, transport: Transport) -> None:
+        self.transport = transport
+
+    def __repr__(self) -> str:
+        return repr(self.transport)  # what sample.py prints and bulk runs record
+
+    def loss(self, model: Callable[..., Tensor], x: Tensor, y: Tensor) -> Tensor:
+        return self.transport.training_losses(model, x, model_kwargs=dict(y=y))["loss"]
+
+    def _sampler(self, spec: SampleSpec, pixel_space: bool) -> BuiltSampler:
+        sampler = Sampler(self.transport)
+        if spec.method == "ode":
+            fn = sampler.sample_ode(sampling_method=spec.sampling_method,
+                                    num_steps=spec.num_steps, atol=spec.atol, rtol=spec.rtol)
+        else:
+            fn = sampler.sample_sde(
+                sampling_method=spec.sampling_method, diffusion_form=spec.diffusion_form,
+                diffusion_norm=spec.diffusion_norm, last_step=spec.last_step,
+                last_step_size=spec.last_step_size, num_steps=spec.num_steps)
+        return BuiltSampler(fn, sampler)
+
+
+class DDPMObjective(Objective):
+    """DiT's discrete diffusion: integer steps (T-1 = noise), DDPM / DDIM samplers on respaced
+    steps; a learned variance makes the model output 2C channels and guidance mix the first C."""
+
+    name = "ddpm"
+
+    def __init__(self, diffusion: GaussianDiffusion) -> None:
+        self.diffusion = diffusion
+
+    def __repr__(self) -> str:
+        return repr(self.diffusion)
+
+    def loss(self, model: Callable[..., Tensor], x: Tensor, y: Tensor) -> Tensor:
+        t = self.diffusion.sample_timesteps(len(x), device=x.device)  # DiT: t first, then noise
+        return self.diffusion.training_losses(model, x, t, model_kwargs=dict(y=y))["loss"]
+
+    def _sampler(self, spec: SampleSpec, pixel_space: bool) -> BuiltSampler:
+        sampler = DiffusionSampler(self.diffusion, clip_denoised=pixel_space)
+        return BuiltSampler(sampler.build(spec.method, spec.num_steps), sampler)
+
+    def guided_channels(self, cfg_channels: int | None, in_channels: int) -> int | None:
+        # "all" means the C noise channels, never the variance half (DiT guides eps only)
+        return in_channels if cfg_channels is None else cfg_channels
+
+    def prepare(self, model: nn.Module) -> nn.Module:
+        if getattr(model, "learn_sigma", False):  # SiT's forward drops the sigma half otherwise
+            model.return_sigma = True
+        return model
+
+
 def create_objective(cfg_transport: Mapping[str, Any]) -> Objective:
-    """The training objective: a :class:`Transport` (sit) or the full-step
-    :class:`GaussianDiffusion` (ddpm)."""
+    """The objective of a config's ``transport`` section: SiT's transport or DiT's full-step
+    diffusion."""
     if objective_name(cfg_transport) == "ddpm":
-        return create_ddpm(cfg_transport)
-    return create_transport(**transport_kwargs(cfg_transport))
+        return DDPMObjective(create_ddpm(cfg_transport))
+    return SiTObjective(create_transport(**transport_kwargs(cfg_transport)))
 
 
-def prepare_model(model: nn.Module, objective: str | Mapping[str, Any] | None) -> nn.Module:
-    """Make the backbone output what its objective reads: all 2C channels under ddpm with a learned
-    variance (SiT's forward drops the sigma half otherwise). ``objective``: a name or a transport
-    section."""
-    name = objective if isinstance(objective, str) else objective_name(objective)
-    if name == "ddpm" and getattr(model, "learn_sigma", False):
-        model.return_sigma = True
-    return model
-
-
-def training_loss(
-    objective: Objective, model: Callable[..., Tensor], x: Tensor, y: Tensor
-) -> Tensor:
-    """Per-sample loss ``(B,)`` of either objective for data ``x`` ``(B, C, H, W)`` and labels
-    ``y``. Randomness (t, noise) comes from the global RNG, drawn in the order SiT / DiT draw it."""
+def as_objective(objective: Objective | Transport | GaussianDiffusion) -> Objective:
+    """An :class:`Objective` from itself or from the SiT / DiT object it wraps (their public
+    APIs, ``create_transport`` / ``create_diffusion``, return those)."""
+    if isinstance(objective, Objective):
+        return objective
     if isinstance(objective, GaussianDiffusion):
-        t = objective.sample_timesteps(len(x), device=x.device)  # DiT: t first, then the noise
-        return objective.training_losses(model, x, t, model_kwargs=dict(y=y))["loss"]
-    return objective.training_losses(model, x, model_kwargs=dict(y=y))["loss"]
-
-
-def guided_channels(
-    cfg_transport: Mapping[str, Any], cfg_channels: int | None, in_channels: int
-) -> int | None:
-    """Output channels classifier-free guidance mixes: under ddpm "all" means the C noise channels,
-    never the variance half (DiT guides eps only); ``cfg_channels=3`` is the legacy mode of both
-    objectives."""
-    if cfg_channels is None and objective_name(cfg_transport) == "ddpm":
-        return in_channels
-    return cfg_channels
+        return DDPMObjective(objective)
+    return SiTObjective(objective)
 
 
 class DiffusionSampler:
@@ -213,10 +293,8 @@ class DiffusionSampler:
         self, method: str, num_steps: int, eta: float = 0.0, progress: bool = False
     ) -> Callable[..., Any]:
         if method not in SAMPLE_METHODS["ddpm"]:
-            raise ObjectiveError(
-                f"method={method!r} does not sample the ddpm objective; valid: "
-                f"{', '.join(SAMPLE_METHODS['ddpm'])}"
-            )
+            raise SettingError("method", method, " does not sample the ddpm objective; valid: "
+                               + ", ".join(SAMPLE_METHODS["ddpm"]))
         spaced = self._spaced = self.diffusion.respace(
             str(num_steps) if method == "ddpm" else f"ddim{num_steps}"
         )

@@ -34,7 +34,7 @@ from PIL import Image
 from .models import SiT
 from .objective import Objective, create_objective
 from .sampling import SampleSpec, SamplingPipeline
-from .vae import SD_VAE_SCALING_FACTOR, decoder, downsampling_factor
+from .vae import downsampling_factor
 
 OUTPUT_TYPES = ("pil", "np", "pt")
 
@@ -108,14 +108,9 @@ class SiTPipeline(DiffusionPipeline):
     ) -> SamplingPipeline:
         """The ``sit_vit5.sampling.SamplingPipeline`` this pipeline's settings describe (what
         sample.py runs)."""
-        model = self.transformer
         spec = self.scheduler.spec(num_steps=num_inference_steps, cfg_scale=guidance_scale)
-        decode = None
-        if self.vae is not None:
-            decode = decoder(self.vae, self.vae.config.get("scaling_factor", SD_VAE_SCALING_FACTOR))
-        shape = (model.in_channels, model.input_size, model.input_size)
-        return SamplingPipeline(
-            model, self.scheduler.transport(), spec, shape, model.num_classes, decode, self.device
+        return SamplingPipeline.for_components(
+            self.transformer, self.scheduler.transport(), spec, self.vae, self.device
         )
 
     @staticmethod

@@ -18,7 +18,7 @@ from PIL import Image
 
 from sit_vit5.config import load_config
 from sit_vit5.models import create_model
-from sit_vit5.objective import create_objective, prepare_model, training_loss
+from sit_vit5.objective import create_objective
 from sit_vit5.training import read_checkpoint, train
 from sit_vit5.training.diagnostics import GateMonitor
 from tests.test_distributed import assert_close_states
@@ -35,7 +35,7 @@ CASES = {
 
 def tiny(name: str, objective: str) -> torch.nn.Module:
     torch.manual_seed(0)
-    model = prepare_model(create_model(name, **TINY_MODEL), objective)
+    model = create_objective({"objective": objective}).prepare(create_model(name, **TINY_MODEL))
     for block in model.blocks:  # open the zero-init gates: the gate statistics are then not all 0
         torch.nn.init.normal_(block.adaLN_modulation[-1].weight, std=0.1)
     return model.train()
@@ -44,7 +44,7 @@ def tiny(name: str, objective: str) -> torch.nn.Module:
 def loss_and_grads(net, model, objective, x, y, seed):
     """Loss of ``net`` (``model`` or its compiled forward) and the gradients of ``model``'s parameters."""
     torch.manual_seed(seed)  # t, noise (and label dropout) drawn alike in both runs
-    loss = training_loss(objective, net, x, y).mean()
+    loss = objective.loss(net, x, y).mean()
     loss.backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad(set_to_none=True)

@@ -9,10 +9,9 @@ import math
 import pytest
 import torch
 
-from sit_vit5.experiments import digits
-from sit_vit5.experiments import digits_claims as claims
 from sit_vit5.models import SIT_SWITCHES, VIT5_SWITCHES, create_model
 from sit_vit5.models.layers import sincos_pos_embed_2d
+from tests.digits_study import claims, digits
 
 
 def test_spelled_out_switches_are_todays_defaults():
@@ -158,7 +157,7 @@ def test_shrink_contrast_reads_the_gap_change():
     assert claims.verdict(t, out, 1.0).startswith("reproduced")
 
 
-def test_diverged_run_is_recorded_not_raised(tmp_path, monkeypatch):
+def test_diverged_run_is_recorded_not_raised(tmp_path):
     from sit_vit5.training import NonFiniteLossError
 
     spec = digits.RunSpec(
@@ -189,14 +188,11 @@ def test_diverged_run_is_recorded_not_raised(tmp_path, monkeypatch):
         )
         raise NonFiniteLossError("nan", 4)
 
-    monkeypatch.setattr("sit_vit5.training.train", diverging_train)
-    r = digits.run_one(spec)
+    r = digits.run_one(spec, train=diverging_train)
     assert r["complete"] and r["diverged_at_step"] == 4 and r["checkpoints"] == {}
     assert json.loads(spec.result_path.read_text())["diverged_at_step"] == 4
-    monkeypatch.setattr(
-        "sit_vit5.training.train", lambda *a, **k: pytest.fail("a diverged run is cached")
-    )
-    assert digits.run_one(spec)["diverged_at_step"] == 4
+    cached = lambda *a, **k: pytest.fail("a diverged run is cached")  # noqa: E731
+    assert digits.run_one(spec, train=cached)["diverged_at_step"] == 4
 
 
 def test_recomputed_sincos_only_touches_fixed_tables():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from pathlib import Path
@@ -13,8 +14,10 @@ import yaml
 from PIL import Image
 
 from sit_vit5.config import load_config
-from sit_vit5.experiments import digits, imagenet, report
+from sit_vit5.experiments import imagenet, report
 from sit_vit5.experiments.__main__ import main as experiments_main
+from tests.digits_study import cli as digits_cli
+from tests.digits_study import digits
 
 REPO = Path(__file__).resolve().parents[1]
 IMAGENET_CONFIGS = sorted((REPO / "configs" / "imagenet").glob("*.yaml"))
@@ -219,10 +222,10 @@ def test_ablation_rows_are_compared_with_the_variant_they_modify():
 @pytest.mark.slow
 def test_digits_proxy_end_to_end_and_cached(tmp_path, monkeypatch):
     out = tmp_path / "results"
-    argv = ["digits", "--seeds", "2", "--steps", "8", "--num-samples", "20", "--datasets", "digits8",
+    argv = ["--seeds", "2", "--steps", "8", "--num-samples", "20", "--datasets", "digits8",
             "--variants", "SiT", "ViT-5 (γ0=1)", "DiT w. ViT", "--jobs", "1", "--runs-dir", str(tmp_path / "runs"),
             "--out", str(out), "model.depth=1", "model.hidden_size=32", "model.num_heads=2"]
-    assert experiments_main(argv) == 0
+    assert digits_cli.main(argv) == 0
     text = (out / "README.md").read_text()
     assert "| SiT | 2 |" in text and "| ViT-5 (γ0=1) | 2 |" in text and "Commit:" in text
     assert "PROTOCOL.md" in text and "floor" in text
@@ -239,9 +242,10 @@ def test_digits_proxy_end_to_end_and_cached(tmp_path, monkeypatch):
     for name in ("fid_curves.png", "loss_curves.png", "gates.png", "results.csv",
                  "samples-digits8-sit.png", "samples-digits8-vit-5-g-1.png"):
         assert (out / name).is_file(), name
-    monkeypatch.setattr("sit_vit5.training.train", lambda *a, **k: pytest.fail("cached runs must not retrain"))
-    assert experiments_main(argv) == 0
-    assert experiments_main(["digits", "--report-only", "--out", str(out)]) == 0
+    retrain = lambda *a, **k: pytest.fail("cached runs must not retrain")  # noqa: E731
+    monkeypatch.setattr(digits, "run_one", functools.partial(digits.run_one, train=retrain))
+    assert digits_cli.main(argv) == 0
+    assert digits_cli.main(["--report-only", "--out", str(out)]) == 0
 
 
 def test_report_table_and_csv(tmp_path):

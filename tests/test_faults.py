@@ -428,7 +428,7 @@ def test_bulk_resume_with_nothing_to_do_says_so(trained_run, tmp_path, capsys):
 
 
 def test_part_names_say_which_indices_they_hold():
-    from sit_vit5.sampling import _part_name
+    from sit_vit5.sampling.bulk import _part_name
 
     assert _part_name(np.arange(0, 32)) == "0000000-0000031.npz"
     assert _part_name(np.arange(48, 384, 8)) == "0000048-0000376-step8.npz"  # one of 8 processes

@@ -13,9 +13,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: Components of sit_vit5 by layer, bottom first: a module may import only from lower layers.
 LAYERS: list[tuple[str, ...]] = [
-    ("io", "guidance", "precision", "vae", "distributed", "errors", "runtime"),
+    ("errors",),
+    ("io", "guidance", "precision", "vae", "distributed", "runtime"),
     ("images", "transport"),
     ("models", "diffusion"),
+    ("sample_spec",),
     ("objective",),
     ("config", "data"),
     ("sampling", "cache_latents"),

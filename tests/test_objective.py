@@ -10,13 +10,7 @@ import torch
 from sit_vit5.config import DEFAULTS, ConfigError, flatten, load_config
 from sit_vit5.diffusion import GaussianDiffusion, create_diffusion
 from sit_vit5.models import create_model, list_models, load_model, name_objective
-from sit_vit5.objective import (
-    DiffusionSampler,
-    create_objective,
-    guided_channels,
-    prepare_model,
-    training_loss,
-)
+from sit_vit5.objective import DDPMObjective, DiffusionSampler, SiTObjective, create_objective
 from sit_vit5.training import read_checkpoint, save_checkpoint, train
 from sit_vit5.training.checkpoint import config_differences
 from sit_vit5.transport import Transport, create_transport
@@ -73,18 +67,18 @@ def test_valid_objective_configs_load():
             "transport.ddpm_variance=fixed_small",
         ],
     )
-    diffusion = create_objective(cfg["transport"])
+    diffusion = create_objective(cfg["transport"]).diffusion
     assert isinstance(diffusion, GaussianDiffusion) and diffusion.model_var_type == "fixed_small"
-    assert isinstance(create_objective(DEFAULTS["transport"]), Transport)
+    assert isinstance(create_objective(DEFAULTS["transport"]).transport, Transport)
 
 
 def test_ddpm_backbone_returns_2c_channels_and_receives_integer_steps():
     model = create_model("SiT-S/2", **TINY_MODEL)
     x, y = torch.randn(3, 1, 8, 8), torch.tensor([0, 1, 2])
     assert model(x, torch.rand(3), y).shape == (3, 1, 8, 8)  # SiT: the sigma half is dropped
-    prepare_model(model, {"objective": "sit"})
+    create_objective({"objective": "sit"}).prepare(model)
     assert model(x, torch.rand(3), y).shape == (3, 1, 8, 8)
-    prepare_model(model, {"objective": "ddpm"})
+    create_objective({"objective": "ddpm"}).prepare(model)
     assert model(x, torch.rand(3), y).shape == (3, 2, 8, 8)
 
     seen = []
@@ -95,7 +89,7 @@ def test_ddpm_backbone_returns_2c_channels_and_receives_integer_steps():
 
     diffusion = create_objective({"objective": "ddpm"})
     torch.manual_seed(0)
-    loss = training_loss(diffusion, spy, x, y)
+    loss = diffusion.loss(spy, x, y)
     assert loss.shape == (3,) and torch.isfinite(loss).all()
     assert seen[0].dtype == torch.long and 0 <= seen[0].min() and seen[0].max() <= 999
     loss.mean().backward()  # the mean and variance halves of the output layer both get gradients
@@ -106,9 +100,9 @@ def test_ddpm_backbone_returns_2c_channels_and_receives_integer_steps():
 
 
 def test_guidance_channels_under_ddpm_exclude_the_variance_half():
-    assert guided_channels({"objective": "ddpm"}, None, 4) == 4
-    assert guided_channels({"objective": "ddpm"}, 3, 4) == 3
-    assert guided_channels({"objective": "sit"}, None, 4) is None
+    assert create_objective({"objective": "ddpm"}).guided_channels(None, 4) == 4
+    assert create_objective({"objective": "ddpm"}).guided_channels(3, 4) == 3
+    assert create_objective({"objective": "sit"}).guided_channels(None, 4) is None
 
 
 def test_diffusion_sampler_respaces_the_trained_process():
@@ -225,7 +219,7 @@ def test_loaded_checkpoints_split_transport_kwargs_from_the_ddpm_keys(tmp_path, 
     else:
         assert loaded.transport == {} and loaded.diffusion["ddpm_variance"] == "learned"
     assert type(create_objective(loaded.objective_config)) is (
-        Transport if objective == "sit" else GaussianDiffusion
+        SiTObjective if objective == "sit" else DDPMObjective
     )
 
 

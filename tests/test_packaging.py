@@ -30,6 +30,13 @@ def test_every_package_is_listed_and_configs_map_to_the_top_level_folder():
     found = setuptools.find_packages(str(ROOT), include=["sit_vit5*", "fid*"])
     assert set(found) <= set(tool["packages"]), "a new package is missing from pyproject's packages list"
     assert tool["package-dir"] == {"sit_vit5.configs": "configs"}
+    for package in tool["packages"]:  # each listed package is on disk (a moved one is not expected)
+        folder = ROOT / tool["package-dir"].get(package, package.replace(".", "/"))
+        assert folder.is_dir() and (package in tool["package-dir"] or (folder / "__init__.py").is_file()), package
+    # the digits study lives beside its results, outside the wheel: no listed package holds it
+    study = ROOT / "results" / "digits" / "study"
+    assert (study / "__main__.py").is_file() and not (ROOT / "sit_vit5" / "experiments" / "digits.py").exists()
+    assert not any(p.split(".")[0] not in {"sit_vit5", "fid"} for p in tool["packages"])
     scripts = PYPROJECT["project"]["scripts"]
     assert {"sit-vit5-train", "sit-vit5-sample", "sit-vit5-fid"} <= set(scripts)
     for target in scripts.values():  # each entry point names a real function

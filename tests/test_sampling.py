@@ -194,7 +194,7 @@ def test_bulk_resume_skips_finished_parts(tmp_path, monkeypatch):
     n, spec = 10, ODE
     reference = sample_bulk(pipeline(spec), n, tmp_path / "ref", batch_size=4, progress=False).npz
 
-    real_save, saved = sampling._save_part, []
+    real_save, saved = sampling.bulk._save_part, []
 
     def crash_after_first(parts_dir, batch):
         if saved:
@@ -202,10 +202,10 @@ def test_bulk_resume_skips_finished_parts(tmp_path, monkeypatch):
         saved.append(real_save(parts_dir, batch))
         return saved[-1]
 
-    monkeypatch.setattr(sampling, "_save_part", crash_after_first)
+    monkeypatch.setattr(sampling.bulk, "_save_part", crash_after_first)
     with pytest.raises(KeyboardInterrupt):
         sample_bulk(pipeline(spec), n, tmp_path / "run", batch_size=4, progress=False)
-    monkeypatch.setattr(sampling, "_save_part", real_save)
+    monkeypatch.setattr(sampling.bulk, "_save_part", real_save)
     parts = sorted((tmp_path / "run" / "parts").iterdir())
     assert [p.name for p in parts] == ["0000000-0000003.npz"]  # no temporary file left behind
     before = os.stat(parts[0])

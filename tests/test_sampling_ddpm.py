@@ -12,10 +12,10 @@ import sample
 from sit_vit5.config import load_config
 from sit_vit5.diffusion import create_diffusion
 from sit_vit5.models import LoadedModel, create_model, load_model
-from sit_vit5.objective import create_objective
+from sit_vit5.objective import SiTObjective, create_objective
 from sit_vit5.sampling import SampleSpec, SamplingPipeline
 from sit_vit5.training import save_checkpoint
-from sit_vit5.transport import Sampler, Transport, create_transport
+from sit_vit5.transport import create_transport
 from sit_vit5.transport.rng import sample_seed
 
 DEPTH, WIDTH, HEADS, PATCH, C, SIDE, CLASSES = 2, 32, 2, 2, 4, 8, 10
@@ -135,7 +135,7 @@ def test_the_objective_of_a_bare_file_is_told_never_guessed(dit_file):
     assert load_model(dit_file, "SiT-S/2", overrides=ARCH, objective="ddpm").objective == "ddpm"
     info = load_model(dit_file, "SiT-S/2", overrides=ARCH)  # a SiT name: the SiT objective
     assert info.objective == "sit" and isinstance(
-        create_objective(info.objective_config), Transport
+        create_objective(info.objective_config), SiTObjective
     )
     x = torch.zeros(1, C, SIDE, SIDE)
     spec = SampleSpec(method="ode", sampling_method="euler", num_steps=2)
@@ -150,7 +150,7 @@ def test_spec_modes_belong_to_their_objective():
     with pytest.raises(ValueError, match="cfg_interval"):
         SampleSpec(method="ddim", cfg_interval=(0.2, 0.8))
     with pytest.raises(ValueError, match="sit objective"):
-        SampleSpec(method="ddpm").build(Sampler(create_transport()))
+        SiTObjective(create_transport()).sampler(SampleSpec(method="ddpm"))
     assert SampleSpec(method="ddpm").sampling_method is None
 
 

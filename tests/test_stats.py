@@ -8,7 +8,9 @@ import math
 import pytest
 from scipy import stats as sps
 
-from sit_vit5.experiments.stats import holm, welch, welch_contrast
+from tests.digits_study import stats
+
+holm, welch, welch_contrast = stats.holm, stats.welch, stats.welch_contrast
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ from PIL import Image
 
 from sit_vit5.config import ConfigError, load_config, save_config
 from sit_vit5.models import load_model, model_from_config
-from sit_vit5.objective import create_objective, training_loss
+from sit_vit5.objective import create_objective
 from sit_vit5.training import (
     IncompatibleCheckpointError,
     NonFiniteLossError,
@@ -144,11 +144,11 @@ def test_resume_is_bit_identical(tmp_path):
 
     calls = {"n": 0}
 
-    def killed_at_step_6(*args):
+    def killed_at_step_6(objective, model, x, y):
         calls["n"] += 1
         if calls["n"] > 5 * 2:  # the 6th step's first micro-batch: after the checkpoint at step 4
             raise KeyboardInterrupt("killed")
-        return training_loss(*args)
+        return objective.loss(model, x, y)
 
     with pytest.raises(KeyboardInterrupt):
         train(tiny_config(tmp_path / "b", *extra), loss_fn=killed_at_step_6)
@@ -185,9 +185,9 @@ def test_resume_refuses_another_model_and_fresh_start_refuses_old_run(tmp_path):
 def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, capsys):
     calls = {"n": 0}
 
-    def nan_at_step_5(*args):
+    def nan_at_step_5(objective, model, x, y):
         calls["n"] += 1
-        loss = training_loss(*args)
+        loss = objective.loss(model, x, y)
         return loss * float("nan") if calls["n"] == 5 else loss
 
     cfg = tiny_config(tmp_path / "run", "train.steps=10", "train.ckpt_every=2", "data.global_batch_size=16")

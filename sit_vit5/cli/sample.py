@@ -24,31 +24,16 @@ from pathlib import Path
 
 import torch
 
-from sit_vit5.distributed import LaunchError, describe_group, join_launcher_group
-from sit_vit5.errors import debug_enabled, one_line
-from sit_vit5.models import CheckpointError, LoadedModel, load_model, resolve_checkpoint
-from sit_vit5.objective import OBJECTIVES, SAMPLE_METHODS, create_objective
+from sit_vit5.distributed import describe_group, join_launcher_group
+from sit_vit5.errors import KNOWN_ERRORS, SettingError, SitVit5Error, one_line, run_cli
+from sit_vit5.models import LoadedModel, load_model, resolve_checkpoint
+from sit_vit5.objective import OBJECTIVES, create_objective
 from sit_vit5.precision import PRECISIONS
-from sit_vit5.sampling import (
-    DEFAULT_SAMPLING_METHOD,
-    METHODS,
-    NonFiniteSampleError,
-    ResumeError,
-    SampleSpec,
-    SamplingPipeline,
-    sample_bulk,
-    sample_grid,
-)
-from sit_vit5.transport import DIFFUSION_FORMS, LAST_STEPS, PATHS, PREDICTIONS
-from sit_vit5.vae import (
-    SD_VAE_EMA,
-    SD_VAE_IDS,
-    SD_VAE_SCALING_FACTOR,
-    decoder,
-    downsampling_factor,
-    load_vae,
-    vae_enabled,
-)
+from sit_vit5.sample_spec import SAMPLE_METHODS, SampleSpec, positive_int
+from sit_vit5.sample_spec import add_arguments as add_sampler_arguments
+from sit_vit5.sampling import SamplingPipeline, sample_bulk, sample_grid
+from sit_vit5.transport import PATHS, PREDICTIONS
+from sit_vit5.vae import SD_VAE_EMA, SD_VAE_IDS, vae_enabled
 
 SPEC = SampleSpec()  # the sampler defaults shown in --help (flags default to None = the spec's)
 #: SiT/DiT's --vae words -> decoders (their sample.py: stabilityai/sd-vae-ft-{ema,mse})
@@ -81,31 +66,8 @@ New work should guide all channels (the default, --cfg-channels all).
 Exit status: 0 ok, 2 bad flag / value / file."""
 
 
-class UsageError(ValueError):
+class UsageError(SitVit5Error, ValueError):
     """A flag or value the CLI rejects (exit status 2)."""
-
-
-def _cfg_channels(text: str) -> int | None:
-    if text == "all":
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        message = f"expected a positive integer or 'all', got {text!r}"
-        raise argparse.ArgumentTypeError(message) from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer or 'all', got {text!r}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
 
 
 def _common_parser() -> argparse.ArgumentParser:
@@ -122,7 +84,7 @@ def _common_parser() -> argparse.ArgumentParser:
                    "names sit) or the official name; ours: recorded in the checkpoint")
     g.add_argument("--which", choices=("ema", "model"), default="ema",
                    help="weights of a training checkpoint (default ema)")
-    g.add_argument("--image-size", type=_positive_int, help="output side in pixels (default: the "
+    g.add_argument("--image-size", type=positive_int, help="output side in pixels (default: the "
                    "training size; latent side = image size / VAE factor)")
     g.add_argument("--vae", help="decoder: hub id, diffusers directory, none, or SiT/DiT's ema | mse "
                    f"(default: the checkpoint's; official 4-channel models: {SD_VAE_EMA})")
@@ -136,42 +98,14 @@ def _common_parser() -> argparse.ArgumentParser:
     # every sampler flag defaults to None: the checkpoint's sample section, else SampleSpec's
     g = p.add_argument_group("sampler (defaults: the checkpoint's sample section, else SiT's "
                              "sample.py)")
-    g.add_argument("--method", choices=METHODS,
-                   help=f"objective sit: ode (probability flow) or sde (default {SPEC.method}); "
-                   "objective ddpm: ddpm (DiT's ancestral sampler, default) or ddim (eta 0)")
-    g.add_argument("--sampling-method", help="ode: torchdiffeq method (dopri5, euler, heun2, "
-                   f"midpoint, rk4, ...; default {DEFAULT_SAMPLING_METHOD['ode']}); sde: Euler | "
-                   f"Heun (default {DEFAULT_SAMPLING_METHOD['sde']})")
-    g.add_argument("--num-steps", "--num-sampling-steps", type=_positive_int,
-                   help=f"time-grid points (default "
-                   f"{SPEC.num_steps}; fixed-step ODE takes num_steps-1 steps; adaptive ODE: "
-                   "output grid only); ddpm / ddim: respaced diffusion steps")
-    g.add_argument("--atol", type=float,
-                   help=f"adaptive ODE absolute tolerance (default {SPEC.atol})")
-    g.add_argument("--rtol", type=float,
-                   help=f"adaptive ODE relative tolerance (default {SPEC.rtol})")
-    g.add_argument("--diffusion-form", choices=list(DIFFUSION_FORMS),
-                   help=f"SDE diffusion coefficient D(t) (default {SPEC.diffusion_form})")
-    g.add_argument("--diffusion-norm", type=float,
-                   help=f"SDE diffusion scale (default {SPEC.diffusion_norm})")
-    g.add_argument("--last-step", choices=[k for k in LAST_STEPS if k is not None],
-                   help=f"SDE final step (default {SPEC.last_step})")
-    g.add_argument("--last-step-size", type=float,
-                   help=f"SDE final step size (default {SPEC.last_step_size})")
-    g.add_argument("--cfg-scale", type=float,
-                   help=f"classifier-free guidance scale (default {SPEC.cfg_scale:g} = off; < 0 "
-                   "needs --allow-negative-cfg)")
+    add_sampler_arguments(g)
     g.add_argument("--allow-negative-cfg", action="store_true",
                    help="accept --cfg-scale < 0 (steers samples away from their class)")
-    g.add_argument("--cfg-channels", type=_cfg_channels, help="guided channels: all (default) or 3 "
-                   "for the SiT/DiT legacy mode behind the published numbers")
-    g.add_argument("--cfg-interval", type=float, nargs=2, metavar=("T_LO", "T_HI"),
-                   help="guide only for t in [T_LO, T_HI] (t = 0 noise, 1 data)")
 
     g = p.add_argument_group("run")
     g.add_argument("--seed", "--global-seed", type=int, default=0,
                    help="global seed: sample i depends on (seed, i) only")
-    g.add_argument("--batch-size", "--per-proc-batch-size", type=_positive_int, default=32,
+    g.add_argument("--batch-size", "--per-proc-batch-size", type=positive_int, default=32,
                    help="images per forward batch, per process")
     g.add_argument("--device",
                    help="cuda, cuda:1, cpu (default: the launcher's device / cuda if available)")
@@ -197,16 +131,16 @@ def build_parser() -> argparse.ArgumentParser:
                           help="a PNG grid and the single images, prints NFE and images/s")
     grid.add_argument("--classes", type=int, nargs="+", help="class of each image (cycled to "
                       "--num-images); default: uniform random labels")
-    grid.add_argument("--num-images", type=_positive_int,
+    grid.add_argument("--num-images", type=positive_int,
                       help="images (default: len(--classes), else 16)")
-    grid.add_argument("--nrow", type=_positive_int,
+    grid.add_argument("--nrow", type=positive_int,
                       help="images per grid row (default ceil(sqrt(n)))")
     grid.add_argument("--out", "--sample-dir", default="samples/grid",
                       help="output folder: grid.png + 000000.png ...")
     bulk = sub.add_parser("bulk", parents=[common], epilog=PROTOCOL, formatter_class=fmt,
                           help="N samples with uniform labels -> samples_NxHxWx3.npz (sharded, "
                           "resumable)")
-    bulk.add_argument("--num-samples", "--num-fid-samples", type=_positive_int, default=50_000,
+    bulk.add_argument("--num-samples", "--num-fid-samples", type=positive_int, default=50_000,
                       help="samples (default 50000)")
     bulk.add_argument("--out", "--sample-dir", required=True,
                       help="output folder (parts/, settings.json, the .npz)")
@@ -290,9 +224,7 @@ def resolve_vae(args: argparse.Namespace, info: LoadedModel) -> dict:
             warnings.warn(f"--vae {args.vae}: decoding latents of a model trained with "
                           f"{vae['name']}", stacklevel=2)
         vae["name"] = args.vae
-    if not vae_enabled(vae.get("name")) and info.in_channels not in (1, 3):
-        raise UsageError(f"{args.ckpt}: the model makes {info.in_channels}-channel latents; name a "
-                         f"decoder with --vae (e.g. {SD_VAE_EMA})")
+    vae.setdefault("name", "none")
     return vae
 
 
@@ -312,35 +244,14 @@ def build_pipeline(args: argparse.Namespace, device: torch.device
     loaded = load_model(args.ckpt_path, args.model or (official and official.model), args.which,
                         objective=objective)
     spec = resolve_spec(args, loaded.sample, loaded.objective)
-    if spec.cfg_scale < 0 and not args.allow_negative_cfg:
-        raise UsageError(f"--cfg-scale {spec.cfg_scale:g}: a negative scale steers samples away from "
-                         "their class (1 = no guidance, > 1 = stronger); pass --allow-negative-cfg "
-                         "if that is meant")
-    transport = create_objective({**loaded.objective_config, **resolve_transport(args, loaded)})
-    vae_cfg, decode, factor = resolve_vae(args, loaded), None, 1
-    if vae_enabled(vae_cfg.get("name")):
-        vae = load_vae(vae_cfg["name"], device=device)
-        factor = downsampling_factor(vae)
-        if vae.config.latent_channels != loaded.in_channels:
-            raise UsageError(f"--vae {vae_cfg['name']}: {vae.config.latent_channels}-channel "
-                             f"latents, but the model works on {loaded.in_channels} channels")
-        decode = decoder(vae, vae_cfg.get("scaling_factor", SD_VAE_SCALING_FACTOR))
-    patch = loaded.model.patch_size
-    image_size = args.image_size or loaded.input_size * factor
-    latent_side = image_size // factor
-    if image_size % factor or latent_side % patch:
-        raise UsageError(f"--image-size {image_size}: must be a multiple of {factor * patch} "
-                         f"(VAE factor {factor} x patch size {patch})")
-    if latent_side != loaded.input_size:
-        warnings.warn(f"--image-size {image_size}: the model was trained at "
-                      f"{loaded.input_size * factor}; sampling at another size interpolates its "
-                      "position embedding", stacklevel=2)
-    latent_shape = (loaded.in_channels, latent_side, latent_side)
     which = f" ({loaded.which})" if loaded.which else ""
-    pipe = SamplingPipeline(loaded.model, transport, spec, latent_shape, loaded.num_classes, decode,
-                            device, args.precision, source=f"checkpoint {args.ckpt}{which}",
-                            compile=args.compile)
-    return pipe, loaded, image_size
+    pipe = SamplingPipeline.for_model(
+        loaded, spec, objective=create_objective({**loaded.objective_config,
+                                                  **resolve_transport(args, loaded)}),
+        vae=resolve_vae(args, loaded)["name"], image_size=args.image_size, device=device,
+        precision=args.precision, compile=args.compile, allow_negative_cfg=args.allow_negative_cfg,
+        source=f"checkpoint {args.ckpt}{which}")
+    return pipe, loaded, pipe.image_size
 
 
 def _describe(info: LoadedModel, pipe: SamplingPipeline, image_size: int, ckpt: str) -> str:
@@ -412,6 +323,11 @@ def set_tf32(enabled: bool | None) -> None:
         torch.backends.cudnn.allow_tf32 = enabled
 
 
+def _message(err: BaseException) -> str:
+    """A bad setting in the words of this command line (``--num-steps 1: ...``)."""
+    return err.as_flag() if isinstance(err, SettingError) else one_line(err)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
@@ -424,14 +340,10 @@ def main(argv: list[str] | None = None) -> int:
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         warnings.showwarning = _show_warning  # restored by catch_warnings
-        try:
-            return _grid(args) if args.command == "grid" else _bulk(args)
-        except (UsageError, ResumeError, CheckpointError, NonFiniteSampleError, LaunchError,
-                ValueError, OSError) as err:
-            if debug_enabled():
-                raise
-            print(f"sample.py {args.command}: error: {one_line(err)}", file=sys.stderr)
-            return 2
+        command = _grid if args.command == "grid" else _bulk
+        return run_cli(f"sample.py {args.command}", lambda: command(args),
+                       errors=(*KNOWN_ERRORS, ValueError), render=_message,
+                       resumable=args.command == "bulk")
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ from ..models import count_params, flops, load_model
 from ..precision import PRECISIONS
 from ..sampling import SampleSpec, SamplingPipeline, sample_bulk
 from ..training.checkpoint import list_checkpoints
-from ..vae import decoder, load_vae, vae_enabled
 from . import report
 
 SAMPLE_KEYS = SampleSpec.keys()  # a protocol's sample section: SampleSpec's fields
@@ -94,11 +93,10 @@ def evaluate_checkpoint(ckpt: Path, out_dir: Path, protocol: dict[str, Any], arg
     if state.num_processes > 1 and device.type == "cuda":
         device = state.device
     info = load_model(ckpt)
-    model, decode = info.model, None
-    if vae_enabled(info.vae.get("name")):
-        decode = decoder(load_vae(info.vae["name"], device=device), info.vae["scaling_factor"])
-    pipeline = SamplingPipeline.for_model(info, sample_spec(protocol["sample"]), decode=decode,
-                                          device=device, precision=args.precision)
+    model = info.model
+    pipeline = SamplingPipeline.for_model(info, sample_spec(protocol["sample"]),
+                                          vae=info.vae.get("name", "none"), device=device,
+                                          precision=args.precision)
     bulk = sample_bulk(pipeline, ev["num_samples"], out_dir, global_seed=ev["seed"], batch_size=args.batch_size,
                        rank=state.process_index, world_size=state.num_processes,
                        barrier=state.wait_for_everyone if state.num_processes > 1 else None)

@@ -36,7 +36,7 @@ def write_csv(rows: Sequence[dict[str, Any]], columns: Sequence[str], path: str 
     return path
 
 
-def _pyplot():
+def pyplot():
     """matplotlib's pyplot on the file-only Agg backend (no display needed)."""
     import matplotlib
 
@@ -46,7 +46,8 @@ def _pyplot():
     return plt
 
 
-def _save(fig, path: str | os.PathLike) -> Path:
+def save_figure(fig, path: str | os.PathLike) -> Path:
+    """Lay out ``fig``, save it to ``path`` (parents created) and clear it; returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
@@ -65,7 +66,7 @@ def plot_curves(
     logy: bool = False,
 ) -> Path:
     """Line plot of ``{label: (xs, ys)}``; ``reference_points`` {label: (x, y)} drawn as hollow markers."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=120)
     colors = {}
     for label, (xs, ys) in curves.items():
@@ -81,25 +82,7 @@ def plot_curves(
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    out = _save(fig, path)
+    out = save_figure(fig, path)
     plt.close(fig)
     return out
 
-
-def plot_bars(
-    labels: Sequence[str], means: Sequence[float], stds: Sequence[float], path: str | os.PathLike,
-    ylabel: str, title: str = "", highlight: Sequence[str] = (),
-) -> Path:
-    """Horizontal bar chart with error bars (mean ± std); ``highlight`` bars drawn in a second colour."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6.4, 0.45 * len(labels) + 1.2), dpi=120)
-    colors = ["tab:orange" if label in highlight else "tab:blue" for label in labels]
-    ax.barh(range(len(labels)), means, xerr=stds, color=colors, capsize=3)
-    ax.set_yticks(range(len(labels)), labels)
-    ax.invert_yaxis()
-    ax.set_xlabel(ylabel)
-    ax.set_title(title)
-    ax.grid(axis="x", alpha=0.3)
-    out = _save(fig, path)
-    plt.close(fig)
-    return out

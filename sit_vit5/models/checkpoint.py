@@ -16,6 +16,7 @@ import os
 import torch
 from torch import Tensor, nn
 
+from ..errors import SitVit5Error
 from ..io import (
     PAYLOAD_DIGEST_KEY,
     ChecksumError,
@@ -27,7 +28,7 @@ from ..io import (
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP and torch.compile wrappers
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(SitVit5Error, RuntimeError):
     """A checkpoint that cannot be read or does not fit the model."""
 
 

@@ -24,7 +24,7 @@ from ..data import DATASETS, build_dataset
 from ..distributed import check_group, describe_group, prepare_launch
 from ..io import unwritable_dir_reason
 from ..models import count_params, model_from_config
-from ..objective import Objective, create_objective, prepare_model, training_loss
+from ..objective import Objective, create_objective
 from ..precision import grad_scaler
 from ..runtime import set_cpu_threads
 from ..vae import downsampling_factor, load_vae, vae_enabled
@@ -44,9 +44,14 @@ from .grids import sample_spec
 from .logging import MetricLogger
 from .optim import param_groups
 
-#: (objective, model, x (B, C, H, W), y (B,)) -> per-sample loss (B,): ``training_loss`` or a
+#: (objective, model, x (B, C, H, W), y (B,)) -> per-sample loss (B,): ``objective_loss`` or a
 #: stand-in a test passes to ``train``
 LossFn = Callable[[Objective, nn.Module, Tensor, Tensor], Tensor]
+
+
+def objective_loss(objective: Objective, model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
+    """The objective's own per-sample loss (B,) of ``model`` on ``x`` (B, C, H, W), ``y`` (B,)."""
+    return objective.loss(model, x, y)
 
 
 @dataclass
@@ -109,7 +114,7 @@ class Run:
     result: TrainResult
     ema_shards: fsdp.ShardedEMA | None = None
     scaler: torch.amp.GradScaler | None = None  # fp16's loss scaler (None in fp32 / bf16)
-    loss_fn: LossFn = training_loss
+    loss_fn: LossFn = objective_loss
 
     @property
     def sharded(self) -> bool:
@@ -232,7 +237,7 @@ def _seed_global_rngs(seed: int) -> None:
     np.random.seed(seed % 2**32)  # noqa: NPY002  (the legacy global RNG is what others draw from)
 
 
-def build(cfg: Config, resume: str | None, loss_fn: LossFn = training_loss) -> Run:
+def build(cfg: Config, resume: str | None, loss_fn: LossFn = objective_loss) -> Run:
     """Accelerator, data (and VAE), model, EMA, optimizer and logger for ``cfg``; restores the state
     of the checkpoint ``resume`` names (model, EMA, optimizer, position, RNG). ``loss_fn`` is the
     per-sample loss the steps use."""
@@ -247,7 +252,8 @@ def build(cfg: Config, resume: str | None, loss_fn: LossFn = training_loss) -> R
 
     # model, EMA, optimizer; each part of a resumed checkpoint is popped once used (memory)
     _seed_global_rngs(t["seed"])
-    model = prepare_model(model_from_config(cfg["model"]), cfg["transport"])
+    objective = create_objective(cfg["transport"])
+    model = objective.prepare(model_from_config(cfg["model"]))
     threads = None
     if device.type == "cpu":
         count, reason = set_cpu_threads(count_params(model), t["cpu_threads"])
@@ -300,8 +306,8 @@ def build(cfg: Config, resume: str | None, loss_fn: LossFn = training_loss) -> R
     last = latest_checkpoint(run_dir / CKPT_DIR)
     result = TrainResult(run_dir, position.step, last, None, config=cfg, cpu_threads=threads)
     return Run(cfg, accelerator, run_dir, dataset, batches, loader, vae, model, unwrapped, ema,
-               optimizer, create_objective(cfg["transport"]), gates, logger, position, result,
-               ema_shards, scaler, loss_fn)
+               optimizer, objective, gates, logger, position, result, ema_shards, scaler,
+               loss_fn)
 
 
 def describe(run: Run) -> str:

@@ -30,12 +30,11 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..config import Config
-from ..objective import training_loss
 from ..precision import autocast
 from ..transport.rng import mix_seed
 from ..vae import encode
 from . import fsdp
-from .build import LossFn, Run, TrainResult, build, describe
+from .build import LossFn, Run, TrainResult, build, describe, objective_loss
 from .checkpoint import latest_checkpoint, package_versions, rng_state, save_checkpoint
 from .ema import update_ema
 from .grids import write_grid
@@ -171,7 +170,8 @@ def _due(step: int, every: int) -> bool:
     return every > 0 and step % every == 0
 
 
-def train(cfg: Config, resume: str | None = None, loss_fn: LossFn = training_loss) -> TrainResult:
+def train(cfg: Config, resume: str | None = None, loss_fn: LossFn = objective_loss
+          ) -> TrainResult:
     """Train as ``cfg`` says (a config from ``load_config``; not modified); ``resume`` = "latest" |
     checkpoint path | run directory restores model, EMA, optimizer, step, data position and RNG
     states. ``loss_fn(objective, model, x, y)`` gives the per-sample loss (B,) of a micro-batch

@@ -10,7 +10,14 @@ from sit_vit5.guidance import ClassifierFreeGuidance
 from .likelihood import bits_per_dim
 from .paths import DIFFUSION_FORMS, PATHS, GVPPath, LinearPath, Path, VPPath
 from .sampler import LAST_STEPS, Sampler
-from .transport import LOSS_WEIGHTS, PREDICTIONS, Transport, create_transport, default_eps
+from .transport import (
+    LOSS_WEIGHTS,
+    PREDICTIONS,
+    TRANSPORT_KEYS,
+    Transport,
+    create_transport,
+    default_eps,
+)
 
 __all__ = [
     "DIFFUSION_FORMS",
@@ -18,6 +25,7 @@ __all__ = [
     "LOSS_WEIGHTS",
     "PATHS",
     "PREDICTIONS",
+    "TRANSPORT_KEYS",
     "ClassifierFreeGuidance",
     "GVPPath",
     "LinearPath",

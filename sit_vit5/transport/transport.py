@@ -224,6 +224,10 @@ class Transport:
         return {"loss": mean_flat(weight * residual**2), "pred": out}
 
 
+#: the keywords of :func:`create_transport`: the keys of a config's transport section it reads
+TRANSPORT_KEYS = ("path_type", "prediction", "loss_weight", "train_eps", "sample_eps")
+
+
 def create_transport(
     path_type: str = "Linear",
     prediction: str = "velocity",

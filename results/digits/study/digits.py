@@ -2,8 +2,8 @@
 
 The protocol (datasets, variants, seeds, checkpoints, metrics, decision rules) is fixed in
 ``results/digits/PROTOCOL.md``, written and committed before any run of it was read (later additions dated,
-each before its own runs; the paper's other claims: ``digits_claims``). In short: every variant trains on the
-train split of the digits at 8×8 (16 tokens) and upsampled to 16×16 (64 tokens) with the recipe of
+each before its own runs; the paper's other claims: ``claims``). In short: every variant trains on
+the train split of the digits at 8×8 (16 tokens) and upsampled to 16×16 (64 tokens) with the recipe of
 ``configs/digits/repro.yaml``; at 25/50/75/100 % of the run its EMA weights are scored by
 
 * the held-out flow-matching loss: the run's own transport loss on the test split, on a fixed grid of
@@ -23,7 +23,7 @@ import shutil
 import statistics
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -36,19 +36,19 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from fid.digits import digits_metrics, load_digits_net
+from sit_vit5 import training
+from sit_vit5.config import configs_dir, load_config
+from sit_vit5.data import DigitsDataset, build_dataset
+from sit_vit5.experiments import report
+from sit_vit5.io import TMP_PREFIX, atomic_write_text
+from sit_vit5.models import count_params, flops, load_model, model_from_config
+from sit_vit5.models.layers import sincos_pos_embed_2d
+from sit_vit5.sampling import SampleSpec, SamplingPipeline
+from sit_vit5.training.checkpoint import checkpoint_name, latest_checkpoint
+from sit_vit5.transport import create_transport
 
-from .. import training
-from ..config import configs_dir, load_config
-from ..data import DigitsDataset, build_dataset
-from ..models import count_params, flops, load_model, model_from_config
-from ..models.layers import sincos_pos_embed_2d
-from ..objective import create_objective
-from ..sampling import SampleSpec, SamplingPipeline
-from ..training.checkpoint import checkpoint_name, latest_checkpoint
-from ..transport import create_transport
-from . import report
-
-REPO = Path(__file__).resolve().parents[2]
+STUDY = Path(__file__).resolve().parent  # results/digits/study: the code of this study
+REPO = STUDY.parents[2]
 BASE_CONFIG = configs_dir() / "digits" / "repro.yaml"
 RESULTS = Path("results") / "digits"  # relative: the report goes where the command runs
 
@@ -295,8 +295,7 @@ def evaluate_at_size(path: Path, spec: RunSpec, cfg: dict[str, Any], size: int) 
     with recomputed_sincos(model):
         out["heldout_loss"] = heldout_loss(model, transport, *data)
         sample_spec = SampleSpec(method="ode", sampling_method="euler", num_steps=spec.sample_steps)
-        pipeline = SamplingPipeline(model, create_objective(loaded.objective_config), sample_spec,
-                                    (loaded.in_channels, size, size), loaded.num_classes, pixel_space=True)
+        pipeline = SamplingPipeline.for_model(loaded, sample_spec, vae="none", image_size=size)
         images, labels = generate_digits(pipeline, spec.num_samples)
     metrics = digits_metrics(images, labels)
     floor = fid_floor(size, spec.num_samples)
@@ -305,14 +304,13 @@ def evaluate_at_size(path: Path, spec: RunSpec, cfg: dict[str, Any], size: int) 
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(data, indent=1))  # a reader sees the old or the new file
 
 
-def run_one(spec: RunSpec, threads: int | None = None) -> dict[str, Any]:
-    """Train (or resume) one run, evaluate its checkpoints and return its result (cached, see module doc)."""
+def run_one(spec: RunSpec, threads: int | None = None,
+            train: Callable[..., Any] = training.train) -> dict[str, Any]:
+    """Train (or resume) one run, evaluate its checkpoints and return its result (cached, see module
+    doc). ``train(cfg, resume=...)`` trains it: ``sit_vit5.training.train`` (tests pass a stub)."""
     if threads:
         torch.set_num_threads(threads)
     cfg = load_config(spec.base_config, spec.overrides())
@@ -336,7 +334,7 @@ def run_one(spec: RunSpec, threads: int | None = None) -> dict[str, Any]:
         resume = "latest" if latest_checkpoint(ckpt_dir) is not None else None
         start = time.perf_counter()
         try:
-            training.train(cfg, resume=resume)  # looked up at call time: tests replace it
+            train(cfg, resume=resume)
         except training.NonFiniteLossError as err:  # a diverged run is a result (protocol, C4), not a crash
             result["diverged_at_step"] = err.step
         result["train_seconds"] = result.get("train_seconds", 0.0) + time.perf_counter() - start
@@ -388,7 +386,9 @@ def _worker(spec: RunSpec, threads: int) -> dict[str, Any]:
 
 def cached_runs(results_dir: str | os.PathLike = RESULTS) -> list[dict[str, Any]]:
     """Every cached run JSON under ``results_dir/runs`` (complete or not, any variant)."""
-    return [json.loads(p.read_text()) for p in sorted(Path(results_dir).glob("runs/*/*.json"))]
+    paths = sorted(Path(results_dir).glob("runs/*/*.json"))
+    # a writer's temporary file (atomic_write) also ends in .json: not a run
+    return [json.loads(p.read_text()) for p in paths if not p.name.startswith(TMP_PREFIX)]
 
 
 def core_hours_spent(results_dir: str | os.PathLike = RESULTS) -> float:
@@ -532,7 +532,7 @@ def _plot_metric(results: Sequence[dict[str, Any]], variants: Sequence[str], key
                  path: Path, floors: dict[str, tuple[float, float]] | None = None) -> None:
     """Fig. 6 style: one panel per dataset, metric vs training step (log scale: early and late
     differences both visible), mean line ± std band over seeds."""
-    plt = report._pyplot()
+    plt = report.pyplot()
     fig, axes = plt.subplots(1, len(DATASETS), figsize=(5.5 * len(DATASETS), 4))
     for ax, d in zip(axes, DATASETS):
         for v in variants:
@@ -556,13 +556,13 @@ def _plot_metric(results: Sequence[dict[str, Any]], variants: Sequence[str], key
         ax.grid(alpha=0.3, which="both")
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
-    report._save(fig, path)
+    report.save_figure(fig, path)
 
 
 def _plot_training(results: Sequence[dict[str, Any]], variants: Sequence[str], key: str, ylabel: str,
                    path: Path, logy: bool = False) -> None:
     """Seed-mean training curves (stored every 20 steps) per dataset."""
-    plt = report._pyplot()
+    plt = report.pyplot()
     fig, axes = plt.subplots(1, len(DATASETS), figsize=(5.5 * len(DATASETS), 4))
     for ax, d in zip(axes, DATASETS):
         for v in variants:
@@ -579,16 +579,23 @@ def _plot_training(results: Sequence[dict[str, Any]], variants: Sequence[str], k
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
-    report._save(fig, path)
+    report.save_figure(fig, path)
+
+
+def _git(*args: str) -> str:
+    run = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True)
+    return run.stdout.strip()
 
 
 def _git_commit() -> str:
+    """HEAD's SHA, with ``+dirty`` when tracked code (the package or this study) has changes."""
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True)
-        # the report's own outputs (results/) do not make the code that wrote them dirty
-        status = ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!results"]
-        dirty = subprocess.run(status, cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
-        return sha.stdout.strip() + ("+dirty" if dirty else "")
+        sha = _git("rev-parse", "HEAD")
+        # the report's own outputs (results/) do not make the code that wrote them dirty, the
+        # study's code (results/digits/study) does: a negative pathspec cannot re-include it
+        status = ("status", "--porcelain", "--untracked-files=no", "--")
+        dirty = _git(*status, ".", ":!results") or _git(*status, STUDY.relative_to(REPO).as_posix())
+        return sha + ("+dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 

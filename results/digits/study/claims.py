@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import report
+from sit_vit5.experiments import report
+
 from .digits import (
     ABLATIONS,
     EVAL_SIZES,
@@ -615,7 +616,7 @@ def _resolution_section(results: Sequence[dict[str, Any]]) -> list[str]:
 
 _C5_NOTE = (
     "The C5 checkpoints live outside git, under `runs/digits-proxy/digits8/*-resolution/`; "
-    "`python -m sit_vit5.experiments digits --claims` retrains any that are missing (same seeds "
+    "`python results/digits/study --claims` retrains any that are missing (same seeds "
     "and settings as the main pair).\n"
 )
 
@@ -650,7 +651,7 @@ def _scale_section(results: Sequence[dict[str, Any]], out: Path) -> list[str]:
                 points.setdefault((d, b), []).append((runs[0]["mflops"], finals))
     if not rows:
         return []
-    plt = report._pyplot()
+    plt = report.pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, d in zip(axes, ("digits8", "digits16")):
         for b in MAIN_PAIR:
@@ -671,7 +672,7 @@ def _scale_section(results: Sequence[dict[str, Any]], out: Path) -> list[str]:
         ax.grid(alpha=0.3, which="both")
         if ax.get_legend_handles_labels()[0]:
             ax.legend()
-    report._save(fig, out / "claims_scale.png")
+    report.save_figure(fig, out / "claims_scale.png")
     _spike_plot(results, out / "claims_spikes.png")
     return [
         "## C1: held-out loss at every checkpoint (means over seeds)\n",
@@ -683,7 +684,7 @@ def _scale_section(results: Sequence[dict[str, Any]], out: Path) -> list[str]:
 
 def _spike_plot(results: Sequence[dict[str, Any]], path: Path) -> None:
     """Training-loss curves (20-step means, every seed) of the C4 runs, one panel per lr."""
-    plt = report._pyplot()
+    plt = report.pyplot()
     fig, axes = plt.subplots(1, len(SPIKE_LRS), figsize=(5.5 * len(SPIKE_LRS), 4))
     for ax, lr in zip(axes, SPIKE_LRS):
         for i, b in enumerate(C4_BACKBONES):
@@ -703,4 +704,4 @@ def _spike_plot(results: Sequence[dict[str, Any]], path: Path) -> None:
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
-    report._save(fig, path)
+    report.save_figure(fig, path)

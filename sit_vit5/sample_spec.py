@@ -1,0 +1,195 @@
+"""``SampleSpec``: how to integrate from noise to data and how to guide -- the one home of every
+sampler option, its default, its help text and its range.
+
+sample.py's sampler flags (:func:`add_arguments`) and the config's ``sample`` keys
+(:func:`config_defaults`) are derived from the fields below, so a new option is one field here plus
+the code that uses it. A bad value raises :class:`~sit_vit5.errors.SettingError` naming the field;
+the front doors render it as ``--num-steps 1: ...`` or ``sample.num_steps=1: ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from .diffusion import METHODS as DIFFUSION_METHODS
+from .errors import SettingError
+from .transport import DIFFUSION_FORMS, LAST_STEPS
+from .transport.integrators import is_adaptive
+from .transport.sampler import METHODS as TRANSPORT_METHODS
+
+#: sample.method values of each objective: SiT's transport, DiT's diffusion
+SAMPLE_METHODS: dict[str, tuple[str, ...]] = {"sit": TRANSPORT_METHODS, "ddpm": DIFFUSION_METHODS}
+METHODS = (*TRANSPORT_METHODS, *DIFFUSION_METHODS)
+DEFAULT_SAMPLING_METHOD = {"ode": "dopri5", "sde": "Euler"}  # SiT's sample.py defaults per method
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _channels(text: str) -> int | None:
+    """``all`` -> None (every channel), else a positive channel count."""
+    if text == "all":
+        return None
+    try:
+        return positive_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"expected a positive integer or 'all', got {text!r}") from None
+
+
+def option(default: Any, help: str, **flag: Any) -> Any:
+    """A spec field and its sample.py flag: ``help`` (``{default}`` is filled in), and argparse
+    keywords (``type``, ``choices``, ``nargs``, ``metavar``, ``aliases`` = extra flag names)."""
+    return field(default=default, metadata={"help": help, **flag})
+
+
+@dataclass(frozen=True)
+class SampleSpec:
+    """Sampler settings; defaults are SiT's sample.py defaults. ``method`` ode | sde samples the
+    transport (objective sit), ddpm | ddim DiT's diffusion on ``num_steps`` respaced steps (the ODE /
+    SDE keys then do not apply and ``cfg_interval`` is refused). ``cfg_scale`` 1 = no guidance."""
+
+    method: str = option("ode", "objective sit: ode (probability flow) or sde (default {default}); "
+                         "objective ddpm: ddpm (DiT's ancestral sampler, default) or ddim (eta 0)",
+                         choices=METHODS)
+    sampling_method: str | None = option(
+        None, f"ode: torchdiffeq method (dopri5, euler, heun2, midpoint, rk4, ...; default "
+        f"{DEFAULT_SAMPLING_METHOD['ode']}); sde: Euler | Heun (default "
+        f"{DEFAULT_SAMPLING_METHOD['sde']})")
+    num_steps: int = option(250, "time-grid points (default {default}; fixed-step ODE takes "
+                            "num_steps-1 steps; adaptive ODE: output grid only); ddpm / ddim: "
+                            "respaced diffusion steps", type=positive_int,
+                            aliases=("--num-sampling-steps",))
+    atol: float = option(1e-6, "adaptive ODE absolute tolerance (default {default})", type=float)
+    rtol: float = option(1e-3, "adaptive ODE relative tolerance (default {default})", type=float)
+    # sigma, not SiT's Sampler-API default SBDM: it is SiT's sample.py default, the setting
+    # behind the published FID 2.06 (docs/DESIGN.md §4)
+    diffusion_form: str = option("sigma", "SDE diffusion coefficient D(t) (default {default})",
+                                 choices=tuple(DIFFUSION_FORMS))
+    diffusion_norm: float = option(1.0, "SDE diffusion scale (default {default})", type=float)
+    last_step: str | None = option("Mean", "SDE final step (default {default})",
+                                   choices=tuple(k for k in LAST_STEPS if k is not None))
+    last_step_size: float = option(0.04, "SDE final step size (default {default})", type=float)
+    cfg_scale: float = option(1.0, "classifier-free guidance scale (default {default:g} = off; < 0 "
+                              "needs --allow-negative-cfg)", type=float)
+    cfg_channels: int | None = option(None, "guided channels: all (default) or 3 for the SiT/DiT "
+                                      "legacy mode behind the published numbers", type=_channels)
+    cfg_interval: tuple[float, float] | None = option(
+        None, "guide only for t in [T_LO, T_HI] (t = 0 noise, 1 data)", type=float, nargs=2,
+        metavar=("T_LO", "T_HI"))
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise SettingError("method", self.method, f"; valid: {', '.join(METHODS)}")
+        numbers = ("atol", "rtol", "diffusion_norm", "last_step_size", "cfg_scale")
+        for name, kinds in (("num_steps", int), *((n, (int, float)) for n in numbers)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, kinds):
+                raise SettingError(name, value, ": expected "
+                                   + ("an int" if kinds is int else "a number"))
+        diffusion = self.method in SAMPLE_METHODS["ddpm"]
+        if self.num_steps < (1 if diffusion else 2):  # a 1-point time grid integrates nothing
+            raise SettingError("num_steps", self.num_steps,
+                               f": method={self.method} needs >= {1 if diffusion else 2}")
+        if diffusion and self.sampling_method is not None:
+            raise SettingError("sampling_method", self.sampling_method,
+                               f" applies to ode / sde, not method={self.method!r}")
+        if diffusion and self.cfg_interval is not None:
+            raise SettingError("cfg_interval", self.cfg_interval,
+                               f": defined on the transport's t in [0, 1]; method={self.method!r} "
+                               "(objective ddpm) does not support it")
+        if self.sampling_method is None and not diffusion:  # frozen: set via object.__setattr__
+            object.__setattr__(self, "sampling_method", DEFAULT_SAMPLING_METHOD[self.method])
+        if self.last_step == "none":
+            object.__setattr__(self, "last_step", None)
+        if self.cfg_interval is not None:
+            lo, hi = (float(v) for v in self.cfg_interval)
+            if not 0.0 <= lo <= hi <= 1.0:
+                raise SettingError("cfg_interval", (lo, hi), ": need 0 <= t_lo <= t_hi <= 1")
+            object.__setattr__(self, "cfg_interval", (lo, hi))
+        if self.cfg_channels is not None and self.cfg_channels < 1:
+            raise SettingError("cfg_channels", self.cfg_channels,
+                               ": must be >= 1 (or None for all channels)")
+
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        """The field names: config ``sample`` keys and CLI flag names (``_`` -> ``-``)."""
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def resolve(cls, *layers: Mapping[str, Any]) -> SampleSpec:
+        """The spec from ``layers`` of settings, highest priority first (e.g. CLI flags, then a
+        checkpoint's ``sample`` section): each field takes its first non-None value, else the
+        default.
+
+        Keys that are not fields (a config section's ``num_images``, ...) are ignored. A layer's
+        ``sampling_method`` is used only with the method it was written for: the layer's own
+        ``method`` if it sets one (so a checkpoint's ODE solver does not leak into an SDE run), else
+        whichever method wins.
+        """
+        known = [{k: v for k, v in layer.items() if k in cls.keys() and v is not None}
+                 for layer in layers]
+        method = next((layer["method"] for layer in known if "method" in layer), cls.method)
+        if method in SAMPLE_METHODS["ddpm"]:  # a config's ODE/SDE solver (default euler): unused
+            known = [{k: v for k, v in layer.items() if k != "sampling_method"} for layer in known]
+        values: dict[str, Any] = {"method": method}
+        for layer in known:
+            if layer.get("method", method) != method:
+                layer = {k: v for k, v in layer.items() if k != "sampling_method"}
+            for key, value in layer.items():
+                values.setdefault(key, value)
+        if values.get("cfg_interval") is not None:
+            values["cfg_interval"] = tuple(values["cfg_interval"])
+        return cls(**values)
+
+    @property
+    def batch_coupled(self) -> bool:
+        """True when images depend on the batch composition (adaptive ODE step-size control)."""
+        return self.method == "ode" and is_adaptive(self.sampling_method)
+
+
+def add_arguments(group: argparse._ArgumentGroup) -> None:
+    """One flag per spec field (``--num-steps`` = num_steps, its aliases, help, choices, type),
+    each defaulting to None: unset flags fall through to the next layer of :meth:`resolve`."""
+    for f in fields(SampleSpec):
+        meta = dict(f.metadata)
+        names = [f"--{f.name.replace('_', '-')}", *meta.pop("aliases", ())]
+        default = "none" if f.default is None else f.default
+        meta["help"] = meta["help"].format(default=default)
+        group.add_argument(*names, dest=f.name, default=None, **meta)
+
+
+def config_defaults() -> dict[str, None]:
+    """The config's sampler keys: every spec field, None = the spec's default."""
+    return dict.fromkeys(SampleSpec.keys())
+
+
+def check_cfg_scale(cfg_scale: float, allow_negative: bool = False) -> None:
+    """A negative guidance scale steers samples away from their class: refused unless asked for."""
+    if cfg_scale < 0 and not allow_negative:
+        raise SettingError("cfg_scale", cfg_scale, ": a negative scale steers samples away from "
+                           "their class (1 = no guidance, > 1 = stronger); allow it explicitly "
+                           "(sample.py --allow-negative-cfg) if that is meant")
+
+__all__ = [
+    "DEFAULT_SAMPLING_METHOD",
+    "METHODS",
+    "SAMPLE_METHODS",
+    "SampleSpec",
+    "add_arguments",
+    "check_cfg_scale",
+    "config_defaults",
+    "option",
+    "positive_int",
+]

@@ -1,0 +1,251 @@
+"""Bulk (FID) sampling into an ADM-compatible ``.npz``: sharded over processes, resumable.
+
+Layout of ``out_dir``::
+
+    settings.json                 what the samples depend on; a resumed run must match it
+    parts/0000000-0000031.npz     one file per generated batch: indices, images (uint8 NHWC), labels
+    images/000000.png             optional single images
+    samples_{N}x{H}x{W}x3.npz     arr_0 uint8 [N, H, W, 3], arr_1 int64 labels [N] (index order)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+import warnings
+import zipfile
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from ..errors import SitVit5Error
+from ..images import save_png, to_rgb
+from ..io import atomic_write, atomic_write_text
+from .pipeline import Generated, SamplingPipeline
+
+
+class ResumeError(SitVit5Error, ValueError):
+    """An output directory holding samples made with other settings."""
+
+
+@dataclass
+class BulkResult:
+    """What one ``sample_bulk`` call did: ``npz`` is the merged file (None if this process did not
+    merge or samples are still missing); ``generated``/``skipped`` count this process's indices."""
+
+    npz: Path | None
+    generated: int
+    skipped: int
+    nfe: int | None
+    seconds: float
+    images_per_second: float
+
+
+def _part_name(indices: np.ndarray) -> str:
+    """``{first:07d}-{last:07d}.npz`` for a contiguous run of indices; ``...-step{k}.npz`` for every
+    k-th index (one process of k); else ``...-{count}-{sha8}.npz`` (a resume's leftovers), so a
+    name never claims indices the part does not hold and two different sets never share one."""
+    first, last = int(indices[0]), int(indices[-1])
+    gaps = np.unique(np.diff(indices)) if len(indices) > 1 else np.array([1])
+    if len(gaps) == 1 and gaps[0] == 1:
+        return f"{first:07d}-{last:07d}.npz"
+    if len(gaps) == 1 and gaps[0] > 1:
+        return f"{first:07d}-{last:07d}-step{int(gaps[0])}.npz"
+    digest = hashlib.sha256(np.asarray(indices, dtype=np.int64).tobytes()).hexdigest()[:8]
+    return f"{first:07d}-{last:07d}-{len(indices)}-{digest}.npz"
+
+
+def _save_part(parts_dir: Path, batch: Generated) -> Path:
+    """Write one batch as ``parts/<_part_name>`` atomically (resume trusts complete files only)."""
+
+    path = parts_dir / _part_name(batch.indices)
+    atomic_write(path, lambda f: np.savez(f, indices=batch.indices, images=batch.images,
+                                          labels=batch.labels))
+    return path
+
+
+def scan_parts(parts_dir: str | os.PathLike, remove_unreadable: bool = False
+               ) -> dict[int, tuple[Path, int]]:
+    """Map each finished sample index to ``(part file, row)``; temporary files (``.tmp-*``) are
+    ignored. An unreadable part (truncated or damaged after it was written: parts are written
+    atomically) is skipped with a warning, and with ``remove_unreadable`` deleted, so that its
+    samples are made again and it is not warned about forever."""
+    found: dict[int, tuple[Path, int]] = {}
+    parts_dir = Path(parts_dir)
+    if not parts_dir.is_dir():
+        return found
+    for part in sorted(parts_dir.glob("[0-9]*.npz")):
+        try:
+            with np.load(part, allow_pickle=False) as f:
+                indices = f["indices"]
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
+            if remove_unreadable:
+                part.unlink(missing_ok=True)
+            warnings.warn(f"{'removed' if remove_unreadable else 'ignoring'} unreadable part "
+                          f"{part} ({err}); its samples will be regenerated", stacklevel=2)
+            continue
+        for row, i in enumerate(indices.tolist()):
+            found.setdefault(i, (part, row))
+    return found
+
+
+def _check_settings(out: Path, settings: dict[str, Any]) -> None:
+    """Record ``settings`` in ``out/settings.json`` on first use; on resume, raise if any key
+    differs."""
+    path = out / "settings.json"
+    # tuples -> lists, paths -> str: compare what would be stored
+    settings = json.loads(json.dumps(settings, default=str))
+    if path.is_file():
+        saved = json.loads(path.read_text())
+        diffs = [f"{k}: {saved.get(k)!r} (in {path}) != {settings.get(k)!r} (now)"
+                 for k in sorted(set(saved) | set(settings)) if saved.get(k) != settings.get(k)]
+        if diffs:
+            raise ResumeError(f"{out} holds samples made with other settings:\n  "
+                              + "\n  ".join(diffs)
+                              + "\nUse another output directory (or delete it) to start over.")
+        return
+    text = json.dumps(settings, indent=2, sort_keys=True) + "\n"
+    atomic_write_text(path, text)  # same text from every rank
+
+
+def _write_npz_streamed(
+    path: Path, num: int, done: dict[int, tuple[Path, int]], progress: bool = True,
+    cache_size: int = 64,
+) -> None:
+    """Write ``arr_0`` uint8 [num, H, W, 3] and ``arr_1`` labels in index order, streaming rows from
+    the parts (an uncompressed zip of .npy members, as ``np.savez`` writes) so the whole array is
+    never in memory."""
+    cache: OrderedDict[Path, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+
+    def row(i: int) -> tuple[np.ndarray, int]:
+        part, r = done[i]
+        if part not in cache:
+            with np.load(part, allow_pickle=False) as f:
+                cache[part] = (f["images"], f["labels"])
+            if len(cache) > cache_size:
+                cache.popitem(last=False)
+        cache.move_to_end(part)
+        images, labels = cache[part]
+        return images[r], int(labels[r])
+
+    first, _ = row(0)
+    height, width, _ = first.shape
+    labels = np.empty(num, dtype=np.int64)
+    header = {"descr": np.lib.format.dtype_to_descr(np.dtype(np.uint8)), "fortran_order": False,
+              "shape": (num, height, width, 3)}
+
+    def write(file) -> None:
+        with zipfile.ZipFile(file, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+            with zf.open("arr_0.npy", "w", force_zip64=True) as f:
+                np.lib.format.write_array_header_1_0(f, header)
+                for lo in tqdm(range(0, num, 1024), desc="merge", unit="chunk", leave=False,
+                               disable=not progress):
+                    chunk = []
+                    for i in range(lo, min(lo + 1024, num)):
+                        image, labels[i] = row(i)
+                        if image.shape[:2] != (height, width):
+                            raise ValueError(f"{done[i][0]}: image {i} is {image.shape}, "
+                                             f"others {first.shape}")
+                        chunk.append(image)
+                    f.write(to_rgb(np.stack(chunk)).tobytes())
+            with zf.open("arr_1.npy", "w", force_zip64=True) as f:
+                np.lib.format.write_array(f, labels, allow_pickle=False)
+
+    atomic_write(path, write)
+
+
+def merge_parts(out_dir: str | os.PathLike, num_samples: int, progress: bool = True) -> Path:
+    """Merge ``out_dir/parts`` into ``out_dir/samples_{N}x{H}x{W}x3.npz`` (arr_0 uint8 NHWC RGB,
+    arr_1 int64 labels, samples 0..N-1 in index order); raises if any of them is missing."""
+    out = Path(out_dir)
+    done = scan_parts(out / "parts")
+    missing = [i for i in range(num_samples) if i not in done]
+    if missing:
+        raise ValueError(f"{out}: {len(missing)} of {num_samples} samples are missing "
+                         f"(first: {missing[:5]}); "
+                         "run the sampler again to finish them")
+    with np.load(done[0][0], allow_pickle=False) as f:
+        _, height, width, _ = f["images"].shape
+    path = out / f"samples_{num_samples}x{height}x{width}x3.npz"
+    _write_npz_streamed(path, num_samples, done, progress)
+    return path
+
+
+def _default_barrier() -> Callable[[], None] | None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.barrier
+    return None
+
+
+def sample_bulk(
+    pipe: SamplingPipeline,
+    num_samples: int,
+    out_dir: str | os.PathLike,
+    *,
+    global_seed: int = 0,
+    batch_size: int = 32,
+    rank: int = 0,
+    world_size: int = 1,
+    png: bool = False,
+    settings: dict[str, Any] | None = None,
+    barrier: Callable[[], None] | None = None,
+    progress: bool = True,
+) -> BulkResult:
+    """Generate samples ``0 .. num_samples-1`` with uniform random labels; this process does ``i %
+    world_size == rank``, in batches of ``batch_size``, skipping indices already in
+    ``out_dir/parts`` (resume).
+
+    ``settings`` (JSON-able: checkpoint, image size, ...) is recorded with the sampler settings and
+    the seed in ``settings.json``; resuming with different ones raises ResumeError (``num_samples``
+    may grow: samples are per-index). After a barrier (``barrier``, default torch.distributed's when
+    initialised) rank 0 merges all parts into the npz; without a barrier, whichever process finds
+    all samples done merges.
+    """
+    if num_samples < 1 or batch_size < 1 or world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError("need num_samples, batch_size, world_size >= 1 and 0 <= rank < "
+                         "world_size; got "
+                         f"{num_samples}, {batch_size}, {world_size}, rank {rank}")
+    if pipe.spec.batch_coupled:
+        warnings.warn(f"sampling_method={pipe.spec.sampling_method!r} is adaptive: each batch "
+                      "shares its step sizes, so images depend on batch composition (within the "
+                      "solver tolerance); use a fixed-step method (euler, heun2, rk4) or the SDE "
+                      "for index-exact reproducibility", stacklevel=2)
+    barrier = barrier or _default_barrier()
+    out = Path(out_dir)
+    parts = out / "parts"
+    parts.mkdir(parents=True, exist_ok=True)
+    _check_settings(out, {"global_seed": global_seed, "spec": asdict(pipe.spec),
+                          "latent_shape": list(pipe.latent_shape), "num_classes": pipe.num_classes,
+                          **(settings or {})})
+    done = scan_parts(parts, remove_unreadable=True)
+    mine = range(rank, num_samples, world_size)
+    todo = [i for i in mine if i not in done]
+    nfe, start = None, time.perf_counter()
+    with tqdm(total=len(mine), initial=len(mine) - len(todo), disable=not progress or rank != 0,
+              desc=f"sampling (rank 0 of {world_size})", unit="img", dynamic_ncols=True) as bar:
+        for lo in range(0, len(todo), batch_size):
+            batch = pipe.generate(todo[lo : lo + batch_size], global_seed)
+            if png:
+                for i, image in zip(batch.indices, batch.images):
+                    save_png(image, out / "images" / f"{int(i):06d}.png")
+            _save_part(parts, batch)  # last: a part on disk means its PNGs are there too
+            nfe = batch.nfe
+            bar.update(len(batch.indices))
+    seconds = time.perf_counter() - start
+    if barrier is not None:
+        barrier()
+    npz = None
+    if rank == 0 or barrier is None:
+        done = scan_parts(parts)
+        if all(i in done for i in range(num_samples)):
+            npz = merge_parts(out, num_samples, progress)
+    return BulkResult(npz, len(todo), len(mine) - len(todo), nfe, seconds,
+                      len(todo) / max(seconds, 1e-9))

@@ -1,0 +1,259 @@
+"""The sampling pipeline: model + objective + ``SampleSpec`` + decoder -> images of given sample
+indices, each from its own seed (see :mod:`sit_vit5.sampling`), and its builders for each source."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from diffusers import AutoencoderKL
+from torch import Tensor, nn
+
+from ..diffusion import GaussianDiffusion
+from ..errors import SettingError, SitVit5Error
+from ..guidance import ClassifierFreeGuidance
+from ..images import to_uint8
+from ..models.checkpoint import LoadedModel
+from ..objective import DiffusionSampler, Objective, as_objective, create_objective
+from ..precision import PRECISION_OF_DTYPE, autocast, check_precision
+from ..sample_spec import SampleSpec, check_cfg_scale
+from ..transport import Sampler, Transport
+from ..transport.rng import sample_seed
+from ..vae import (
+    SD_VAE_EMA,
+    SD_VAE_SCALING_FACTOR,
+    decoder,
+    downsampling_factor,
+    load_vae,
+    vae_enabled,
+)
+
+NOISE_STREAM, LABEL_STREAM = 0, 1  # per-sample generator streams: noise (initial + SDE) and label
+
+
+def random_labels(indices: Sequence[int], global_seed: int, num_classes: int) -> np.ndarray:
+    """Uniform labels in ``[0, num_classes)`` (int64, one per index), each from its sample's own
+    generator."""
+    seeds = [sample_seed(global_seed, i, LABEL_STREAM) for i in indices]
+    labels = [int(torch.randint(num_classes, (1,), generator=torch.Generator().manual_seed(s)))
+              for s in seeds]
+    return np.array(labels, dtype=np.int64)
+
+
+
+class NonFiniteSampleError(SitVit5Error, RuntimeError):
+    """Samples with NaN/inf values: the model (e.g. an EMA holding a NaN) produced garbage; the
+    message names the weights' source and the sample indices."""
+
+
+@dataclass
+class Generated:
+    """One generated batch: ``images`` uint8 ``(B, H, W, C)`` (C = 1 or 3), ``labels`` int64
+    ``(B,)``, ``pixels`` float ``(B, C, H, W)`` before quantization (CPU), ``nfe`` model evaluations
+    of the sampler."""
+
+    indices: np.ndarray
+    images: np.ndarray
+    labels: np.ndarray
+    pixels: Tensor
+    nfe: int | None
+
+
+@dataclass
+class SamplingPipeline:
+    """Model + objective + sampler settings + decoder: ``generate(indices, global_seed)`` -> images.
+
+    ``transport`` is the model's :class:`~sit_vit5.objective.Objective` (or the SiT ``Transport`` /
+    DiT ``GaussianDiffusion`` it wraps): it sets the model's output mode, the sampler and the
+    channels guidance mixes. Build one from its source with :meth:`for_model` (a loaded
+    checkpoint), :meth:`for_run` (a training run's config and EMA) or :meth:`for_components` (a
+    diffusers pipeline's parts); they own the decoder, latent shape and image-size checks.
+
+    ``latent_shape`` is ``(C, h, w)`` of the model input; ``decode`` maps samples to images in [-1,
+    1] ``(B, 3 or C, H, W)`` (None: identity). ``pixel_space``: the model generates images in [-1,
+    1] itself (None: when ``decode`` is None); DDPM / DDIM then clip their x0 predictions to that
+    range, as ADM does for images (DiT's latents are unbounded: no clipping). ``precision`` bf16 /
+    fp16 runs the model under autocast (the integrator stays fp32); a model with bf16 / fp16 weights
+    (loaded with ``torch_dtype=``) runs under autocast in their dtype. ``compile``: the model's
+    forward runs ``torch.compile``-d (inductor; the first batch of each shape compiles). The initial
+    noise is drawn in float32 on the CPU from per-sample generators, so it is the same on every
+    device and in every precision. The model is moved to ``device`` in eval mode.
+    """
+
+    model: nn.Module
+    transport: Objective | Transport | GaussianDiffusion
+    spec: SampleSpec
+    latent_shape: tuple[int, int, int]
+    num_classes: int
+    decode: Callable[[Tensor], Tensor] | None = None
+    device: torch.device | str = "cpu"
+    precision: str = "fp32"
+    source: str = "the model"  # what errors call the weights (sample.py: the checkpoint path)
+    pixel_space: bool | None = None
+    compile: bool = False
+    allow_negative_cfg: bool = False  # a cfg_scale < 0 steers away from the class: only when asked
+    vae_factor: int = 1  # pixels per latent along a side (1: no decoder)
+    sampler: Sampler | DiffusionSampler = field(init=False, repr=False)
+    sample_fn: Callable[..., Any] = field(init=False, repr=False)
+    model_fn: Callable[..., Tensor] = field(init=False, repr=False)
+    net: Callable[..., Tensor] = field(init=False, repr=False)  # the model, or its compiled forward
+
+    def __post_init__(self) -> None:
+        check_precision(self.precision)
+        spec, channels = self.spec, self.latent_shape[0]
+        if spec.cfg_channels is not None and spec.cfg_channels > channels:
+            raise ValueError(f"cfg_channels={spec.cfg_channels} but the model has {channels} "
+                             "channels")
+        table = getattr(getattr(self.model, "y_embedder", None), "embedding_table", None)
+        if spec.cfg_scale != 1.0 and table is not None and table.num_embeddings <= self.num_classes:
+            raise ValueError(f"cfg_scale={spec.cfg_scale} needs a null class, but the model was "
+                             "built with class_dropout_prob=0 (no null row in its label table); "
+                             "use cfg_scale 1")
+        check_cfg_scale(spec.cfg_scale, self.allow_negative_cfg)
+        if spec.cfg_scale < 0:
+            warnings.warn(f"cfg_scale={spec.cfg_scale} < 0 steers samples away from their class",
+                          stacklevel=2)
+        self.device = torch.device(self.device)
+        objective = self.transport = as_objective(self.transport)
+        self.model = objective.prepare(self.model).to(self.device).eval()  # eval: no label dropout
+        weights = next(self.model.parameters(), torch.empty(0)).dtype  # float32 for a weightless fn
+        if weights != torch.float32:  # half weights (torch_dtype= at load): autocast in their dtype
+            if self.precision not in ("fp32", PRECISION_OF_DTYPE.get(weights)):
+                raise ValueError(f"precision={self.precision!r} but the model's weights are {weights}; "
+                                 "use the weights' precision or load them in float32")
+            self.precision = PRECISION_OF_DTYPE[weights]
+        self.net = torch.compile(self.model) if self.compile else self.model
+        pixels = self.decode is None if self.pixel_space is None else self.pixel_space
+        built = objective.sampler(spec, pixel_space=pixels)
+        self.sampler, self.sample_fn = built.counter, built.sample
+        self.model_fn = self._forward
+        if spec.cfg_scale != 1.0:
+            self.model_fn = ClassifierFreeGuidance(
+                self._forward, spec.cfg_scale, null_class=self.num_classes,
+                cfg_channels=objective.guided_channels(spec.cfg_channels, channels),
+                interval=spec.cfg_interval,
+            )
+
+    # ------------------------------------------------------------------------- builders
+
+    @classmethod
+    def for_model(
+        cls,
+        loaded: LoadedModel,
+        spec: SampleSpec,
+        *,
+        objective: Objective | None = None,
+        vae: str | AutoencoderKL | None = None,
+        image_size: int | None = None,
+        **kwargs: Any,
+    ) -> SamplingPipeline:
+        """The pipeline of a loaded checkpoint with its objective (or ``objective``).
+
+        ``vae``: None = no decoding (the model's outputs, at its training size); a decoder (hub
+        id, folder or module; "none" for a pixel model) decodes at ``image_size`` pixels (default:
+        the training size), with the checkpoint's scaling factor. ``kwargs``: ``device``,
+        ``precision``, ``compile``, ``source``, ``allow_negative_cfg``."""
+        kwargs.setdefault("pixel_space", not vae_enabled(loaded.vae.get("name", "none")))
+        objective = objective or create_objective(loaded.objective_config)
+        if vae is None:
+            side = loaded.input_size
+            return cls(loaded.model, objective, spec, (loaded.in_channels, side, side),
+                       loaded.num_classes, **kwargs)
+        if isinstance(vae, (str, os.PathLike)):
+            vae = load_vae(vae, device=kwargs.get("device", "cpu")) if vae_enabled(vae) else None
+        return cls._decoding(loaded.model, objective, spec, loaded.num_classes, vae,
+                             loaded.vae.get("scaling_factor"), image_size, **kwargs)
+
+    @classmethod
+    def for_run(cls, cfg: Mapping[str, Any], ema: nn.Module, objective: Objective,
+                device: torch.device | str, vae: AutoencoderKL | None = None) -> SamplingPipeline:
+        """The pipeline of a training run: its EMA model, objective and ``sample`` section, decoded
+        with the run's VAE (``vae``: None = a pixel-space run) and scaling factor."""
+        spec = SampleSpec.resolve(cfg["sample"])
+        return cls._decoding(ema, objective, spec, cfg["model"]["num_classes"], vae,
+                             cfg["vae"]["scaling_factor"], None, device=device,
+                             pixel_space=not vae_enabled(cfg["vae"]["name"]),
+                             source=f"the EMA of the run in {cfg['train']['out_dir']}")
+
+    @classmethod
+    def for_components(cls, model: nn.Module, objective: Objective, spec: SampleSpec,
+                       vae: AutoencoderKL | None, device: torch.device | str
+                       ) -> SamplingPipeline:
+        """The pipeline of a diffusers ``SiTPipeline``'s parts (``vae`` None: pixel space), at the
+        model's training size, with the VAE config's scaling factor."""
+        return cls._decoding(model, objective, spec, model.num_classes, vae, None, None,
+                             device=device)
+
+    @classmethod
+    def _decoding(cls, model: nn.Module, objective: Objective, spec: SampleSpec,
+                  num_classes: int, vae: AutoencoderKL | None, scaling_factor: float | None,
+                  image_size: int | None, **kwargs: Any) -> SamplingPipeline:
+        """``model`` with ``vae``'s decoder (None: pixel space): the latent shape from the image
+        size, checked against the VAE factor, the patch size and the VAE's latent channels."""
+        channels, trained_side, patch = model.in_channels, model.input_size, model.patch_size
+        decode, factor = None, 1
+        if vae is not None:
+            factor = downsampling_factor(vae)
+            if vae.config.latent_channels != channels:
+                raise SettingError("vae", vae.config.get("_name_or_path") or "the decoder",
+                                   f": {vae.config.latent_channels}-channel latents, but the "
+                                   f"model works on {channels} channels")
+            decode = decoder(vae, scaling_factor or vae.config.get("scaling_factor",
+                                                                   SD_VAE_SCALING_FACTOR))
+        elif channels not in (1, 3):
+            raise SettingError("vae", "none", f": the model makes {channels}-channel latents; "
+                               f"name a decoder (e.g. {SD_VAE_EMA})")
+        image_size = image_size or trained_side * factor
+        side = image_size // factor
+        if image_size % factor or side % patch:
+            raise SettingError("image_size", image_size, f": must be a multiple of "
+                               f"{factor * patch} (VAE factor {factor} x patch size {patch})")
+        if side != trained_side:
+            warnings.warn(f"image size {image_size}: the model was trained at "
+                          f"{trained_side * factor}; sampling at another size interpolates its "
+                          "position embedding", stacklevel=3)
+        return cls(model, objective, spec, (channels, side, side), num_classes, decode,
+                   vae_factor=factor, **kwargs)
+
+    @property
+    def image_size(self) -> int:
+        """Side of the output images in pixels (the latent side times the VAE factor)."""
+        return self.latent_shape[1] * self.vae_factor
+
+    def _forward(self, x: Tensor, t: Tensor, y: Tensor) -> Tensor:
+        with autocast(self.device, self.precision):
+            return self.net(x, t, y).float()
+
+    @torch.no_grad()
+    def generate(
+        self, indices: Sequence[int], global_seed: int, labels: Sequence[int] | None = None
+    ) -> Generated:
+        """Images of samples ``indices``; ``labels`` None = uniform random labels from the
+        per-sample seeds."""
+        indices = np.asarray(indices, dtype=np.int64)
+        if labels is None:
+            labels = random_labels(indices.tolist(), global_seed, self.num_classes)
+        labels = np.asarray(labels, dtype=np.int64)
+        if len(labels) != len(indices):
+            raise ValueError(f"{len(labels)} labels for {len(indices)} samples")
+        if len(labels) and (labels.min() < 0 or labels.max() >= self.num_classes):
+            raise ValueError(f"labels must lie in [0, {self.num_classes}), got "
+                             f"{sorted(set(labels.tolist()))}")
+        gens = [torch.Generator().manual_seed(sample_seed(global_seed, int(i))) for i in indices]
+        z = torch.stack([torch.randn(self.latent_shape, generator=g) for g in gens]).to(self.device)
+        y = torch.from_numpy(labels).to(self.device)
+        # the same generators go on to draw the SDE noise
+        x = self.sample_fn(z, self.model_fn, generator=gens, y=y)[-1]
+        if not bool(torch.isfinite(x).all()):  # one reduction per batch; NaN weights end up here
+            raise NonFiniteSampleError(
+                f"non-finite values (NaN/inf) in samples {int(indices[0])}..{int(indices[-1])} from "
+                f"{self.source}: the model's outputs are not finite (NaN/inf weights?); nothing "
+                "was written for them")
+        pixels = self.decode(x) if self.decode is not None else x
+        return Generated(indices, to_uint8(pixels), labels, pixels.float().cpu(),
+                         self.sampler.last_nfe)
