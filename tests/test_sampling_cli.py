@@ -17,7 +17,7 @@ from sit_vit5.objective import create_objective
 from sit_vit5.sampling import SampleSpec
 from sit_vit5.training import checkpoint as ck
 from sit_vit5.training import save_checkpoint, train
-from sit_vit5.training.loop import grid_images
+from sit_vit5.training.grids import grid_images
 from tests.helpers import TRAIN_ARGV, load_sample_cli, load_train_cli, one_sample_error
 
 TINY = dict(depth=1, hidden_size=32, num_heads=2, input_size=8, num_classes=10, learn_sigma=False)
