@@ -38,10 +38,12 @@ def load_sample_cli():
 
 
 def one_error_line(capsys) -> str:
-    """The single stderr line of a refused command (asserting there is exactly one, starting
-    'error: ')."""
+    """The single ``[<prog>: ]error: ...`` stderr line of a refused command (asserting there is
+    exactly one), from ``error: `` on."""
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    errors = [line for line in lines if line.startswith("error: ")]
+    errors = [line[line.index("error: "):] for line in lines
+              if line.startswith("error: ") or line.split(" ", 1)[0].endswith(":")
+              and line.split(" ", 1)[-1].startswith("error: ")]
     assert len(errors) == 1 and "Traceback" not in "\n".join(lines), lines
     return errors[0]
 

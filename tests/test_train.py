@@ -21,6 +21,7 @@ from sit_vit5.training import (
     IncompatibleCheckpointError,
     NonFiniteLossError,
     StepBatchSampler,
+    TrainResult,
     latest_checkpoint,
     read_checkpoint,
     train,
@@ -302,3 +303,32 @@ def test_unwritable_out_dir_is_a_one_line_error(tmp_path, capsys):
     argv = [*TRAIN_ARGV, f"train.out_dir={blocker / 'run'}", "train.steps=2"]
     status, line = run_train(argv, capsys)
     assert status == 2 and "train.out_dir" in line and str(blocker) in line
+
+
+def test_sit_and_dit_train_flags_are_aliases_of_config_keys(tmp_path, capsys):
+    """SiT/DiT's ``train.py --model ... --data-path ... --results-dir ...`` resolves to the same config
+    as our key=value overrides; ``--ckpt`` resumes; ``--epochs`` is refused in one line."""
+    from sit_vit5.cli import train as cli_train
+
+    seen = []
+
+    def record(cfg, resume):
+        seen.append((cfg, resume))
+        return TrainResult(Path(cfg["train"]["out_dir"]), 0, None, None, config=cfg)
+
+    habits = ["--model", "SiT-S/2", "--data-path", str(tmp_path), "--results-dir", str(tmp_path / "r"),
+              "--global-batch-size", "16", "--image-size", "32", "--num-classes", "10", "--ckpt-every", "5",
+              "--log-every", "2", "--global-seed", "3", "--wandb", "--vae", "mse"]
+    ours = ["model.name=SiT-S/2", f"data.root={tmp_path}", f"train.out_dir={tmp_path / 'r'}",
+            "data.global_batch_size=16", "data.image_size=32", "model.num_classes=10", "train.ckpt_every=5",
+            "train.log_every=2", "train.seed=3", "train.wandb=true", "vae.name=stabilityai/sd-vae-ft-mse"]
+    assert cli_train.main(habits, train_fn=record) == 0
+    assert cli_train.main(ours, train_fn=record) == 0
+    assert seen[0] == seen[1] and seen[0][1] is None
+    assert cli_train.main([*habits, "train.log_every=7"], train_fn=record) == 0
+    assert seen[2][0]["train"]["log_every"] == 7  # a key=value override wins over a habit flag
+    assert cli_train.main(["--ckpt", str(tmp_path / "c.pt"), "--config", "demo"], train_fn=record) == 0
+    assert seen[3][1] == str(tmp_path / "c.pt")
+    assert cli_train.main(["--epochs", "80"], train_fn=record) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("train.py: error: --epochs 80") and "train.steps" in err[0]

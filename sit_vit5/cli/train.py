@@ -14,6 +14,10 @@ Settings: see sit_vit5/config.py (every key documented). ``--config`` also finds
 from any directory (``configs/demo.yaml``, ``demo``, ``imagenet/sit-xl-2``). The resolved config is
 saved as <train.out_dir>/config.yaml and inside every checkpoint.
 
+SiT's and DiT's train.py flags work as aliases of config keys (``--model SiT-XL/2`` =
+``model.name=SiT-XL/2``, ``--data-path``, ``--results-dir``, ``--global-batch-size``, ...: see
+``--help``; ``--ckpt F`` = ``--resume F``); ``--epochs`` is refused (the run counts optimizer steps).
+
 Exit status: 0 done; 2 bad input (config key or value, data root, checkpoint, unreadable image, full
 disk: one line naming the culprit; SIT_VIT5_DEBUG=1 shows the traceback); 1 the loss became NaN/inf;
 3 pre-empted: SIGTERM, SIGINT or SIGUSR1 arrived, the current step finished and a checkpoint of it
@@ -28,13 +32,30 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sit_vit5.config import Config, ConfigError, configs_dir, load_config
-from sit_vit5.data import DataRootError, UnreadableImageError
-from sit_vit5.distributed import LaunchError
-from sit_vit5.errors import report
-from sit_vit5.training import CheckpointError, NonFiniteLossError, TrainResult, train
+from sit_vit5.data import UnreadableImageError
+from sit_vit5.errors import KNOWN_ERRORS, one_line, run_cli
+from sit_vit5.training import NonFiniteLossError, TrainResult, train
 
 DEMO_CONFIG = "demo.yaml"  # in the shipped configs, found wherever the command runs
 EXIT_PREEMPTED = 3  # a signal stopped the run after a checkpoint; rerun with --resume latest
+#: SiT's / DiT's train.py flags -> the config key each sets (the value is parsed as YAML)
+HABIT_FLAGS = {
+    "--model": "model.name",
+    "--data-path": "data.root",
+    "--results-dir": "train.out_dir",
+    "--global-batch-size": "data.global_batch_size",
+    "--image-size": "data.image_size",
+    "--num-classes": "model.num_classes",
+    "--ckpt-every": "train.ckpt_every",
+    "--log-every": "train.log_every",
+    "--sample-every": "train.sample_every",
+    "--global-seed": "train.seed",
+    "--num-workers": "data.num_workers",
+    "--path-type": "transport.path_type",
+    "--prediction": "transport.prediction",
+    "--loss-weight": "transport.loss_weight",
+    "--cfg-scale": "sample.cfg_scale",
+}
 
 
 def default_config(resume: str | None) -> tuple[Path, list[str]]:
@@ -64,7 +85,37 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", metavar="section.key=value",
                    help="config overrides, values parsed as YAML (e.g. train.steps=100 "
                         "optim.betas=[0.9,0.95])")
+    g = p.add_argument_group("SiT/DiT train.py flags (aliases of config keys; overrides win)")
+    for flag, key in HABIT_FLAGS.items():
+        g.add_argument(flag, dest=key, metavar="VALUE", help=f"= {key}=VALUE")
+    g.add_argument("--wandb", action="store_true", dest="train.wandb", help="= train.wandb=true")
+    g.add_argument("--vae", choices=("ema", "mse"), help="= vae.name=stabilityai/sd-vae-ft-VAE")
+    g.add_argument("--ckpt", help="= --resume CKPT (SiT's resume flag)")
+    g.add_argument("--epochs", help="refused: this trainer counts optimizer steps (train.steps)")
     return p
+
+
+def habit_overrides(args: argparse.Namespace) -> list[str]:
+    """The config overrides SiT/DiT's flags stand for (``--ckpt`` moves to ``args.resume``)."""
+    if args.epochs is not None:
+        raise ConfigError(f"--epochs {args.epochs}: this trainer counts optimizer steps, not "
+                          "epochs; set train.steps (epochs x images / data.global_batch_size)")
+    if args.ckpt is not None:
+        if args.resume is not None and args.resume != args.ckpt:
+            raise ConfigError(f"--ckpt {args.ckpt} and --resume {args.resume}: keep one")
+        args.resume = args.ckpt
+    overrides = [f"{key}={getattr(args, key)}" for key in HABIT_FLAGS.values()
+                 if getattr(args, key) is not None]
+    if getattr(args, "train.wandb"):
+        overrides.append("train.wandb=true")
+    if args.vae is not None:
+        overrides.append(f"vae.name=stabilityai/sd-vae-ft-{args.vae}")
+    return overrides
+
+
+def _message(err: BaseException) -> str:
+    hint = " (set data.skip_bad=true to skip unreadable images)"
+    return one_line(err) + (hint if isinstance(err, UnreadableImageError) else "")
 
 
 def main(argv: list[str] | None = None,
@@ -72,21 +123,19 @@ def main(argv: list[str] | None = None,
     """Run the command on ``argv``; returns the exit status. ``train_fn(cfg, resume)`` trains (tests
     pass a stand-in)."""
     args = parser().parse_args(argv)
-    try:
+
+    def run() -> int:
+        habits = habit_overrides(args)
         config, implied = (args.config, []) if args.config else default_config(args.resume)
-        cfg = load_config(config, implied + args.overrides)
-        result = train_fn(cfg, args.resume)
-    except (ConfigError, CheckpointError, DataRootError, LaunchError) as err:
-        return report(err)
-    except UnreadableImageError as err:
-        return report(err, hint="set data.skip_bad=true to skip unreadable images")
-    except NonFiniteLossError as err:
-        return report(err, status=1)
-    if result.preempted:
-        print(f"stopped by {result.preempted} after step {result.step}; checkpoint "
-              f"{result.checkpoint} written. Continue with --resume latest", file=sys.stderr)
-        return EXIT_PREEMPTED
-    return 0
+        result = train_fn(load_config(config, implied + habits + args.overrides), args.resume)
+        if result.preempted:
+            print(f"stopped by {result.preempted} after step {result.step}; checkpoint "
+                  f"{result.checkpoint} written. Continue with --resume latest", file=sys.stderr)
+            return EXIT_PREEMPTED
+        return 0
+
+    return run_cli("train.py", run, errors=(*KNOWN_ERRORS, UnreadableImageError), render=_message,
+                   statuses={NonFiniteLossError: 1})
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..config import Config
+from ..errors import SitVit5Error
 from ..precision import autocast
 from ..transport.rng import mix_seed
 from ..vae import encode
@@ -45,7 +46,7 @@ from .preemption import PreemptionGuard
 SALT_NOISE = 0x5EED  # keeps the noise stream apart from the data-order stream (batching.SALT_DATA)
 
 
-class NonFiniteLossError(RuntimeError):
+class NonFiniteLossError(SitVit5Error, RuntimeError):
     """The loss or gradient norm became NaN/inf; ``step`` is the optimizer step that produced it."""
 
     def __init__(self, message: str, step: int) -> None:
