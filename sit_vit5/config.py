@@ -31,6 +31,7 @@ from .models.sit import POS_EMBED_KINDS, SIT_SWITCHES, SiT, rope_thetas
 from .models.vit5 import VIT5_SWITCHES
 from .objective import DDPM_DEFAULTS, ObjectiveError, check_objective
 from .precision import PRECISIONS
+from .repa import INTERPOLATIONS
 from .sample_spec import SampleSpec, check_cfg_scale, config_defaults
 from .vae import SD_VAE_SCALING_FACTOR
 
@@ -115,6 +116,21 @@ DEFAULTS: Config = {
         "classes": None,  # class of each image; None = 0, 1, 2, ... repeated over the classes
         "seed": 0,  # global seed of the grid: image i is sample i of sample.py with this seed
         "nrow": None,  # images per grid row; None = ceil(sqrt(num_images))
+    },
+    # REPA (Yu et al. 2025), off by default: the hidden state after block `depth` is projected
+    # (3-layer SiLU MLP) onto a frozen encoder's patch features of the clean image; the loss adds
+    # coeff x mean negative cosine similarity. The projector trains with the model (checkpointed,
+    # not in the EMA or exports). Encoders and preprocessing: sit_vit5/repa.py.
+    "repa": {
+        "encoder": None,  # None = off | digits | timm:NAME | hub:REPO:ENTRY | a local timm folder
+        "weights": None,  # a local state-dict file for a timm:NAME architecture (no download)
+        "depth": 8,  # align the output of this block (1-based; REPA: 8 of SiT-XL/2's 28)
+        "projector_dim": 2048,  # hidden width of the projector (REPA: 2048)
+        "coeff": 0.5,  # lambda: loss = diffusion + coeff x alignment (REPA: 0.5)
+        "resolution": None,  # encoder input side; None = its patch x the model's grid (DINOv2: 224)
+        "mean": None,  # per-channel normalisation of [0, 1] images; None = the encoder's (ImageNet)
+        "std": None,  # likewise; the digits encoder takes the [-1, 1] images unchanged
+        "interpolation": "bicubic",  # resize to repa.resolution (REPA: bicubic)
     },
 }
 
@@ -253,6 +269,10 @@ RANGES: dict[str, Range] = {
     "sample.num_images": _COUNT,
     "sample.seed": _COUNT0,
     "sample.nrow": Range(1, integer=True, nullable=True),
+    "repa.depth": _COUNT,
+    "repa.projector_dim": _COUNT,
+    "repa.coeff": Range(0),
+    "repa.resolution": Range(1, integer=True, nullable=True),
 }
 BETA_RANGE = Range(0, 1, high_open=True)  # each of optim.betas
 
@@ -398,6 +418,7 @@ def validate(cfg: Config) -> None:
     if not all(BETA_RANGE.holds(b) for b in betas):
         raise ConfigError(f"optim.betas={betas!r}; each must be {BETA_RANGE.describe()}")
     validate_model_section(cfg)
+    validate_repa(cfg)
     try:  # the sampler keys: the spec checks its fields; a negative CFG only by sample.py's flag
         check_cfg_scale(SampleSpec.resolve(cfg["sample"]).cfg_scale)
     except SettingError as err:
@@ -407,6 +428,34 @@ def validate(cfg: Config) -> None:
                         model_name=cfg["model"]["name"], sample_method=cfg["sample"]["method"])
     except ObjectiveError as err:
         raise ConfigError(str(err)) from None
+
+
+def validate_repa(cfg: Config) -> None:
+    """The ``repa`` section's values (the encoder itself is loaded, and its token grid checked,
+    when a run is built); raises ConfigError naming the key."""
+    r = cfg["repa"]
+    for key in ("encoder", "weights"):
+        if r[key] is not None and (not isinstance(r[key], str) or not r[key].strip()):
+            raise ConfigError(f"repa.{key}={r[key]!r}; expected a name or path (or null)")
+    if r["weights"] is not None and not str(r["encoder"] or "").startswith("timm:"):
+        raise ConfigError(f"repa.weights={r['weights']!r} loads into a timm architecture: set "
+                          "repa.encoder=timm:ARCH")
+    for key in ("mean", "std"):
+        value = r[key]
+        ok = value is None or (isinstance(value, (list, tuple)) and len(value) in (1, 3) and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            for v in value))
+        if not ok or (key == "std" and value is not None and min(value) <= 0):
+            raise ConfigError(f"repa.{key}={value!r}; expected 1 or 3 numbers{' > 0' * (key == 'std')}"
+                              " (or null = the encoder's)")
+    if (r["mean"] is None) != (r["std"] is None):
+        raise ConfigError("repa.mean and repa.std go together: set both or neither")
+    if r["interpolation"] not in INTERPOLATIONS:
+        raise ConfigError(f"repa.interpolation={r['interpolation']!r}; valid: {', '.join(INTERPOLATIONS)}")
+    if r["encoder"] is not None and cfg["data"]["kind"] == "latents":
+        raise ConfigError("repa.encoder needs the images of each batch, which data.kind=latents does "
+                          "not have: train from images (data.kind=imagefolder, the VAE encodes on "
+                          "the fly) or set repa.encoder=null")
 
 
 def configs_dir() -> Path:

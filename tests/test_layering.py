@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: Components of sit_vit5 by layer, bottom first: a module may import only from lower layers.
 LAYERS: list[tuple[str, ...]] = [
     ("errors",),
-    ("io", "guidance", "precision", "vae", "distributed", "runtime"),
+    ("io", "guidance", "precision", "vae", "distributed", "runtime", "repa"),
     ("images", "transport"),
     ("models", "diffusion"),
     ("sample_spec",),
@@ -33,6 +33,7 @@ CLI_RANK = len(LAYERS)  # sample.py, train.py: on top of everything
 TRAINING_LAYERS: list[tuple[str, ...]] = [
     ("batching", "checkpoint", "diagnostics", "ema", "fsdp", "grids", "logging", "metrics", "optim",
      "preemption"),
+    ("repa",),
     ("build",),
     ("loop",),
 ]

@@ -34,7 +34,7 @@ class CheckpointError(SitVit5Error, RuntimeError):
 
 #: Top-level keys of the training checkpoints this codebase writes (sit_vit5.training.checkpoint).
 CHECKPOINT_KEYS = frozenset({"model", "ema", "opt", "args", "step", "epoch", "batch_in_epoch",
-                             "rng", "versions", "model_name", "scaler", PAYLOAD_DIGEST_KEY})
+                             "rng", "versions", "model_name", "scaler", "repa", PAYLOAD_DIGEST_KEY})
 
 
 def read_checkpoint(path: str | os.PathLike, sha256: str | None = None) -> dict:

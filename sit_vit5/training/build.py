@@ -42,6 +42,8 @@ from .diagnostics import GateMonitor
 from .ema import create_ema
 from .logging import MetricLogger
 from .optim import param_groups
+from .repa import METRICS as REPA_METRICS
+from .repa import RepaTraining
 
 #: (objective, model, x (B, C, H, W), y (B,)) -> per-sample loss (B,): ``objective_loss`` or a
 #: stand-in a test passes to ``train``
@@ -114,6 +116,7 @@ class Run:
     ema_shards: fsdp.ShardedEMA | None = None
     scaler: torch.amp.GradScaler | None = None  # fp16's loss scaler (None in fp32 / bf16)
     loss_fn: LossFn = objective_loss
+    repa: RepaTraining | None = None  # encoder, projector, hook (repa.encoder set; training/repa.py)
 
     @property
     def sharded(self) -> bool:
@@ -266,6 +269,11 @@ def build(cfg: Config, resume: str | None, loss_fn: LossFn = objective_loss) -> 
     if checkpoint is not None:
         ema.load_state_dict(checkpoint.pop("ema"))
     model.train()
+    repa = None
+    if cfg["repa"]["encoder"] is not None:  # after the EMA copy: its hook stays off the EMA
+        repa = RepaTraining(cfg, model, dataset.sample_shape[0], device)
+        if checkpoint is not None:
+            repa.load_state_dict(checkpoint.pop("repa", None), ckpt_path)
     sharded = t["distributed"] == "fsdp" and accelerator.num_processes > 1  # one: nothing to shard
     if sharded:
         model = fsdp.shard_model(model.to(device))
@@ -299,12 +307,12 @@ def build(cfg: Config, resume: str | None, loss_fn: LossFn = objective_loss) -> 
     gates = GateMonitor(unwrapped, persistent=t["compile"])
     logger = MetricLogger(run_dir, enabled=main, tensorboard=t["tensorboard"], wandb=t["wandb"],
                           config=cfg, wandb_project=t["wandb_project"], resume_step=position.step,
-                          extra_fields=tuple(gates.keys))
+                          extra_fields=(*(REPA_METRICS if repa else ()), *gates.keys))
     last = latest_checkpoint(run_dir / CKPT_DIR)
     result = TrainResult(run_dir, position.step, last, None, config=cfg, cpu_threads=threads)
     return Run(cfg, accelerator, run_dir, dataset, batches, loader, vae, model, unwrapped, ema,
                optimizer, objective, gates, logger, position, result, ema_shards, scaler,
-               loss_fn)
+               loss_fn, repa)
 
 
 def describe(run: Run) -> str:
@@ -320,4 +328,5 @@ def describe(run: Run) -> str:
             f"{precision[t['precision']]}; "
             f"{len(run.dataset)} items, global batch {cfg['data']['global_batch_size']} = "
             f"{b.world_size} × {t['grad_accum']} × "
-            f"{b.micro_batch}; steps {run.position.step} → {t['steps']}; run dir {run.run_dir}")
+            f"{b.micro_batch}; steps {run.position.step} → {t['steps']}; run dir {run.run_dir}"
+            + (f"; {run.repa.describe()}" if run.repa is not None else ""))

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from contextlib import nullcontext
+from functools import partial
 
 import torch
 from torch import Tensor
@@ -72,12 +73,15 @@ def train_step(run: Run, x: Tensor, y: Tensor, lr: float) -> tuple[float, float]
     for group in optimizer.param_groups:
         group["lr"] = lr
     optimizer.zero_grad(set_to_none=True)
+    if run.repa is not None:
+        run.repa.zero_grad(lr)
     loss_sum = torch.zeros((), device=run.device)
     accum, micro = t["grad_accum"], run.batches.micro_batch
     world, rank = accelerator.num_processes, accelerator.process_index
     for a, (xs, ys) in enumerate(zip(x.split(micro), y.split(micro))):
         torch.manual_seed(mix_seed(t["seed"], step, a * world + rank, SALT_NOISE))
         xs, ys = xs.to(run.device, non_blocking=True), ys.to(run.device, non_blocking=True)
+        features = run.repa.features(xs) if run.repa is not None else None  # clean images, no RNG
         if run.encode_on_the_fly:
             xs = encode(run.vae, xs, scaling_factor=run.cfg["vae"]["scaling_factor"])
         # all-reduce (DDP) or reduce-scatter (FSDP) the gradients once per step, on the last
@@ -89,17 +93,22 @@ def train_step(run: Run, x: Tensor, y: Tensor, lr: float) -> tuple[float, float]
         # accelerate autocasts a prepared (DDP) model in bf16; FSDP's model and fp16 are ours
         ours = run.sharded or run.scaler is not None
         with sync, autocast(run.device, t["precision"]) if ours else nullcontext():
-            loss = run.loss_fn(run.transport, model, xs, ys).mean()
+            if run.repa is None:
+                loss = run.loss_fn(run.transport, model, xs, ys).mean()
+            else:  # the same forward also gives the hidden state REPA aligns
+                loss = run.repa.loss(partial(run.loss_fn, run.transport, model, xs, ys), features)
             scaled = loss / accum
             accelerator.backward(run.scaler.scale(scaled) if run.scaler is not None else scaled)
         loss_sum += loss.detach()
     bare_optimizer = getattr(optimizer, "optimizer", optimizer)  # the scaler steps torch's own
     if run.scaler is not None:  # clip and report the true gradient norm
         run.scaler.unscale_(bare_optimizer)
-    max_norm = o["grad_clip"] or math.inf
-    grad_norm = (fsdp.clip_grad_norm(model, max_norm) if run.sharded
-                 else float(accelerator.clip_grad_norm_(model.parameters(), max_norm)))
+        if run.repa is not None:
+            run.scaler.unscale_(run.repa.optimizer)
+    grad_norm = clip_gradients(run, o["grad_clip"] or math.inf)
     loss_value = accelerator.reduce(loss_sum / accum, reduction="mean").item()
+    if run.repa is not None:
+        run.repa.step_metrics(accelerator.reduce, accum)
     # fp16: an overflowing gradient is the scaler's business (it skips the step, lowers the scale)
     overflow_ok = run.scaler is not None and math.isfinite(loss_value)
     if not (math.isfinite(loss_value) and (math.isfinite(grad_norm) or overflow_ok)):
@@ -111,14 +120,36 @@ def train_step(run: Run, x: Tensor, y: Tensor, lr: float) -> tuple[float, float]
             step + 1)
     if run.scaler is not None:
         run.scaler.step(bare_optimizer)
+        if run.repa is not None:
+            run.repa.step(run.scaler)
         run.scaler.update()
     else:
         optimizer.step()
+        if run.repa is not None:
+            run.repa.step(None)
     if run.sharded:
         run.ema_shards.update(o["ema_decay"])
     else:
         update_ema(run.ema, run.unwrapped, o["ema_decay"])
     return loss_value, grad_norm
+
+
+def clip_gradients(run: Run, max_norm: float) -> float:
+    """Clip the gradients to ``max_norm`` (inf: no clipping); returns their global norm before
+    clipping. With REPA the projector's gradients (averaged over processes first) count in the
+    norm and are clipped with the model's, as in REPA, where the projector is part of the model."""
+    model = run.model
+    if run.repa is None:
+        return (fsdp.clip_grad_norm(model, max_norm) if run.sharded
+                else float(run.accelerator.clip_grad_norm_(model.parameters(), max_norm)))
+    run.repa.sync_gradients(run.accelerator.num_processes)
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    if run.sharded:  # the full norm over the shards, then the local shards scaled in place
+        model_norm = fsdp.clip_grad_norm(model, math.inf)
+        grads = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
+    else:  # what accelerate's clip_grad_norm_ computes (torch's, gradients already unscaled)
+        model_norm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
+    return run.repa.clip_jointly(grads, model_norm, max_norm)
 
 
 def log(run: Run, window: MetricWindow, lr: float, bar: tqdm) -> None:
@@ -150,6 +181,8 @@ def checkpoint(run: Run) -> None:
                  "versions": package_versions(), "model_name": run.cfg["model"]["name"]}
         if run.scaler is not None:
             state["scaler"] = run.scaler.state_dict()
+        if run.repa is not None:  # the projector and its AdamW: training-only, not in the EMA
+            state["repa"] = run.repa.state_dict()
         run.result.checkpoint = save_checkpoint(state, run.ckpt_dir, pos.step, milestone,
                                                 t["keep_last"])
         tqdm.write(f"saved checkpoint {run.result.checkpoint}")
@@ -206,7 +239,7 @@ def _loop(run: Run, guard: PreemptionGuard) -> TrainResult:
             pos.advance(run.batches.batches_per_epoch)
             run.result.step = pos.step
             run.result.losses.append(loss)
-            window.add(loss, grad_norm)
+            window.add(loss, grad_norm, run.repa.last_metrics if run.repa is not None else None)
             bar.update(1)
             final = pos.step == t["steps"]
             if log_now:

@@ -20,11 +20,15 @@ class MetricWindow:
 
     def _reset(self) -> None:
         self.loss = self.grad_norm = self.idle = 0.0
+        self.extra: dict[str, float] = {}
         self.steps, self.start = 0, time.perf_counter()
 
-    def add(self, loss: float, grad_norm: float) -> None:
-        """One optimizer step's all-process mean loss and global gradient norm."""
+    def add(self, loss: float, grad_norm: float, extra: dict[str, float] | None = None) -> None:
+        """One optimizer step's all-process mean loss and global gradient norm; ``extra``: more
+        per-step values whose window means are reported too (REPA's two loss parts)."""
         self.loss, self.grad_norm = self.loss + loss, self.grad_norm + grad_norm
+        for key, value in (extra or {}).items():
+            self.extra[key] = self.extra.get(key, 0.0) + value
         self.steps += 1
 
     @contextmanager
@@ -43,7 +47,8 @@ class MetricWindow:
         metrics = {"epoch": epoch, "loss": self.loss / steps, "grad_norm": self.grad_norm / steps,
                    "lr": lr, "steps_per_s": self.steps / elapsed,
                    "img_per_s": self.steps * self.global_batch / elapsed,
-                   "time_s": time.perf_counter() - self.run_start}
+                   "time_s": time.perf_counter() - self.run_start,
+                   **{key: total / steps for key, total in self.extra.items()}}
         self._reset()
         return metrics
 
@@ -57,10 +62,12 @@ def rate(steps_per_s: float) -> str:
 
 
 def console_line(step: int, metrics: dict[str, float], lr: float) -> str:
-    """The console's line for a logged step: loss, grad norm, lr, speed, and the mean attention/MLP
-    gates when ``metrics`` has them."""
+    """The console's line for a logged step: loss, grad norm, lr, speed, REPA's two loss parts and
+    the mean attention/MLP gates when ``metrics`` has them."""
+    repa = (f" | diffusion {metrics['loss_diffusion']:.4f} | repa {metrics['loss_repa']:.4f}"
+            if "loss_repa" in metrics else "")
     gate = (f" | gate attn/mlp {metrics['gate/attn/mean']:.3f}/{metrics['gate/mlp/mean']:.3f}"
             if "gate/attn/mean" in metrics else "")
     return (f"step {step:07d} | loss {metrics['loss']:.4f} | grad {metrics['grad_norm']:.3f} | "
             f"lr {lr:.2e} | {rate(metrics['steps_per_s'])} | "
-            f"{metrics['img_per_s']:.3g} img/s{gate}")
+            f"{metrics['img_per_s']:.3g} img/s{repa}{gate}")
