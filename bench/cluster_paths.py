@@ -3,6 +3,7 @@
     python -m bench.cluster_paths                                   # sit-xl-2 vit5-xl-2 dit-xl-2, fp32
     python -m bench.cluster_paths --configs vit5-xl-2 --precision bf16 --threads 2
     python -m bench.cluster_paths --depth 1 --json out.json         # the reduced-size check (tests)
+    python -m bench.cluster_paths --configs sit-xl-2-repa vit5-xl-2-repa --depth 1 --image-size 32
 
 For each ``configs/imagenet/<name>.yaml``, unchanged except batch size, steps, paths and CPU settings:
 
@@ -15,6 +16,12 @@ For each ``configs/imagenet/<name>.yaml``, unchanged except batch size, steps, p
 3. ``sample.py grid``: 2 images (classes 207, 360) decoded by the VAE to 256 x 256;
 4. ``python -m sit_vit5.export`` of the run, then ``SiTPipeline`` on the export: the same 2 images,
    which must equal sample.py's pixel for pixel.
+
+The REPA configs (``REPA_CONFIGS``, not in the default list) train from the ImageFolder itself (the encoder
+needs each batch's images; the VAE encodes on the fly) with an encoder of DINOv2-B/14's architecture (timm's
+``vit_base_patch14_dinov2``, seeded random weights, saved as a local timm folder) in place of the torch.hub
+download; at a reduced ``--image-size`` the encoder's input side follows the model's grid (``repa.resolution``
+unset). ``bench.plan``'s prediction leaves the encoder and the projector out.
 
 The table gives per config and stage the wall time (train: seconds per optimizer step of the second step,
 from ``metrics.jsonl``, so start-up and checkpointing are left out), the peak resident memory of the
@@ -46,6 +53,7 @@ from PIL import Image
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = ("sit-xl-2", "vit5-xl-2", "dit-xl-2")
+REPA_CONFIGS = ("sit-xl-2-repa", "vit5-xl-2-repa")  # run when named in --configs
 CLASSES = (207, 360)
 #: (file name, mode, width, height): the image modes and sizes an ImageNet folder holds
 IMAGES = (("n01440764/rgb_400x300.jpg", "RGB", 400, 300), ("n01440764/gray.jpg", "L", 320, 300),
@@ -117,6 +125,19 @@ def make_vae(path: Path, arch: str = "sd-arch") -> Path:
     return path
 
 
+def make_repa_encoder(path: Path) -> Path:
+    """DINOv2-B/14's architecture (timm ``vit_base_patch14_dinov2``, seeded random weights) as a local timm
+    folder: what an offline user passes as ``repa.encoder`` instead of the torch.hub id."""
+    import timm
+    import torch
+    from timm.models import save_for_hf
+
+    torch.manual_seed(0)
+    net = timm.create_model("vit_base_patch14_dinov2", pretrained=False, img_size=224, num_classes=0)
+    save_for_hf(net, str(path), safe_serialization=True)
+    return path
+
+
 def step_seconds(run_dir: Path, step: int) -> float | None:
     """Seconds of optimizer step ``step`` from the run's metrics.jsonl (logged every step)."""
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
@@ -161,8 +182,9 @@ print("pipeline == sample.py grid", images.shape)
 
 
 def run_config(name: str, work: Path, cache: Path, vae: Path, env: dict[str, str], args: argparse.Namespace,
-               log: Path) -> list[Stage]:
-    """Train, resume, sample, export and pipeline-sample ``configs/imagenet/<name>.yaml``."""
+               log: Path, images: Path | None = None) -> list[Stage]:
+    """Train, resume, sample, export and pipeline-sample ``configs/imagenet/<name>.yaml`` (a REPA config:
+    from the ImageFolder ``images``, with the encoder of ``make_repa_encoder``)."""
     config = REPO / "configs" / "imagenet" / f"{name}.yaml"
     precision = args.precision or yaml.safe_load(config.read_text())["train"]["precision"]
     run_dir, py = work / name / "run", sys.executable
@@ -174,6 +196,16 @@ def run_config(name: str, work: Path, cache: Path, vae: Path, env: dict[str, str
         overrides.append(f"model.depth={args.depth}")
     if args.image_size != 256:  # the reduced check: a smaller image through the same VAE architecture
         overrides += [f"data.image_size={args.image_size}", f"model.input_size={args.image_size // 8}"]
+    if name in REPA_CONFIGS:  # the encoder sees each batch's images: no latent cache
+        encoder = work / "repa-encoder"
+        if not encoder.is_dir():
+            make_repa_encoder(encoder)
+        overrides[:2] = ["data.kind=imagefolder", f"data.root={images}"]
+        overrides.append(f"repa.encoder={encoder}")
+        if args.depth is not None:
+            overrides.append(f"repa.depth={min(args.depth, 8)}")
+        if args.image_size != 256:
+            overrides.append("repa.resolution=null")  # DINOv2's patch x the smaller grid
     train = [py, "train.py", "--config", str(config), *overrides]
     stages = [run_stage(name, "train 2 steps", [*train, "train.steps=2"], env, log),
               run_stage(name, "resume +1 step", [*train, "train.steps=3", "--resume", "latest"], env, log)]
@@ -249,7 +281,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             "--vae", str(vae), "--image-size", str(args.image_size), "--batch-size", "2", "--num-workers", "0",
             "--cpu"], env, log)]
         for name in args.configs:
-            stages += run_config(name, work, cache, vae, env, args, log)
+            stages += run_config(name, work, cache, vae, env, args, log, images)
             rows = rows_of(stages, baseline)
             if args.json:
                 Path(args.json).write_text(json.dumps({"rows": rows, "stages": [asdict(s) for s in stages],

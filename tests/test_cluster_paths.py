@@ -39,3 +39,17 @@ def test_every_xl_config_runs_the_cluster_path_at_reduced_size(tmp_path):
     for config in cluster_paths.CONFIGS:  # the resumed run continued to step 3 in the config's precision
         lines = (tmp_path / "work" / config / "run" / "metrics.jsonl").read_text().splitlines()
         assert [json.loads(line)["step"] for line in lines] == [1, 2, 3]
+
+
+@pytest.mark.slow
+def test_the_repa_xl_configs_run_the_cluster_path_at_reduced_size(tmp_path):
+    """From the ImageFolder (the encoder sees the images), with DINOv2-B/14's architecture as a local timm
+    folder; checkpoint, resume, sample.py, export and pipeline as for the other XL configs (~2.5 min)."""
+    rows = cluster_paths.main(["--configs", *cluster_paths.REPA_CONFIGS, "--depth", "1", "--image-size", "32",
+                               "--work", str(tmp_path / "work")])
+    assert [(r["config"], r["stage"]) for r in rows] == [("(all)", "cache_latents")] + [
+        (c, s) for c in cluster_paths.REPA_CONFIGS for s in STAGES]
+    for config in cluster_paths.REPA_CONFIGS:
+        lines = (tmp_path / "work" / config / "run" / "metrics.jsonl").read_text().splitlines()
+        assert [json.loads(line)["step"] for line in lines] == [1, 2, 3]
+        assert all("loss_repa" in json.loads(line) for line in lines)

@@ -311,3 +311,30 @@ def test_timm_encoder_trains_and_a_grid_mismatch_is_one_line(tiny_vit, tmp_path,
     status, err = run_train([*TINY, "repa.encoder=digits", "repa.depth=3", "train.steps=1",
                              f"train.out_dir={tmp_path / 'deep'}"], capsys)
     assert status == 2 and "repa.depth=3: the model has 2 blocks" in err
+
+
+# ----------------------------------------------------------------------------- shipped configs
+
+
+def test_xl_repa_configs_hold_repas_recipe():
+    for name, backbone in (("sit-xl-2-repa", "SiT-XL/2"), ("vit5-xl-2-repa", "ViT5-XL/2")):
+        cfg = load_config(f"imagenet/{name}")
+        assert cfg["model"]["name"] == backbone and cfg["model"]["learn_sigma"] is False
+        assert cfg["repa"] == {"encoder": "hub:facebookresearch/dinov2:dinov2_vitb14", "weights": None,
+                               "depth": 8, "projector_dim": 2048, "coeff": 0.5, "resolution": 224,
+                               "mean": None, "std": None, "interpolation": "bicubic"}
+        assert (cfg["optim"]["lr"], cfg["optim"]["grad_clip"], cfg["data"]["global_batch_size"]) == (1e-4, 1.0, 256)
+        assert cfg["train"]["precision"] == "fp16" and cfg["vae"]["name"] == "stabilityai/sd-vae-ft-mse"
+        assert cfg["data"]["kind"] == "imagefolder"  # the encoder needs the images
+
+
+def test_repa_eval_protocol_is_repas_sampler():
+    from sit_vit5.config import configs_dir
+    from sit_vit5.experiments import imagenet
+
+    p = imagenet.load_protocol(configs_dir() / "eval" / "repa.yaml")
+    spec = imagenet.sample_spec(p["sample"])
+    assert (spec.method, spec.sampling_method, spec.diffusion_form, spec.num_steps) == ("sde", "Euler", "sigma", 250)
+    assert (spec.last_step, spec.last_step_size) == ("Mean", 0.04)
+    assert (spec.cfg_scale, spec.cfg_channels, spec.cfg_interval) == (1.8, None, (0.3, 1.0))
+    assert p["paper"] == {"SiT-XL/2": 1.42}
