@@ -338,3 +338,32 @@ def test_repa_eval_protocol_is_repas_sampler():
     assert (spec.last_step, spec.last_step_size) == ("Mean", 0.04)
     assert (spec.cfg_scale, spec.cfg_channels, spec.cfg_interval) == (1.8, None, (0.3, 1.0))
     assert p["paper"] == {"SiT-XL/2": 1.42}
+
+
+# ----------------------------------------------------------------------------- two processes
+
+
+@pytest.mark.slow
+def test_repa_under_ddp_and_fsdp_equals_one_process(tmp_path):
+    """2-process torchrun (gloo): DDP for 2 steps, FSDP2 for 1 step then resumed for the 2nd; both equal
+    one process x 2 accumulated micro-batches (the projector's gradients averaged, clipped with the
+    model's), and the checkpoints hold the same projector and AdamW state."""
+    from sit_vit5.config import save_config
+    from tests.test_distributed import assert_close_states, launch
+
+    config = tmp_path / "tiny.yaml"
+    save_config(load_config(None, [*TINY, *REPA, f"train.out_dir={tmp_path / 'unused'}",
+                                   "train.ckpt_every=1"]), config)
+    for name, extra in (("ddp", ["train.steps=2"]), ("fsdp", ["train.steps=1", "train.distributed=fsdp"]),
+                        ("fsdp", ["train.steps=2", "train.distributed=fsdp", "--resume", "latest"])):
+        run = launch(["train.py", "--config", str(config), f"train.out_dir={tmp_path / name}", *extra])
+        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    one = train(load_config(config, [f"train.out_dir={tmp_path / 'one'}", "train.steps=2", "train.grad_accum=2"]))
+    for name in ("ddp", "fsdp"):
+        logged = rows(tmp_path / name)
+        assert [r["loss"] for r in logged] == pytest.approx(one.losses, abs=1e-5), name
+        assert [r["loss_repa"] for r in logged] == pytest.approx([r["loss_repa"] for r in rows(one.run_dir)],
+                                                                 abs=1e-5)
+        a, b = read_checkpoint(tmp_path / name / "checkpoints" / "0000002.pt"), read_checkpoint(one.checkpoint)
+        for key in ("model", "ema", "opt", "repa"):
+            assert_close_states(a[key], b[key], 1e-5, f"{name}.{key}")
