@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from sit_vit5 import repa as R
-from sit_vit5.config import ConfigError, load_config
+from sit_vit5.config import ConfigError, configs_dir, load_config
 from sit_vit5.models import load_model
 from sit_vit5.training import read_checkpoint, train
 from sit_vit5.training.build import build
@@ -367,3 +367,19 @@ def test_repa_under_ddp_and_fsdp_equals_one_process(tmp_path):
         a, b = read_checkpoint(tmp_path / name / "checkpoints" / "0000002.pt"), read_checkpoint(one.checkpoint)
         for key in ("model", "ema", "opt", "repa"):
             assert_close_states(a[key], b[key], 1e-5, f"{name}.{key}")
+
+
+def test_repa_configs_are_the_xl_configs_plus_repas_changes():
+    """Against configs/imagenet/{sit,vit5}-xl-2.yaml only REPA's recipe differs, and the two REPA files
+    differ only in the backbone (and ViT-5's pinned layer_scale_init)."""
+    from sit_vit5.config import flatten
+
+    changed = {"model.learn_sigma", "data.random_flip", "vae.name", "optim.grad_clip", "train.precision",
+               "train.out_dir", "repa.encoder", "repa.resolution"}
+    for backbone in ("sit", "vit5"):
+        base, with_repa = (flatten(load_config(f"imagenet/{backbone}-xl-2{s}")) for s in ("", "-repa"))
+        assert {k for k in base if base[k] != with_repa[k]} == changed, backbone
+    sit, vit5 = (flatten(load_config(f"imagenet/{b}-xl-2-repa")) for b in ("sit", "vit5"))
+    assert {k for k in sit if sit[k] != vit5.get(k)} | (vit5.keys() - sit.keys()) == {
+        "model.name", "model.layer_scale_init", "train.out_dir"}
+    assert "generative setting" in (configs_dir() / "imagenet" / "vit5-xl-2-repa.yaml").read_text()

@@ -1,7 +1,7 @@
 """``python results/digits/study ...``: the digits proxy, ViT-5 vs SiT curves + ablations (CPU;
-see results/digits/PROTOCOL.md); ``--claims``: the claims addition. Run from the repository root:
-the cached runs are read from and written to ``--out`` (default ``results/digits``), checkpoints to
-``--runs-dir``."""
+see results/digits/PROTOCOL.md); ``--claims``: the claims addition; ``--repa``: the REPA addition.
+Run from the repository root: the cached runs are read from and written to ``--out`` (default
+``results/digits``), checkpoints to ``--runs-dir``."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ if not __package__:  # run as a folder: import it as the package ``study``, not 
 
 from study.claims import BUDGET_CORE_HOURS, plan_claims, write_claims  # noqa: E402
 from study.digits import DATASETS, RESULTS, load_results, plan, sweep, write_report  # noqa: E402
+from study.repa import REPA_BUDGET_CORE_HOURS, plan_repa, repa_report, spent  # noqa: E402
 
 PROG = "python results/digits/study"
 
@@ -41,6 +42,9 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--claims", action="store_true",
                    help="run the claims addition of PROTOCOL.md (2026-12-01) in its order, within "
                         "its core-hour budget (use --jobs 1), instead of the original sweep")
+    d.add_argument("--repa", action="store_true",
+                   help="run the REPA addition of PROTOCOL.md (2026-12-02) in its order, within its "
+                        "core-hour budget (use --jobs 1), instead of the original sweep")
     d.add_argument("overrides", nargs="*", metavar="section.key=value",
                    help="extra config overrides for every run")
     return d
@@ -55,7 +59,14 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or str(RESULTS)
     common = dict(steps=args.steps, runs_dir=args.runs_dir, num_samples=args.num_samples,
                   extra_overrides=list(args.overrides))
-    if args.claims and not args.report_only:
+    if args.claims and args.repa:
+        parser().error("--claims and --repa are two sweeps: run one, then the other")
+    if args.repa and not args.report_only:
+        specs = plan_repa(args.datasets or tuple(DATASETS), out, **common)
+        if args.variants:
+            specs = [s for s in specs if s.variant in args.variants]
+        sweep(specs, args.jobs, budget_core_hours=REPA_BUDGET_CORE_HOURS, spent=spent)
+    elif args.claims and not args.report_only:
         specs = plan_claims(args.datasets or tuple(DATASETS), out, **common)
         if args.variants:
             specs = [s for s in specs if s.variant in args.variants]
@@ -68,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     if not results:
         print(f"no complete runs under {out}/runs", file=sys.stderr)
         return 1
-    print(f"wrote {write_report(results, out, command)} and {write_claims(results, out, command)}")
+    claims_md = write_claims(results, out, command, extra=repa_report(results, out))
+    print(f"wrote {write_report(results, out, command)} and {claims_md}")
     return 0
 
 

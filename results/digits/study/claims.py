@@ -22,6 +22,7 @@ from .digits import (
     ABLATIONS,
     EVAL_SIZES,
     EXTRA_SPIKE_LR,
+    REPA_VARIANTS,
     RESULTS,
     SIZES,
     SPIKE_LRS,
@@ -485,10 +486,13 @@ def _ablation_summary(tests: Sequence[dict[str, Any]]) -> str:
 
 
 def write_claims(
-    results: Sequence[dict[str, Any]], out_dir: str | os.PathLike, command: str
+    results: Sequence[dict[str, Any]],
+    out_dir: str | os.PathLike,
+    command: str,
+    extra: tuple[list[dict[str, Any]], list[str]] = ([], []),
 ) -> Path:
     """``CLAIMS.md`` (one row per claim, then every test of the family) and its plots, from cached
-    runs."""
+    runs; ``extra``: rows for the claim table and sections of later additions (REPA: ``repa.py``)."""
     out = Path(out_dir)
     rows = evaluate_family(results)
     by_claim: dict[str, list[dict[str, Any]]] = {}
@@ -500,7 +504,8 @@ def write_claims(
         "runs. "
         f"Generated from the cached runs by `{command}`; commit `{_git_commit()}`; "
         f"{sum(1 for r in results if r.get('complete'))} complete runs; "
-        f"{core_hours_spent(out):.1f} of {BUDGET_CORE_HOURS:g} core-hours of the addition spent.\n",
+        f"{core_hours_spent(out, exclude=tuple(REPA_VARIANTS)):.1f} of {BUDGET_CORE_HOURS:g} core-hours of the "
+        "addition spent.\n",
         "Verdicts use one Holm correction over the whole family of "
         f"{len(rows)} tests (a pending test counts as p = 1). *reproduced* = the paper's "
         "direction with "
@@ -532,6 +537,7 @@ def write_claims(
                 "verdict": claim_verdict([r["verdict"] for r in tests]),
             }
         )
+    claim_rows += extra[0]
     lines.append(report.markdown_table(claim_rows, list(claim_rows[0])))
     lines.append("## Every test of the family\n")
     test_rows = [
@@ -551,6 +557,7 @@ def write_claims(
     ]
     lines.append(report.markdown_table(test_rows, list(test_rows[0])))
     lines += _spike_section(results) + _resolution_section(results) + _scale_section(results, out)
+    lines += extra[1]
     path = out / "CLAIMS.md"
     path.write_text("\n".join(lines))
     return path

@@ -119,7 +119,13 @@ CLAIM_VARIANTS: dict[str, dict[str, Any]] = {
 # C5: trained like the main pair; their final checkpoints are also scored at other image sizes
 CLAIM_VARIANTS.update({"SiT (resolution)": _SIT_ALL, "ViT-5 (γ0=1) (resolution)": _VIT5_ALL})
 EVAL_SIZES: dict[str, tuple[int, ...]] = {v: (6, 12, 16) for v in ("SiT (resolution)", "ViT-5 (γ0=1) (resolution)")}
-VARIANTS: dict[str, dict[str, Any]] = {**PROXY_VARIANTS, **CLAIM_VARIANTS}
+# The REPA addition (PROTOCOL.md, 2026-12-02): the digits feature network as the target, every key spelled out
+REPA_SETTINGS = {"repa.encoder": "digits", "repa.weights": None, "repa.depth": 1, "repa.projector_dim": 128,
+                 "repa.coeff": 0.5, "repa.resolution": None, "repa.mean": None, "repa.std": None,
+                 "repa.interpolation": "bicubic"}
+REPA_VARIANTS: dict[str, dict[str, Any]] = {"SiT + REPA": {**_SIT_ALL, **REPA_SETTINGS},
+                                            "ViT-5 (γ0=1) + REPA": {**_VIT5_ALL, **REPA_SETTINGS}}
+VARIANTS: dict[str, dict[str, Any]] = {**PROXY_VARIANTS, **CLAIM_VARIANTS, **REPA_VARIANTS}
 MAIN = ("SiT", "ViT-5 (γ0=1)", "ViT-5 (γ0=1e-4)", "ViT-5 − LayerScale")
 THIRD_ROW = ("DiT w. ViT", "DiT w. ViT (cosine)")  # added after the protocol's first version: after MAIN
 LAYER_SCALE_CANDIDATES = ("ViT-5 (γ0=1)", "ViT-5 (γ0=1e-4)", "ViT-5 − LayerScale")
@@ -339,7 +345,7 @@ def run_one(spec: RunSpec, threads: int | None = None,
             result["diverged_at_step"] = err.step
         result["train_seconds"] = result.get("train_seconds", 0.0) + time.perf_counter() - start
     rows = _read_metrics(spec.run_dir)
-    losses = [r["loss"] for r in rows]
+    losses = [r.get("loss_diffusion", r["loss"]) for r in rows]  # REPA runs: the diffusion part
     resolved = load_config(spec.run_dir / "config.yaml")  # train() saved it with the data-derived keys
     model = model_from_config(resolved["model"])
     result.update({
@@ -348,7 +354,9 @@ def run_one(spec: RunSpec, threads: int | None = None,
         "config": requested,
         "params": count_params(model), "mflops": flops(model) * 1e3,
         "loss_spikes": count_spikes(losses), "final_loss": statistics.fmean(losses[-100:]) if losses else math.nan,
-        "loss_curve": _curve(rows, "loss"), "gate_attn_curve": _curve(rows, "gate/attn/mean"),
+        "loss_curve": _curve(rows, "loss_diffusion" if any("loss_diffusion" in r for r in rows[:1]) else "loss"),
+        "repa_loss_curve": _curve(rows, "loss_repa"),  # REPA's alignment loss ([] without REPA)
+        "gate_attn_curve": _curve(rows, "gate/attn/mean"),
         "gate_mlp_curve": _curve(rows, "gate/mlp/mean"),
         # the class/time-dependent part of the gates, mean over blocks (diagnostics.GateMonitor)
         "gate_spread_attn_curve": _curve(_block_means(rows, "gate_spread/attn/"), "value"),
@@ -391,10 +399,12 @@ def cached_runs(results_dir: str | os.PathLike = RESULTS) -> list[dict[str, Any]
     return [json.loads(p.read_text()) for p in paths if not p.name.startswith(TMP_PREFIX)]
 
 
-def core_hours_spent(results_dir: str | os.PathLike = RESULTS) -> float:
-    """Core-hours of the runs that record their evaluation time (those of the claims addition, one thread
-    each): training + evaluation seconds / 3600."""
-    runs = [r for r in cached_runs(results_dir) if "eval_seconds" in r]
+def core_hours_spent(results_dir: str | os.PathLike = RESULTS, variants: Sequence[str] | None = None,
+                     exclude: Sequence[str] = ()) -> float:
+    """Core-hours of the runs that record their evaluation time (those of the claims and REPA additions, one
+    thread each), of ``variants`` only (None: all) and not of ``exclude``: training + evaluation seconds / 3600."""
+    runs = [r for r in cached_runs(results_dir) if "eval_seconds" in r and r["variant"] not in exclude
+            and (variants is None or r["variant"] in variants)]
     return sum(r.get("train_seconds", 0.0) + r["eval_seconds"] for r in runs) / 3600
 
 
@@ -402,10 +412,13 @@ def _is_cached(spec: RunSpec) -> bool:
     return spec.result_path.is_file() and json.loads(spec.result_path.read_text()).get("complete", False)
 
 
-def sweep(specs: Sequence[RunSpec], jobs: int = 1, budget_core_hours: float | None = None) -> list[dict[str, Any]]:
+def sweep(specs: Sequence[RunSpec], jobs: int = 1, budget_core_hours: float | None = None,
+          spent: Callable[[str], float] | None = None) -> list[dict[str, Any]]:
     """Run every spec in ``jobs`` processes of one thread each (tiny models: more threads only spin).
-    With ``budget_core_hours`` (one job only), no new run starts once ``core_hours_spent`` reaches it;
-    the runs not started are left out of the returned list."""
+    With ``budget_core_hours`` (one job only), no new run starts once ``spent(results_dir)`` (default: the
+    claims addition's ``core_hours_spent``, REPA runs left out) reaches it; the runs not started are left out
+    of the returned list."""
+    spent = spent or (lambda d: core_hours_spent(d, exclude=tuple(REPA_VARIANTS)))
     if budget_core_hours is not None and jobs > 1:
         raise ValueError("a core-hour budget needs jobs=1 (runs start one after another)")
     results: dict[int, dict[str, Any]] = {}
@@ -422,7 +435,7 @@ def sweep(specs: Sequence[RunSpec], jobs: int = 1, budget_core_hours: float | No
     if jobs <= 1:  # in this process (tests, debugging, budgeted sweeps)
         for i, spec in enumerate(specs):
             if (budget_core_hours is not None and not _is_cached(spec)
-                    and core_hours_spent(spec.results_dir) >= budget_core_hours):
+                    and spent(spec.results_dir) >= budget_core_hours):
                 print(f"budget of {budget_core_hours:g} core-hours spent: {len(specs) - i} runs not started")
                 break
             done(i, run_one(spec, 1))
