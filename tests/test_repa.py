@@ -383,3 +383,17 @@ def test_repa_configs_are_the_xl_configs_plus_repas_changes():
     assert {k for k in sit if sit[k] != vit5.get(k)} | (vit5.keys() - sit.keys()) == {
         "model.name", "model.layer_scale_init", "train.out_dir"}
     assert "generative setting" in (configs_dir() / "imagenet" / "vit5-xl-2-repa.yaml").read_text()
+
+
+def test_the_demo_with_repa_trains_and_resumes_exactly_from_the_command_line(tmp_path, capsys):
+    """The README's `python train.py --config demo repa.encoder=digits ...`, 4 steps straight and 2 + 2
+    resumed with --resume latest: the same checkpoint, bit for bit."""
+    argv = ["--config", "demo", "repa.encoder=digits", "repa.depth=1", "repa.projector_dim=128",
+            "train.ckpt_every=2", "train.sample_every=0", "train.log_every=1", "train.tensorboard=false"]
+    for out, steps, extra in (("straight", 4, []), ("resumed", 2, []), ("resumed", 4, ["--resume", "latest"])):
+        status, err = run_train([*argv, f"train.steps={steps}", f"train.out_dir={tmp_path / out}", *extra], capsys)
+        assert status == 0, err
+    a, b = (read_checkpoint(tmp_path / out / "checkpoints" / "0000004.pt") for out in ("straight", "resumed"))
+    for key in ("model", "ema", "opt", "repa", "rng"):
+        assert_equal_states(a[key], b[key], key)
+    assert a["args"]["repa"]["encoder"] == "digits"
