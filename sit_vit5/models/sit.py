@@ -14,6 +14,7 @@ component of a ``diffusers.DiffusionPipeline`` (``sit_vit5.pipeline.SiTPipeline`
 from __future__ import annotations
 
 import inspect
+import os
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +41,14 @@ SIT_SWITCHES: dict = dict(
     register_rope_theta=None,  # None = registers get no rotation
 )
 POS_EMBED_KINDS = ("fixed", "learned", "none")
+#: diffusers' class names for its DiT (the hub's facebook/DiT-XL-2-256 predates the first)
+DIFFUSERS_DIT_CLASSES = ("DiTTransformer2DModel", "Transformer2DModel")
+#: from_pretrained keywords that also locate config.json
+_CONFIG_KWARGS = ("cache_dir", "force_download", "proxies", "local_files_only", "token", "revision",
+                  "subfolder", "dduf_entries")
+#: diffusers' loading-info keys that make a load fail, and how the error names them
+_LOADING_PROBLEMS = (("missing_keys", "missing keys"), ("unexpected_keys", "unexpected keys"),
+                     ("mismatched_keys", "shape mismatches"), ("error_msgs", "errors"))
 
 
 def _compute_dtype(x: Tensor) -> torch.dtype:
@@ -51,7 +60,12 @@ def _compute_dtype(x: Tensor) -> torch.dtype:
 
 
 class SiT(ModelMixin, ConfigMixin):
-    """Class-conditional velocity network: (x (B, C, H, W), t (B,) in [0, 1], y (B,)) -> (B, C, H, W)."""
+    """Class-conditional velocity network: (x (B, C, H, W), t (B,) in [0, 1], y (B,)) -> (B, C, H, W).
+
+    ``t_freq_shift`` (0) and ``mlp_norm_eps`` (1e-6) are DiT/SiT's timestep frequencies and MLP-norm
+    eps; a model converted from diffusers' ``DiTTransformer2DModel`` keeps that class's 1 and its
+    ``norm_eps`` (``sit_vit5.models.diffusers_dit``).
+    """
 
     # grad_checkpointing is a runtime choice, not part of the architecture a saved model records
     ignore_for_config = ["grad_checkpointing"]
@@ -75,6 +89,8 @@ class SiT(ModelMixin, ConfigMixin):
         num_classes: int = 1000,
         learn_sigma: bool = True,
         grad_checkpointing: bool = False,
+        t_freq_shift: int = 0,
+        mlp_norm_eps: float = 1e-6,
         **switches,
     ) -> None:
         super().__init__()
@@ -86,6 +102,9 @@ class SiT(ModelMixin, ConfigMixin):
             raise ValueError(f"pos_embed must be one of {POS_EMBED_KINDS}, got {sw['pos_embed']!r}")
         if hidden_size % num_heads:
             raise ValueError(f"hidden_size {hidden_size} is not divisible by num_heads {num_heads}")
+        if t_freq_shift not in (0, 1) or not mlp_norm_eps > 0:
+            raise ValueError(f"t_freq_shift must be 0 (DiT/SiT) or 1 (diffusers' DiT), got "
+                             f"{t_freq_shift!r}; mlp_norm_eps must be > 0, got {mlp_norm_eps!r}")
         self.switches = sw
         self.input_size, self.patch_size, self.in_channels = input_size, patch_size, in_channels
         self.out_channels = in_channels * 2 if learn_sigma else in_channels
@@ -97,7 +116,7 @@ class SiT(ModelMixin, ConfigMixin):
         self.num_registers = sw["num_registers"]
 
         self.x_embedder = PatchEmbed(patch_size, in_channels, hidden_size)
-        self.t_embedder = TimestepEmbedder(hidden_size)
+        self.t_embedder = TimestepEmbedder(hidden_size, freq_shift=t_freq_shift)
         self.y_embedder = LabelEmbedder(num_classes, hidden_size, class_dropout_prob)
         n_patches = self.grid[0] * self.grid[1]
         if sw["pos_embed"] == "none":
@@ -120,7 +139,8 @@ class SiT(ModelMixin, ConfigMixin):
         )
         block_sw = {k: sw[k] for k in ("norm", "qk_norm", "qkv_bias", "layer_scale_init", "mlp", "mlp_act")}
         self.blocks = nn.ModuleList(
-            [Block(hidden_size, num_heads, mlp_ratio, **block_sw) for _ in range(depth)]
+            [Block(hidden_size, num_heads, mlp_ratio, mlp_norm_eps=mlp_norm_eps, **block_sw)
+             for _ in range(depth)]
         )
         self.final_layer = FinalLayer(hidden_size, patch_size, self.out_channels, sw["norm"])
         self.initialize_weights()
@@ -129,8 +149,51 @@ class SiT(ModelMixin, ConfigMixin):
         self.register_to_config(
             input_size=input_size, patch_size=patch_size, in_channels=in_channels, hidden_size=hidden_size,
             depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio, class_dropout_prob=class_dropout_prob,
-            num_classes=num_classes, learn_sigma=learn_sigma, **sw,
+            num_classes=num_classes, learn_sigma=learn_sigma, t_freq_shift=t_freq_shift,
+            mlp_norm_eps=mlp_norm_eps, **sw,
         )
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, **kwargs):
+        """diffusers' ``from_pretrained`` (folder or hub id), strict: a config.json written for another
+        class, a config key this class does not know, and missing, unexpected or misshapen weights
+        raise CheckpointError (one line) instead of warnings over a randomly initialised model."""
+        from .checkpoint import CheckpointError  # checkpoint imports this module
+
+        where = os.fspath(pretrained_model_name_or_path)
+        if kwargs.get("subfolder"):
+            where = f"{where}/{kwargs['subfolder']}"
+        config = cls.load_config(pretrained_model_name_or_path,
+                                 **{k: kwargs[k] for k in _CONFIG_KWARGS if k in kwargs})
+        found = config.get("_class_name")
+        if found != cls.__name__:
+            hint = ""
+            if found in DIFFUSERS_DIT_CLASSES:
+                hint = ("; a diffusers DiT folder: convert it with sit_vit5.models.load_model(folder) "
+                        "or sit_vit5.models.diffusers_dit.from_diffusers_dit(folder)")
+            elif found in ("SiT", "ViT5"):
+                hint = f"; load it with {found}.from_pretrained"
+            raise CheckpointError(f"{where}: config.json is for class {found!r}, expected "
+                                  f"{cls.__name__!r}{hint}")
+        unknown = sorted(k for k in config if not k.startswith("_") and k not in
+                         cls._get_init_keys(cls) | set(cls.ignore_for_config))
+        if unknown:
+            raise CheckpointError(f"{where}: config.json has key(s) {unknown} that {cls.__name__} "
+                                  "does not know (written by a newer sit_vit5?)")
+        want_info = kwargs.pop("output_loading_info", False)
+        try:
+            model, info = super().from_pretrained(pretrained_model_name_or_path,
+                                                  output_loading_info=True, **kwargs)
+        except ValueError as err:  # diffusers refuses a misshapen tensor, with advice to ignore it
+            if "expected shape" not in str(err):
+                raise
+            raise CheckpointError(f"{where}: the weights do not fit {cls.__name__}: "
+                                  f"{str(err).split('. If you want')[0]}") from None
+        problems = [f"{label} {info[key]}" for key, label in _LOADING_PROBLEMS if info.get(key)]
+        if problems:
+            raise CheckpointError(f"{where}: the weights do not fit {cls.__name__}: "
+                                  + "; ".join(problems))
+        return (model, info) if want_info else model
 
     def __getattr__(self, name: str):
         # parameters and submodules first, then diffusers' config-key fallback (pos_embed is both)
