@@ -35,6 +35,7 @@ from typing import Any
 from .models import CheckpointError, LoadedModel, load_model, resolve_checkpoint
 from .models.diffusers_dit import dit_folder, dit_pipeline
 from .models.official import OfficialWeights
+from .objective import ddpm_settings
 from .pipeline import SiTPipeline, scheduler_from
 from .precision import PRECISIONS, check_precision
 from .sample_spec import SAMPLE_METHODS, SampleSpec
@@ -120,9 +121,10 @@ def export(
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ExportError(f"{out} exists and is not empty; choose a new output folder")
     weights_dtype = PRECISIONS[check_precision(dtype, "dtype")]
-    if fmt == "dit":
+    if fmt == "dit":  # diffusers' own DiTPipeline layout (models/diffusers_dit.py)
         loaded = load_source(run_or_ckpt, which, model_name)
-        pipe = dit_pipeline(loaded, bundled_vae(loaded, vae_name)[0])
+        vae = bundled_vae(loaded, vae_name)[0]
+        pipe = dit_pipeline(loaded, vae, ddpm_settings(loaded.objective_config))
     else:
         pipe = build_pipeline(run_or_ckpt, which, model_name, vae_name)
     if weights_dtype is not None:

@@ -17,17 +17,21 @@ from diffusers import (
     DPMSolverMultistepScheduler,
 )
 
+from sit_vit5.diffusion.schedule import named_betas
 from sit_vit5.export import main as export_main
 from sit_vit5.models import CheckpointError, create_model, load_model
 from sit_vit5.models.diffusers_dit import (
     dit_config,
     dit_pipeline,
+    dit_scheduler,
+    folder_schedule,
     from_diffusers_dit,
     from_diffusers_state,
     to_diffusers_dit,
     to_diffusers_state,
 )
 from sit_vit5.models.layers import sincos_pos_embed_2d
+from sit_vit5.objective import DDPM_DEFAULTS
 from tests.test_models import TINY, randomize
 
 C = 4  # latent channels
@@ -35,13 +39,14 @@ C = 4  # latent channels
 TOL = 1e-5
 
 
-def tiny_dit(learn_sigma: bool = True, seed: int = 0, tied: bool = True, **config) -> DiTTransformer2DModel:
+def tiny_dit(learn_sigma: bool = True, seed: int = 0, tied: bool = True,
+             **config) -> DiTTransformer2DModel:
     """A random DiTTransformer2DModel (2 blocks, width 64, 8x8 latents, 1000 classes: DiTPipeline's
     null class is 1000). ``tied``: every block holds the same embedders, as a converted DiT does."""
     torch.manual_seed(seed)
     dit = DiTTransformer2DModel(num_attention_heads=4, attention_head_dim=16, in_channels=C,
-                                out_channels=2 * C if learn_sigma else C, num_layers=2, sample_size=8,
-                                patch_size=2, num_embeds_ada_norm=1000, **config)
+                                out_channels=2 * C if learn_sigma else C, num_layers=2,
+                                sample_size=8, patch_size=2, num_embeds_ada_norm=1000, **config)
     with torch.no_grad():
         for p in dit.parameters():  # diffusers' init is not the zero adaLN one; random all over
             p.copy_(torch.randn_like(p) * 0.1)
@@ -148,6 +153,12 @@ def test_untied_embedders_and_foreign_architectures_are_refused(tmp_path):
         from_diffusers_dit(tiny_dit(tied=False))
     with pytest.raises(CheckpointError, match="activation_fn"):
         from_diffusers_dit(tiny_dit(activation_fn="geglu"))
+    tiny_dit().save_pretrained(tmp_path / "pixart")  # another Transformer2DModel family
+    config = json.loads((tmp_path / "pixart" / "config.json").read_text())
+    config.update(_class_name="Transformer2DModel", norm_type="ada_norm_single")
+    (tmp_path / "pixart" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="not a DiT configuration"):
+        from_diffusers_dit(tmp_path / "pixart")
     vit5 = create_model("ViT5-S/2", **TINY)
     with pytest.raises(CheckpointError, match="no DiTTransformer2DModel equivalent"):
         dit_config(vit5)
@@ -165,8 +176,8 @@ def test_the_hubs_transformer2dmodel_config_is_read_as_dit(tmp_path):
     dit.save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     config.pop("norm_eps")
-    config.update(_class_name="Transformer2DModel", cross_attention_dim=None, num_vector_embeds=None,
-                  only_cross_attention=False, use_linear_projection=False)
+    config.update(_class_name="Transformer2DModel", cross_attention_dim=None,
+                  num_vector_embeds=None, only_cross_attention=False, use_linear_projection=False)
     (tmp_path / "config.json").write_text(json.dumps(config))
     model = from_diffusers_dit(tmp_path)
     assert model.blocks[0].norm2.eps == 1e-5
@@ -217,7 +228,8 @@ def test_a_pipeline_folder_loads_with_its_vae_and_schedule(tmp_path, vae_dir):
     sample.py --ckpt takes it too."""
     dit = tiny_dit()
     vae = AutoencoderKL.from_pretrained(vae_dir)
-    scheduler = DDIMScheduler(beta_schedule="linear", beta_start=1e-4, beta_end=0.02, clip_sample=False)
+    scheduler = DDIMScheduler(beta_schedule="linear", beta_start=1e-4, beta_end=0.02,
+                              clip_sample=False)
     DiTPipeline(transformer=dit, vae=vae, scheduler=scheduler).save_pretrained(tmp_path / "pipe")
     loaded = load_model(tmp_path / "pipe")
     assert loaded.vae["name"] == str(tmp_path / "pipe" / "vae")
@@ -238,15 +250,24 @@ def test_a_pipeline_folder_loads_with_its_vae_and_schedule(tmp_path, vae_dir):
         load_model(tmp_path / "pipe")
 
 
+@pytest.mark.parametrize(("schedule", "steps"), [("linear", 1000), ("linear", 250),
+                                                 ("cosine", 1000)])
+def test_noise_schedules_map_to_diffusers_betas_and_back(tmp_path, schedule, steps):
+    scheduler = dit_scheduler({"noise_schedule": schedule, "diffusion_steps": steps})
+    assert torch.allclose(scheduler.betas.double(), named_betas(schedule, steps), atol=1e-7)
+    scheduler.save_pretrained(tmp_path / "scheduler")
+    assert folder_schedule(tmp_path) == {"diffusion_steps": steps, "noise_schedule": schedule}
+
+
 def test_dit_pipeline_refuses_what_it_cannot_sample(tmp_path, vae_dir, capsys):
     ckpt = tmp_path / "SiT-S-2.pt"
     torch.save(create_model("SiT-S/2", **{**TINY, "num_classes": 1000}).state_dict(), ckpt)
     sizes = dict(depth=2, hidden_size=64, num_heads=4)
     vae = AutoencoderKL.from_pretrained(vae_dir)
     with pytest.raises(CheckpointError, match="sit-objective model; DiTPipeline samples DiT's"):
-        dit_pipeline(load_model(ckpt, "SiT-S/2", overrides=sizes), vae)
+        dit_pipeline(load_model(ckpt, "SiT-S/2", overrides=sizes), vae, DDPM_DEFAULTS)
     with pytest.raises(CheckpointError, match="pixel-space model"):
-        dit_pipeline(load_model(ckpt, "DiT-S/2", overrides=sizes), None)
+        dit_pipeline(load_model(ckpt, "DiT-S/2", overrides=sizes), None, DDPM_DEFAULTS)
     dit = tiny_dit()
     dit.save_pretrained(tmp_path / "dit")
     assert export_main([str(tmp_path / "dit"), str(tmp_path / "out"), "--format", "dit",

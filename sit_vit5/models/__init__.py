@@ -2,6 +2,7 @@
 (``DiT-*`` names: the SiT network under DiT's ddpm objective)."""
 
 from .checkpoint import CheckpointError, LoadedModel, load_checkpoint, load_model, load_state_dict
+from .diffusers_dit import from_diffusers_dit, to_diffusers_dit
 from .official import OFFICIAL_WEIGHTS, WeightsUnavailableError, resolve_checkpoint
 from .registry import (
     BACKBONES,
@@ -33,6 +34,7 @@ __all__ = [
     "count_params",
     "create_model",
     "flops",
+    "from_diffusers_dit",
     "list_models",
     "name_objective",
     "load_checkpoint",
@@ -40,5 +42,6 @@ __all__ = [
     "model_from_config",
     "load_state_dict",
     "resolve_checkpoint",
+    "to_diffusers_dit",
     "valid_overrides",
 ]

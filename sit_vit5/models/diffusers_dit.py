@@ -1,18 +1,21 @@
-"""diffusers' DiT format (``DiTTransformer2DModel``, the layout of the hub's ``facebook/DiT-XL-2-256``)
-in both directions, for our DiT-objective model (the SiT network with ``learn_sigma``, ``DiT-*`` names).
+"""diffusers' DiT format (``DiTTransformer2DModel``, the layout of the hub's
+``facebook/DiT-XL-2-256``) in both directions, for our DiT-objective model (the SiT network with
+``learn_sigma``, ``DiT-*`` names).
 
-    model = from_diffusers_dit("facebook/DiT-XL-2-256")        # folder, pipeline folder or hub id
-    to_diffusers_dit(model).save_pretrained("dit/transformer")  # a folder diffusers' DiTPipeline runs
+    model = from_diffusers_dit("facebook/DiT-XL-2-256")  # folder, pipeline folder or hub id
+    to_diffusers_dit(model).save_pretrained("dit/transformer")  # DiTPipeline's transformer
 
 The networks agree layer for layer; the layouts differ in three ways, all in ``RENAMES``: diffusers
 splits qkv into ``to_q / to_k / to_v``; it gives every block its own copy of the timestep and class
 embedders (converted DiTs hold identical copies; the final layer reads block 0's); it recomputes the
-fixed sin-cos table instead of storing it. Two numerical conventions differ as well, and a converted
-model keeps diffusers' through two constructor options: the timestep sinusoid divides by ``half - 1``
-where DiT divides by ``half`` (``t_freq_shift=1``; DiT's own weights, trained with 0, run this way in
-diffusers too), and the norm before the MLP uses the config's ``norm_eps`` (1e-5 unless set; ours
-1e-6: ``mlp_norm_eps``). Inputs are DiT's: integer timesteps 0..999 and labels with ``num_classes``
-as the null class; with ``learn_sigma`` both return 2C channels (noise, then the variance values).
+fixed sin-cos table instead of storing it. Two numerical conventions differ as well, and a
+converted model keeps diffusers' through two constructor options: the timestep sinusoid divides by
+``half - 1`` where DiT divides by ``half`` (``t_freq_shift=1``; DiT's own weights, trained with 0,
+run this way in diffusers too), and the norm before the MLP uses the config's ``norm_eps`` (1e-5
+unless set; ours 1e-6: ``mlp_norm_eps``). Without them the outputs differ (tiny random model: by
+1.1 with DiT's frequencies, by 1.3e-5 with eps 1e-6). Inputs are DiT's: integer timesteps 0..999
+and labels with ``num_classes`` as the null class; with ``learn_sigma`` both return 2C channels
+(noise, then the variance values).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from ..vae import SD_VAE_EMA, SD_VAE_SCALING_FACTOR
 from .checkpoint import CheckpointError, check_state_dict
 from .layers import sincos_pos_embed_2d
 from .registry import SIZES
@@ -36,13 +40,14 @@ if TYPE_CHECKING:
 
     from .checkpoint import LoadedModel
 
-#: Ours -> diffusers' parameter prefixes ("{i}": block index). A name of ours without "{i}" mapped to
-#: one with it is shared: copied into every block there. "{q,k,v}": our fused qkv, split in three.
+#: Ours -> diffusers' parameter prefixes ("{i}": block index). A name of ours without "{i}" mapped
+#: to one with it is shared: copied into every block there. "{q,k,v}": our fused qkv, split in 3.
 RENAMES: tuple[tuple[str, str], ...] = (
     ("x_embedder.proj", "pos_embed.proj"),
     ("t_embedder.mlp.0", "transformer_blocks.{i}.norm1.emb.timestep_embedder.linear_1"),
     ("t_embedder.mlp.2", "transformer_blocks.{i}.norm1.emb.timestep_embedder.linear_2"),
-    ("y_embedder.embedding_table", "transformer_blocks.{i}.norm1.emb.class_embedder.embedding_table"),
+    ("y_embedder.embedding_table",
+     "transformer_blocks.{i}.norm1.emb.class_embedder.embedding_table"),
     ("blocks.{i}.adaLN_modulation.1", "transformer_blocks.{i}.norm1.linear"),
     ("blocks.{i}.attn.qkv", "transformer_blocks.{i}.attn1.to_{q,k,v}"),
     ("blocks.{i}.attn.proj", "transformer_blocks.{i}.attn1.to_out.0"),
@@ -55,9 +60,13 @@ RENAMES: tuple[tuple[str, str], ...] = (
 ACTIVATIONS = {"gelu-approximate": "gelu_tanh", "gelu": "gelu"}
 #: the class names a DiT folder's config.json carries (the hub's predates DiTTransformer2DModel)
 DIT_CLASS_NAMES = ("DiTTransformer2DModel", "Transformer2DModel")
-#: Transformer2DModel-era config keys that must keep these values for the DiT layout
-_DIT_ONLY = {"norm_type": "ada_norm_zero", "norm_elementwise_affine": False, "cross_attention_dim": None,
-             "num_vector_embeds": None, "only_cross_attention": False, "double_self_attention": False}
+#: config keys (some Transformer2DModel-era) that must keep these values for the DiT layout
+_DIT_ONLY = {"norm_type": "ada_norm_zero", "norm_elementwise_affine": False,
+             "cross_attention_dim": None, "num_vector_embeds": None, "only_cross_attention": False,
+             "double_self_attention": False}
+#: DDIMScheduler's defaults for the keys a scheduler_config.json may leave out
+DDIM_DEFAULTS = {"num_train_timesteps": 1000, "beta_schedule": "linear", "beta_start": 1e-4,
+                 "beta_end": 0.02}
 
 
 def _expand(name: str, block: int | None) -> list[str]:
@@ -67,7 +76,8 @@ def _expand(name: str, block: int | None) -> list[str]:
 
 
 def to_diffusers_state(state: dict[str, Tensor], depth: int) -> dict[str, Tensor]:
-    """Our state dict (``depth`` blocks) -> DiTTransformer2DModel's (the fixed ``pos_embed`` dropped)."""
+    """Our state dict (``depth`` blocks) -> DiTTransformer2DModel's (the fixed ``pos_embed``
+    dropped)."""
     out = {}
     for ours, theirs in RENAMES:
         for block in range(depth) if "{i}" in theirs else [None]:
@@ -108,14 +118,19 @@ def from_diffusers_state(state: dict[str, Tensor], depth: int, source: str = "th
     return out
 
 
-def _model_kwargs(config: dict[str, Any], source: str) -> dict[str, Any]:
-    """SiT constructor keywords of a DiTTransformer2DModel config (raises CheckpointError)."""
+def _check_dit_only(config: dict[str, Any], source: str) -> None:
     wrong = {k: config[k] for k, v in _DIT_ONLY.items() if k in config and config[k] != v}
     if wrong:
         raise CheckpointError(f"{source}: not a DiT configuration ({wrong}; DiT needs {_DIT_ONLY})")
+
+
+def _model_kwargs(config: dict[str, Any], source: str) -> dict[str, Any]:
+    """SiT constructor keywords of a DiTTransformer2DModel config (raises CheckpointError)."""
+    _check_dit_only(config, source)
     act = config.get("activation_fn", "gelu-approximate")
     if act not in ACTIVATIONS:
-        raise CheckpointError(f"{source}: activation_fn={act!r}; convertible: {sorted(ACTIVATIONS)}")
+        raise CheckpointError(f"{source}: activation_fn={act!r}; convertible: "
+                              f"{sorted(ACTIVATIONS)}")
     heads, in_ch = config.get("num_attention_heads", 16), config.get("in_channels", 4)
     out_ch = config.get("out_channels") or in_ch
     if out_ch not in (in_ch, 2 * in_ch):
@@ -184,8 +199,10 @@ def from_diffusers_dit(source: str | os.PathLike | DiTTransformer2DModel, **kwar
             config_kwargs["subfolder"] = kwargs["subfolder"] = "transformer"
             config = DiTTransformer2DModel.load_config(where, **config_kwargs)
         if config.get("_class_name") not in DIT_CLASS_NAMES:
-            raise CheckpointError(f"{where}: config.json is for class {config.get('_class_name')!r}, "
-                                  f"expected one of {list(DIT_CLASS_NAMES)}")
+            raise CheckpointError(f"{where}: config.json is for class "
+                                  f"{config.get('_class_name')!r}, expected one of "
+                                  f"{list(DIT_CLASS_NAMES)}")
+        _check_dit_only(config, where)  # before diffusers drops the keys its DiT class ignores
         dit, info = DiTTransformer2DModel.from_pretrained(where, output_loading_info=True, **kwargs)
         bad = {k: v for k, v in info.items() if v}
         if bad:
@@ -204,7 +221,6 @@ def load_dit_folder(path: str | os.PathLike, model_name: str | None = None,
     """``load_model`` for a local diffusers DiT folder: the converted model (objective ddpm, DiT's
     learned or fixed variance) and, for a pipeline folder, its ``vae/`` and that VAE's latent scale
     (else the SD-VAE ft-EMA for 4-channel models, as for DiT's own files)."""
-    from ..vae import SD_VAE_EMA, SD_VAE_SCALING_FACTOR
     from .checkpoint import LoadedModel
 
     if objective not in (None, "ddpm"):
@@ -226,21 +242,31 @@ def load_dit_folder(path: str | os.PathLike, model_name: str | None = None,
                        diffusion={"ddpm_variance": variance, **folder_schedule(path)})
 
 
+def diffusers_schedule(noise_schedule: str, steps: int) -> dict[str, Any]:
+    """The diffusers scheduler settings of one of our noise schedules (sit_vit5.diffusion.schedule:
+    DDPM's linear 1e-4..0.02 scaled by 1000 / steps, IDDPM's cosine = "squaredcos_cap_v2")."""
+    if noise_schedule == "linear":
+        return dict(num_train_timesteps=steps, beta_schedule="linear",
+                    beta_start=1e-4 * 1000 / steps, beta_end=0.02 * 1000 / steps)
+    if noise_schedule in ("cosine", "squaredcos_cap_v2"):
+        return dict(num_train_timesteps=steps, beta_schedule="squaredcos_cap_v2")
+    raise CheckpointError(f"noise_schedule={noise_schedule!r} has no diffusers scheduler setting")
+
+
 def folder_schedule(path: str | os.PathLike) -> dict[str, Any]:
     """The ddpm keys (diffusion_steps, noise_schedule) a pipeline folder's scheduler config names;
     {} (DiT's linear 1000 steps) without one. Raises CheckpointError for betas we do not have."""
-    from ..diffusion.schedule import named_betas
-
     file = Path(path) / "scheduler" / "scheduler_config.json"
     if not file.is_file():
         return {}
     cfg = json.loads(file.read_text())
     steps = cfg.get("num_train_timesteps", 1000)
-    kind = {"linear": "linear", "squaredcos_cap_v2": "cosine"}.get(cfg.get("beta_schedule", "linear"))
-    if kind is not None and not cfg.get("trained_betas"):
-        betas = named_betas(kind, steps)
-        ends = (cfg.get("beta_start", 1e-4), cfg.get("beta_end", 0.02))
-        if kind == "cosine" or all(abs(a - float(b)) < 1e-9 for a, b in zip(ends, betas[[0, -1]])):
+    for kind in ("linear", "cosine"):
+        want = diffusers_schedule(kind, steps)
+        got = {k: cfg.get(k, DDIM_DEFAULTS.get(k)) for k in want}
+        if not cfg.get("trained_betas") and all(
+                got[k] == v if isinstance(v, (int, str)) else abs(got[k] - v) < 1e-9
+                for k, v in want.items()):
             return {"diffusion_steps": steps, "noise_schedule": kind}
     raise CheckpointError(f"{file}: a noise schedule the ddpm objective does not have "
                           f"(beta_schedule={cfg.get('beta_schedule')!r}, beta_start/end, "
@@ -265,7 +291,8 @@ def dit_config(model: SiT) -> dict[str, Any]:
                               "DiTTransformer2DModel equivalent")
     return dict(
         num_attention_heads=model.num_heads, attention_head_dim=hidden // model.num_heads,
-        in_channels=model.in_channels, out_channels=model.out_channels, num_layers=len(model.blocks),
+        in_channels=model.in_channels, out_channels=model.out_channels,
+        num_layers=len(model.blocks),
         attention_bias=sw["qkv_bias"], sample_size=model.input_size, patch_size=model.patch_size,
         activation_fn={v: k for k, v in ACTIVATIONS.items()}[sw["mlp_act"]],
         num_embeds_ada_norm=model.num_classes, norm_type="ada_norm_zero",
@@ -289,7 +316,8 @@ def to_diffusers_dit(model: SiT) -> DiTTransformer2DModel:
         raise CheckpointError("the model's pos_embed is not the fixed sin-cos table, which "
                               "DiTTransformer2DModel recomputes instead of storing")
     dit = DiTTransformer2DModel(**dit_config(model))
-    state = to_diffusers_state({k: v.float() for k, v in model.state_dict().items()}, len(model.blocks))
+    ours = {k: v.float() for k, v in model.state_dict().items()}
+    state = to_diffusers_state(ours, len(model.blocks))
     own = dit.state_dict()
     missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
     if missing or unexpected:  # the table and diffusers' class disagree: a diffusers change
@@ -298,27 +326,20 @@ def to_diffusers_dit(model: SiT) -> DiTTransformer2DModel:
     return dit.eval().requires_grad_(False)
 
 
-def dit_scheduler(loaded: LoadedModel) -> Any:
-    """diffusers' DDIMScheduler on the model's noise schedule (DiT's: linear, 1000 steps)."""
+def dit_scheduler(ddpm: dict[str, Any]) -> Any:
+    """diffusers' DDIMScheduler on the noise schedule of ``ddpm`` (the resolved ddpm settings,
+    ``objective.ddpm_settings``: DiT's linear 1000 steps by default), epsilon prediction."""
     from diffusers import DDIMScheduler
 
-    from ..diffusion.schedule import named_betas
-    from ..objective import ddpm_settings
-
-    ddpm = ddpm_settings(loaded.objective_config)
-    steps, schedule = ddpm["diffusion_steps"], ddpm["noise_schedule"]
-    betas = named_betas(schedule, steps)
-    common = dict(num_train_timesteps=steps, clip_sample=False, prediction_type="epsilon")
-    if schedule == "linear":  # as the hub's DiT: the two ends, not a 1000-number list
-        return DDIMScheduler(beta_schedule="linear", beta_start=float(betas[0]),
-                             beta_end=float(betas[-1]), **common)
-    return DDIMScheduler(trained_betas=betas.tolist(), **common)
+    return DDIMScheduler(**diffusers_schedule(ddpm["noise_schedule"], ddpm["diffusion_steps"]),
+                         clip_sample=False, prediction_type="epsilon")
 
 
-def dit_pipeline(loaded: LoadedModel, vae: Any) -> Any:
+def dit_pipeline(loaded: LoadedModel, vae: Any, ddpm: dict[str, Any]) -> Any:
     """diffusers' own ``DiTPipeline`` for a DiT-objective model: its DiTTransformer2DModel, ``vae``
-    (an AutoencoderKL; DiTPipeline always decodes) and ``dit_scheduler``. Raises CheckpointError
-    for a model DiTPipeline cannot sample (SiT objective, pixel space, architecture)."""
+    (an AutoencoderKL; DiTPipeline always decodes) and ``dit_scheduler(ddpm)``. Raises
+    CheckpointError for a model DiTPipeline cannot sample (SiT objective, pixel space,
+    architecture)."""
     from diffusers import DiTPipeline
 
     if loaded.objective != "ddpm":
@@ -328,10 +349,10 @@ def dit_pipeline(loaded: LoadedModel, vae: Any) -> Any:
         raise CheckpointError(f"{loaded.name} is a pixel-space model; DiTPipeline always decodes "
                               "latents with a VAE")
     return DiTPipeline(transformer=to_diffusers_dit(loaded.model), vae=vae,
-                       scheduler=dit_scheduler(loaded))
+                       scheduler=dit_scheduler(ddpm))
 
 
-__all__ = ["ACTIVATIONS", "DIT_CLASS_NAMES", "RENAMES", "dit_config", "dit_folder",
-           "dit_model_name", "dit_pipeline", "dit_scheduler", "folder_schedule", "from_diffusers_dit",
-           "load_dit_folder", "from_diffusers_state", "to_diffusers_dit",
+__all__ = ["ACTIVATIONS", "DIT_CLASS_NAMES", "RENAMES", "diffusers_schedule", "dit_config",
+           "dit_folder", "dit_model_name", "dit_pipeline", "dit_scheduler", "folder_schedule",
+           "from_diffusers_dit", "from_diffusers_state", "load_dit_folder", "to_diffusers_dit",
            "to_diffusers_state"]
