@@ -24,10 +24,11 @@ import yaml
 
 from .errors import SettingError, SitVit5Error
 from .models import list_models, valid_overrides
-from .models.layers import MLP_ACTS, MLPS, NORMS
+from .models.layers import MLP_ACTS, MLPS, NORMS, resolve_layer_scale_init
 from .models.registry import _NAME, DATA_DERIVED_KEYS, SIZES
-from .models.sit import POS_EMBED_KINDS, SIT_SWITCHES, SiT
-from .models.vit5 import LAYER_SCALE_INITS, VIT5_SWITCHES
+from .models.rope import check_head_dim, register_grid
+from .models.sit import POS_EMBED_KINDS, SIT_SWITCHES, SiT, rope_thetas
+from .models.vit5 import VIT5_SWITCHES
 from .objective import DDPM_DEFAULTS, ObjectiveError, check_objective
 from .precision import PRECISIONS
 from .sample_spec import SampleSpec, check_cfg_scale, config_defaults
@@ -308,17 +309,20 @@ def validate_model_section(cfg: Config) -> None:
     if m["name"] not in list_models():
         raise ConfigError(f"model.name={m['name']!r} is not registered; valid: {', '.join(list_models())}")
 
-    named = {"layer_scale_init": LAYER_SCALE_INITS}  # keys that also take a name for a number
+    # keys that also take a name for a number, and the model's resolver of those names
+    named = {"layer_scale_init": resolve_layer_scale_init}
     types = model_key_types()
     for key, value in m.items():
         if key == "name" or key not in types:
             continue
         expected, nullable = types[key]
-        if (value is None and nullable) or (isinstance(value, str) and key in named):
-            if value is not None and value not in named[key]:
-                raise ConfigError(f"model.{key}={value!r}; a number{' or null' if nullable else ''} or one of "
-                                  f"{', '.join(named[key])}")
+        if value is None and nullable:
             continue
+        if isinstance(value, str) and key in named:  # resolved, then checked as the number
+            try:
+                value = named[key](value)
+            except ValueError as err:
+                raise ConfigError(f"model.{err}") from None
         if expected is float:
             ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         elif expected is int:
@@ -343,14 +347,24 @@ def validate_architecture(m: dict[str, Any]) -> None:
     if hidden % heads:
         raise ConfigError(f"model.hidden_size={hidden} is not divisible by model.num_heads={heads} "
                           f"(sizes of {m['name']} with the overrides applied)")
+    # the model's own RoPE rules (models/rope.py), on the parts the model rotates (sit.rope_thetas)
     switches = _switches_of(m)
-    if switches["rope"] and (hidden // heads) % 4:
-        raise ConfigError(f"model.hidden_size={hidden} / model.num_heads={heads} = head dim {hidden // heads}: "
-                          "2-D RoPE needs a head dim divisible by 4 (or model.rope=false)")
+    patch_theta, register_theta = rope_thetas(switches)
+    parts = (("model.rope=false", patch_theta), ("model.register_rope_theta=null", register_theta))
+    offs = [off for off, theta in parts if theta is not None]  # the switches that turn RoPE off
+    try:
+        if offs:
+            check_head_dim(hidden // heads)
+    except ValueError:
+        raise ConfigError(f"model.hidden_size={hidden} / model.num_heads={heads} = head dim "
+                          f"{hidden // heads}: 2-D RoPE needs a head dim divisible by 4 "
+                          f"(or {' and '.join(offs)})") from None
     regs = switches["num_registers"]
-    if regs and switches["rope"] and switches["register_rope_theta"] is not None and math.isqrt(regs) ** 2 != regs:
-        raise ConfigError(f"model.num_registers={regs}: register RoPE needs a perfect square (or "
-                          "model.register_rope_theta=null)")
+    try:
+        register_grid(regs, register_theta)
+    except ValueError:
+        raise ConfigError(f"model.num_registers={regs}: register RoPE needs a perfect square "
+                          "(or model.register_rope_theta=null)") from None
 
 
 def _switches_of(cfg_model: dict[str, Any]) -> dict[str, Any]:

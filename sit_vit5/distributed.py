@@ -17,6 +17,8 @@ from collections.abc import Mapping
 
 import torch
 
+from .errors import SitVit5Error
+
 #: Variables that announce the world size, in the order accelerate reads them, and the variables
 #: that give this process's rank alongside each.
 RANK_VARS = {"WORLD_SIZE": ("RANK", "LOCAL_RANK"), "PMI_SIZE": ("PMI_RANK",),
@@ -26,7 +28,7 @@ WORLD_SIZE_VARS = tuple(RANK_VARS)
 _CPU_FLAGS = "train.cpu=true / --device cpu / --cpu"
 
 
-class LaunchError(RuntimeError):
+class LaunchError(SitVit5Error, RuntimeError):
     """The process group does not match what the launcher announced; the message names the variable
     and the fix, in one line."""
 

@@ -73,14 +73,9 @@ class ClassifierFreeGuidance:
     outside the interval the conditional prediction is used alone.
     """
 
-    def __init__(
-        self,
-        model: ModelFn,
-        cfg_scale: float,
-        null_class: int,
-        cfg_channels: int | None = None,
-        interval: tuple[float, float] | None = None,
-    ) -> None:
+    def __init__(self, model: ModelFn, cfg_scale: float, null_class: int,
+                 cfg_channels: int | None = None, interval: tuple[float, float] | None = None
+                 ) -> None:
         self.model, self.cfg_scale, self.null_class = model, float(cfg_scale), int(null_class)
         self.cfg_channels, self.interval = cfg_channels, interval
 

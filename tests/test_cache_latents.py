@@ -120,6 +120,7 @@ def test_resume_recomputes_only_unmarked_shards(vae_dir, data_dir, tmp_path, mon
     out = tmp_path / "cache"
     _run(data_dir, out, vae_dir)
     before = {p.name: p.read_bytes() for p in out.glob("shard_*.npy")}
+    assert len(before) == 6, sorted(before)  # 10 images, 4 per shard: 3 shards x (mean, std)
     (out / "shard_00001.done").unlink()
     (out / "shard_00001.mean.npy").write_bytes(b"stale")  # whatever is there gets replaced
 
@@ -241,6 +242,8 @@ def test_two_processes_share_the_work_and_match_one(vae_dir, data_dir, tmp_path)
     assert proc.returncode == 0, stderr[-3000:]
     assigned = dict(re.findall(r"process (\d)/2: shards (\[.*?\])", stdout))
     assert assigned == {"0": "['00000', '00002']", "1": "['00001']"}
-    for file in sorted(p.name for p in single.glob("shard_*.npy")):  # other thread counts: float16 ulps
+    files = sorted(p.name for p in single.glob("shard_*.npy"))
+    assert len(files) == 6, files  # 10 images, 4 per shard: 3 shards x (mean, std)
+    for file in files:  # other thread counts: float16 ulps
         np.testing.assert_allclose(np.load(out / file), np.load(single / file), rtol=2e-3, atol=1e-4)
     assert json.loads((out / "manifest.json").read_text())["complete"]

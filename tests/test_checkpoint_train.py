@@ -1,5 +1,6 @@
 """Training checkpoints: weights_only round trip, SHA-256 sidecar, atomic writes, rotation, RNG, compatibility."""
 
+import errno
 import json
 import random
 
@@ -7,8 +8,10 @@ import numpy as np
 import pytest
 import torch
 
+from sit_vit5 import io as sio
 from sit_vit5.config import load_config
 from sit_vit5.training import checkpoint as ck
+from tests.helpers import TRAIN_ARGV, load_train_cli, run_train
 
 
 def make_state(step: int) -> dict:
@@ -132,3 +135,102 @@ def test_compatibility_names_the_differing_keys():
     assert "transport.path_type" in message and "train.steps" not in message
     with pytest.raises(ck.IncompatibleCheckpointError, match="no training config"):
         ck.check_compatible({"model": {}}, saved, "bare.pt")
+
+
+# ----------------------------------------------------------------------------- damage
+
+
+def small_state(step: int) -> dict:
+    torch.manual_seed(step)
+    model = torch.nn.Linear(4, 3)
+    return {"model": model.state_dict(), "ema": model.state_dict(), "opt": {},
+            "args": {"train": {"seed": 0}}, "step": step, "epoch": 0, "batch_in_epoch": step,
+            "rng": ck.rng_state(), "versions": {}, "model_name": "x"}
+
+
+def test_payload_digest_is_independent_of_the_pickle(tmp_path):
+    state = small_state(1)
+    digest = sio.payload_sha256(state)
+    torch.save(state, tmp_path / "a.pt")
+    assert sio.payload_sha256(torch.load(tmp_path / "a.pt", weights_only=True)) == digest
+    state["model"]["weight"][0, 0] += 1e-7  # any change of a value changes the digest
+    assert sio.payload_sha256(state) != digest
+
+
+def test_byte_flips_without_sidecar_are_never_silent(tmp_path):
+    """A .pt copied on its own (no .sha256) with one flipped bit: refused, or (padding, zip metadata
+    that the reader ignores) loaded with exactly the saved content. Never loaded with different
+    content."""
+    state = small_state(3)
+    path = ck.save_checkpoint(state, tmp_path, 3)
+    ck.sidecar(path).unlink()
+    original = path.read_bytes()
+    offsets = random.Random(0).sample(range(len(original)), 300)
+    refused = 0
+    for offset in offsets:
+        data = bytearray(original)
+        data[offset] ^= 1 << (offset % 8)
+        path.write_bytes(bytes(data))
+        try:
+            loaded = ck.read_checkpoint(path)
+        except ck.CheckpointError:
+            refused += 1
+            continue
+        same = sio.payload_sha256(loaded) == sio.payload_sha256(state)
+        assert same, f"silent change at byte {offset}"
+        assert loaded.keys() == state.keys()
+    # most bytes are tensor data or pickle: those flips must be refused
+    assert refused > len(offsets) // 2
+
+
+def test_flipped_tensor_byte_is_refused_by_resume(tmp_path, capsys):
+    run = tmp_path / "run"
+    argv = [*TRAIN_ARGV, f"train.out_dir={run}", "train.steps=2", "train.ckpt_every=2"]
+    assert load_train_cli().main(argv) == 0
+    path = run / "checkpoints" / "0000002.pt"
+    ck.sidecar(path).unlink()
+    state = torch.load(path, weights_only=True)
+    # a value changed, the pickle re-written around it
+    state["ema"]["blocks.0.attn.qkv.weight"][0, 0] *= -1
+    torch.save(state, path)
+    capsys.readouterr()
+    argv = [*TRAIN_ARGV, f"train.out_dir={run}", "train.steps=4", "--resume", "latest"]
+    status, line = run_train(argv, capsys)
+    assert status == 2 and str(path) in line and "corrupt" in line
+
+
+def test_disk_full_during_a_checkpoint(tmp_path, capsys, monkeypatch):
+    """ENOSPC while writing the second checkpoint: one line naming both files; the first stays
+    latest."""
+    run = tmp_path / "run"
+    writes = {"n": 0}
+    real_write = sio._HashingWriter.write
+
+    def failing_write(self, data):
+        if self.file.name.endswith("0000004.pt"):
+            writes["n"] += 1
+            if writes["n"] > 3:
+                raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(self, data)
+
+    monkeypatch.setattr(sio._HashingWriter, "write", failing_write)
+    argv = [*TRAIN_ARGV, f"train.out_dir={run}", "train.steps=6", "train.ckpt_every=2"]
+    status, line = run_train(argv, capsys)
+    ckpts = run / "checkpoints"
+    assert status == 2
+    assert line == (f"error: no space left on device writing {ckpts / '0000004.pt'}; the previous "
+                    f"checkpoint {ckpts / '0000002.pt'} is intact")
+    names = sorted(p.name for p in ckpts.iterdir())
+    assert names == ["0000002.pt", "0000002.pt.sha256", "latest.json"]
+    assert json.loads((ckpts / "latest.json").read_text())["file"] == "0000002.pt"
+    ck.read_checkpoint(ckpts / "0000002.pt")  # still verifies
+
+
+def test_orphan_sidecar_is_swept(tmp_path):
+    """A kill between deleting a rotated checkpoint and its sidecar leaves a .sha256 alone: the next
+    save removes it."""
+    ck.save_checkpoint(small_state(1), tmp_path, 1)
+    (tmp_path / "0000001.pt").unlink()
+    ck.save_checkpoint(small_state(2), tmp_path, 2)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["0000002.pt", "0000002.pt.sha256", "latest.json"]

@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from sit_vit5.config import DEFAULTS, ConfigError, flatten, load_config, parse_overrides, save_config
+from tests.helpers import run_train
 
 
 def write_yaml(tmp_path, data, name="exp.yaml"):
@@ -114,3 +115,109 @@ def test_exponent_floats_without_a_dot(tmp_path):
     path.write_text("optim:\n  lr: 3e-4\n  grad_clip: 1e0\n")
     cfg = load_config(path, ["optim.eps=1e-6"])
     assert cfg["optim"]["lr"] == 3e-4 and cfg["optim"]["grad_clip"] == 1.0 and cfg["optim"]["eps"] == 1e-6
+
+
+# ----------------------------------------------------------------------------- config == build
+# validate_architecture asks the models' own rules: a config it accepts builds and runs, one the
+# build refuses it refuses too (it used to check register RoPE only with model.rope=true).
+
+TINY_SIT = ["model.name=SiT-S/2", "model.depth=1", "model.input_size=8", "model.in_channels=4",
+            "model.num_classes=10"]
+
+
+def _builds_and_runs(section) -> bool:
+    import torch
+
+    from sit_vit5.models import model_from_config
+
+    try:
+        model = model_from_config(section)
+        model(torch.zeros(1, 4, 8, 8), torch.zeros(1), torch.zeros(1, dtype=torch.long))
+    except ValueError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("overrides, named", [
+    # rope=false: the registers still rotate, on a 2-D grid
+    (["model.num_registers=3", "model.register_rope_theta=100.0"], "model.num_registers=3"),
+    (["model.rope=true", "model.num_registers=3", "model.register_rope_theta=100.0"],
+     "model.num_registers=3"),
+    # rope=false: register RoPE needs head_dim % 4 == 0 too
+    (["model.hidden_size=100", "model.num_heads=4", "model.num_registers=4",
+      "model.register_rope_theta=100.0"], "head dim 25.*model.register_rope_theta=null"),
+    (["model.hidden_size=100", "model.num_heads=4", "model.rope=true"], "head dim 25"),
+])
+def test_architecture_the_build_refuses_is_refused_by_the_config(overrides, named):
+    from sit_vit5.config import validate_architecture
+
+    cfg = load_config(None, [*TINY_SIT, *overrides])
+    assert not _builds_and_runs(cfg["model"])
+    with pytest.raises(ConfigError, match=named):
+        validate_architecture(cfg["model"])
+
+
+@pytest.mark.parametrize("overrides", [
+    ["model.num_registers=3"],  # no register RoPE: any count
+    ["model.num_registers=4", "model.register_rope_theta=100.0"],
+    ["model.hidden_size=100", "model.num_heads=4", "model.num_registers=4"],  # nothing rotates
+    ["model.name=ViT5-S/2", "model.num_registers=3", "model.register_rope_theta=null"],
+    ["model.layer_scale_init=generative"],  # a named LayerScale init builds any backbone
+    ["model.layer_scale_init=classification", "model.name=ViT5-S/2"],
+])
+def test_architecture_the_config_accepts_builds_and_runs(overrides):
+    from sit_vit5.config import validate_architecture
+
+    cfg = load_config(None, [*TINY_SIT, *overrides])
+    validate_architecture(cfg["model"])
+    assert _builds_and_runs(cfg["model"])
+
+
+def test_named_layer_scale_inits_come_from_the_models():
+    from sit_vit5.models.layers import LAYER_SCALE_INITS
+
+    for name in LAYER_SCALE_INITS:
+        cfg = load_config(None, [f"model.layer_scale_init={name}"])
+        assert cfg["model"]["layer_scale_init"] == name  # kept as written; the model resolves it
+    with pytest.raises(ConfigError, match="model.layer_scale_init='lamb'.*classification"):
+        load_config(None, ["model.layer_scale_init=lamb"])
+
+
+# ------------------------------------------------------------------------ refusals through train.py
+
+
+@pytest.mark.parametrize("override, named", [
+    ("optim.ema_decay=2", "optim.ema_decay=2"),  # used to train to exit 0 with EMA weights ~5e25
+    ("optim.ema_decay=1", "optim.ema_decay=1"),  # an EMA that never moves
+    ("optim.lr=-1", "optim.lr=-1"),
+    ("optim.lr=0", "optim.lr=0"),
+    ("optim.betas=[0.9,1.5]", "optim.betas=[0.9, 1.5]"),
+    ("optim.grad_clip=-1", "optim.grad_clip=-1"),
+    ("optim.warmup_steps=-5", "optim.warmup_steps=-5"),
+    ("sample.num_steps=1", "sample.num_steps=1"),
+    ("train.sample_every=-1", "train.sample_every=-1"),
+    ("train.steps=0", "train.steps=0"),
+    ("data.num_workers=-1", "data.num_workers=-1"),
+    ("optim.lr=.nan", "optim.lr=nan"),
+    ("model.depth=abc", "model.depth='abc'"),  # was a TypeError traceback from range()
+    ("model.learn_sigma=3", "model.learn_sigma=3"),
+    ("model.norm=batchnorm", "model.norm='batchnorm'"),
+    ("model.class_dropout_prob=1.5", "model.class_dropout_prob=1.5"),
+    ("model.hidden_size=66", "model.hidden_size=66 is not divisible by model.num_heads=4"),
+    ("model.hidden_size=100", "head dim 25"),  # divisible, but 2-D RoPE needs head_dim % 4 == 0
+])
+def test_bad_config_values_are_one_line_errors(tmp_path, capsys, override, named):
+    argv = [f"train.out_dir={tmp_path / 'run'}", "train.steps=2", override]
+    status, line = run_train(argv, capsys)
+    assert status == 2 and named in line
+    assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+def test_valid_edges_are_accepted():
+    from sit_vit5.config import validate_architecture
+
+    cfg = load_config(None, ["optim.ema_decay=0", "optim.betas=[0,0.999]", "sample.num_steps=2",
+                             "train.sample_every=0", "optim.grad_clip=null",
+                             "model.layer_scale_init=null"])
+    validate_architecture(cfg["model"])
+    assert cfg["optim"]["ema_decay"] == 0 and cfg["sample"]["num_steps"] == 2

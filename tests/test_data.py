@@ -1,6 +1,7 @@
 """Datasets: ADM center crop, ImageFolder labels/flips/errors, digits, config dispatch, per-item RNG."""
 
 import pickle
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from sit_vit5.data import (
     item_generator,
     item_seed,
 )
+from tests.helpers import TRAIN_ARGV, run_train
 
 
 def _random_image(width: int, height: int, seed: int) -> Image.Image:
@@ -232,3 +234,41 @@ def test_dataloader_workers_reraise_the_unreadable_file(folder):
     loader = torch.utils.data.DataLoader(ds, batch_size=2, num_workers=1)
     with pytest.raises(UnreadableImageError, match="zebra/bad.jpg"):
         list(loader)
+
+
+# ------------------------------------------------------------------------ refusals through train.py
+
+
+def write_image_folder(root: Path, bad: str | None = None) -> None:
+    """root/{a,b}/<i>.png, 8 random 8x8 images per class, and a fake JPEG at root/bad if given."""
+    rng = np.random.default_rng(0)
+    for c in ("a", "b"):
+        (root / c).mkdir(parents=True)
+        for i in range(8):
+            pixels = rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(root / c / f"{i}.png")
+    if bad:
+        (root / bad).write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+
+
+@pytest.mark.parametrize("kind", ["missing", "empty", "unset"])
+def test_bad_data_root_is_a_one_line_error(tmp_path, capsys, kind):
+    root = tmp_path / "data"
+    if kind == "empty":
+        root.mkdir()
+    argv = [*TRAIN_ARGV, "data.kind=imagefolder", "data.image_size=8",
+            f"train.out_dir={tmp_path / 'run'}", "train.steps=2"]
+    if kind != "unset":
+        argv.append(f"data.root={root}")
+    status, line = run_train(argv, capsys)
+    assert status == 2 and ("data.root" in line if kind == "unset" else str(root) in line)
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_corrupt_jpeg_without_skip_bad_names_the_file(tmp_path, capsys, workers):
+    root = tmp_path / "data"
+    write_image_folder(root, bad="a/broken.jpg")
+    argv = [*TRAIN_ARGV, "data.kind=imagefolder", "data.image_size=8", f"data.root={root}",
+            f"data.num_workers={workers}", f"train.out_dir={tmp_path / 'run'}", "train.steps=4"]
+    status, line = run_train(argv, capsys)
+    assert status == 2 and "broken.jpg" in line and "data.skip_bad=true" in line

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from sit_vit5.training import TrainResult
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 
@@ -63,17 +65,18 @@ def parse_train_cli(argv: list[str]) -> tuple[dict, str | None]:
     spec = importlib.util.spec_from_file_location("train_cli", ROOT / "train.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    cli = sys.modules[script.main.__module__]  # train.py runs sit_vit5.cli.train's main
     seen = {}
-    train = cli.train
-    cli.train = lambda cfg, resume=None: seen.update(cfg=cfg, resume=resume)
+
+    def recorder(cfg: dict, resume: str | None) -> TrainResult:
+        seen.update(cfg=cfg, resume=resume)
+        return TrainResult(Path(cfg["train"]["out_dir"]), 0, None, None, config=cfg)
+
     cwd = os.getcwd()
     try:
         os.chdir(ROOT)  # the scripts cd to the repository root; config paths are relative to it
-        assert script.main(argv) == 0
+        assert script.main(argv, train_fn=recorder) == 0
     finally:
         os.chdir(cwd)
-        cli.train = train
     return seen["cfg"], seen["resume"]
 
 
@@ -213,5 +216,7 @@ def test_slurm_task_maps_slurm_variables_to_torch_distributed(tmp_path):
 
 
 def test_shell_scripts_are_valid_bash():
-    for script in [*EXAMPLES.glob("*.sh"), *EXAMPLES.glob("slurm/*")]:
+    scripts = [*EXAMPLES.glob("*.sh"), *EXAMPLES.glob("slurm/*")]
+    assert EXAMPLES / "slurm" / "task.sh" in scripts and len(scripts) >= 3, scripts
+    for script in scripts:
         assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0, script

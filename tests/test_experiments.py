@@ -103,6 +103,11 @@ def test_imagenet_config_two_step_smoke_run(config, tiny_imagenet, tmp_path):
     assert resolved["model"]["input_size"] == 8 and resolved["model"]["in_channels"] == 4  # tiny-VAE latents
 
 
+def test_the_protocols_the_next_test_checks_exist():
+    """The parametrized test below is skipped, not failed, when the glob finds nothing."""
+    assert {"headline", "headline_dit", "scaling"} <= {p.stem for p in PROTOCOLS}, PROTOCOLS
+
+
 @pytest.mark.parametrize("protocol", PROTOCOLS, ids=lambda p: p.stem)
 def test_eval_protocols_parse_into_sample_specs(protocol):
     p = imagenet.load_protocol(protocol)

@@ -7,10 +7,12 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from PIL import Image
 
 import fid
 import fid.__main__ as cli
 from fid import FeatureStats, InputError, evaluate, images_from_array, make_reference, read_reference
+from tests.helpers import one_error_line
 
 
 class FakeExtractor:
@@ -165,3 +167,73 @@ def test_cli_bad_input_exits_2_with_message(tmp_path, fake_network, capsys):
     assert "choose from" in capsys.readouterr().err
     assert cli.main([str(tmp_path / "ok.npz"), str(tmp_path / "ref.npz"), "--batch-size", "0"]) == 2
     assert not (tmp_path / "ok.metrics.json").exists()
+
+
+# --------------------------------------------------------------------- bad inputs: one line, exit 2
+
+
+def fid_main(argv, capsys) -> tuple[int, str]:
+    """``python -m fid argv``: (exit status, its one error line, or "" when it succeeded)."""
+    status = cli.main([str(a) for a in argv])
+    return status, one_error_line(capsys) if status else ""
+
+
+def digits_images(n=12) -> np.ndarray:
+    """n random 8x8 one-channel uint8 images (n, 8, 8, 1)."""
+    return np.random.default_rng(0).integers(0, 256, (n, 8, 8, 1), dtype=np.uint8)
+
+
+@pytest.mark.parametrize("labels, named", [
+    (np.arange(12) + 5, "outside [0, 10)"),  # used to print accuracy 0.0 and exit 0
+    (np.full(12, -1), "outside [0, 10)"),
+    (np.array([str(i % 10) for i in range(12)]), "integer class ids"),
+    (np.arange(12) % 10 + 0.5, "integer class ids"),
+    (np.arange(5), "5 labels for 12 images"),
+])
+def test_fid_digits_label_checks(tmp_path, capsys, labels, named):
+    path = tmp_path / "samples.npz"
+    np.savez(path, arr_0=digits_images(), labels=labels)
+    status, line = fid_main([path, "digits"], capsys)
+    assert status == 2 and named in line and f"{path}[labels]" in line
+
+
+def test_fid_valid_labels_pass_the_check(tmp_path):
+    path = tmp_path / "samples.npz"
+    np.savez(path, arr_0=digits_images(), labels=(np.arange(12) % 10).astype(np.float32))
+    np.testing.assert_array_equal(cli.read_labels(path, 12), np.arange(12) % 10)
+
+
+def test_fid_zero_image_npz(tmp_path, capsys):
+    path = tmp_path / "empty.npz"
+    np.savez(path, arr_0=np.zeros((0, 8, 8, 3), np.uint8))
+    for reference in ("digits", path):
+        status, line = fid_main([path, reference, "--no-json"], capsys)
+        assert status == 2 and f"{path}[arr_0]" in line and "no images" in line
+
+
+@pytest.mark.parametrize("suffix", [".npz", ".npy"])
+def test_fid_object_array_is_named_and_never_unpickled(tmp_path, capsys, suffix):
+    path = tmp_path / f"objects{suffix}"
+    array = np.array([{"a": 1}, None], dtype=object)
+    np.savez(path, arr_0=array) if suffix == ".npz" else np.save(path, array)
+    status, line = fid_main([path, "digits", "--no-json"], capsys)
+    assert status == 2 and str(path) in line and "dtype object" in line
+
+
+def test_fid_corrupt_image_in_folder_is_named(tmp_path, capsys):
+    folder = tmp_path / "samples"
+    folder.mkdir()
+    for i, image in enumerate(digits_images(3)):
+        Image.fromarray(image[..., 0]).save(folder / f"{i}.png")
+    (folder / "3.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
+    status, line = fid_main([folder, "digits", "--no-json"], capsys)
+    assert status == 2 and str(folder / "3.png") in line
+
+
+def test_fid_unwritable_out_is_refused_before_the_work(tmp_path, capsys):
+    path = tmp_path / "samples.npz"
+    np.savez(path, arr_0=digits_images())
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    status, line = fid_main([path, "digits", "--out", blocker / "m.json"], capsys)
+    assert status == 2 and "--out" in line and str(blocker) in line

@@ -46,6 +46,19 @@ def test_named_layer_scale_inits_and_the_default():
         create_model("ViT5-S/2", **TINY, layer_scale_init="lamb")
 
 
+@pytest.mark.parametrize("backbone", ["SiT", "ViT5"])
+def test_named_layer_scale_inits_build_every_backbone(backbone):
+    """The config accepts the names for any backbone: every model constructor resolves them
+    (SiT-* used to get float("generative"))."""
+    for name, value in LAYER_SCALE_INITS.items():
+        model = create_model(f"{backbone}-S/2", **TINY, layer_scale_init=name)
+        assert model.config.layer_scale_init == value  # config.json records the number
+        for block in model.blocks:
+            assert torch.all(block.gamma_1 == value) and torch.all(block.gamma_2 == value)
+    with pytest.raises(ValueError, match="layer_scale_init='lamb'.*classification"):
+        create_model(f"{backbone}-S/2", **TINY, layer_scale_init="lamb")
+
+
 @pytest.mark.parametrize("layer_scale_init", [None, 1.0, "generative"])
 def test_sit_switches_with_unit_layer_scale_are_exactly_sit(layer_scale_init):
     """γ0 = 1 starts as the same function as no LayerScale: with every other switch at its SiT value the

@@ -28,6 +28,16 @@ LAYERS: list[tuple[str, ...]] = [
 RANK = {component: rank for rank, layer in enumerate(LAYERS) for component in layer}
 CLI_RANK = len(LAYERS)  # sample.py, train.py: on top of everything
 
+#: Modules of sit_vit5.training by layer, bottom first: the same rule one package down (the
+#: package's __init__ re-exports from any of them).
+TRAINING_LAYERS: list[tuple[str, ...]] = [
+    ("batching", "checkpoint", "diagnostics", "ema", "fsdp", "grids", "logging", "metrics", "optim",
+     "preemption"),
+    ("build",),
+    ("loop",),
+]
+TRAINING_RANK = {module: rank for rank, layer in enumerate(TRAINING_LAYERS) for module in layer}
+
 
 def _module_name(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
@@ -84,8 +94,27 @@ def test_no_upward_or_hidden_imports(path):
         assert at_top, f"{where} inside a function: project imports belong at module top"
 
 
+def test_training_table_names_every_module():
+    on_disk = {p.stem for p in (ROOT / "sit_vit5" / "training").glob("*.py")} - {"__init__"}
+    assert on_disk == set(TRAINING_RANK)
+
+
+@pytest.mark.parametrize("module", sorted(TRAINING_RANK))
+def test_training_modules_import_downwards(module):
+    path = ROOT / "sit_vit5" / "training" / f"{module}.py"
+    for imported, line, _ in _imports(path):
+        parts = imported.split(".")
+        if parts[:2] != ["sit_vit5", "training"] or len(parts) < 3:
+            continue
+        target = parts[2]
+        assert TRAINING_RANK[target] < TRAINING_RANK[module], (
+            f"training/{module}.py:{line} imports {imported}: upward or sideways edge")
+
+
 def test_fid_imports_nothing_from_sit_vit5():
-    for path in sorted((ROOT / "fid").rglob("*.py")):
+    paths = sorted((ROOT / "fid").rglob("*.py"))
+    assert ROOT / "fid" / "__main__.py" in paths, paths
+    for path in paths:
         bad = [m for m, _, _ in _imports(path) if m.split(".")[0] == "sit_vit5"]
         assert not bad, f"{path.relative_to(ROOT)} imports {bad}: fid/ must stay standalone"
 

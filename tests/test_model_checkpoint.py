@@ -89,3 +89,26 @@ def test_unreadable_and_pickled_code_are_refused(tmp_path):
     torch.save({"model": {"x": torch.zeros(1)}, "hook": print}, evil)  # a global that weights_only refuses
     with pytest.raises(CheckpointError, match="weights-only"):
         load_checkpoint(evil, model)
+
+
+# ----------------------------------------------------------------------------- shape-mismatch hints
+
+
+@pytest.mark.parametrize("change, expected", [
+    (dict(hidden_size=128),
+     "hidden size differs: the checkpoint has hidden_size=128, the model 64"),
+    (dict(depth=3), "depth differs: the checkpoint has depth=3, the model 2"),
+    (dict(learn_sigma=False), "half the output channels: build the model with learn_sigma=False"),
+    (dict(input_size=16), "the checkpoint was trained with input_size=16"),
+    (dict(in_channels=3), "the checkpoint has in_channels=3, the model 4"),
+])
+def test_shape_mismatch_hints_fire_only_when_true(tmp_path, change, expected):
+    """A bare state dict (as the released SiT file) of another architecture: exactly the right hint.
+    (A hidden-size mismatch used to be explained as learn_sigma: the missing bias defaulted to
+    0 == 2 * 0.)"""
+    path = tmp_path / "bare.pt"
+    torch.save(create_model("SiT-S/2", **{**TINY, **change}).state_dict(), path)
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint(path, create_model("SiT-S/2", **TINY))
+    hints = [line.strip() for line in str(err.value).splitlines() if "hint:" in line]
+    assert len(hints) == 1 and expected in hints[0], hints

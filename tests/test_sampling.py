@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import warnings
 
 import numpy as np
 import pytest
 import torch
 
 from sit_vit5 import sampling
-from sit_vit5.config import load_config
+from sit_vit5.config import ConfigError, load_config
 from sit_vit5.guidance import ClassifierFreeGuidance
 from sit_vit5.images import to_uint8
 from sit_vit5.models import create_model, load_model
@@ -328,3 +329,66 @@ def test_config_sample_section_defers_to_the_spec():
     defaults = SampleSpec(method=section["method"], sampling_method=section["sampling_method"],
                           num_steps=section["num_steps"])
     assert spec == defaults
+
+
+# ----------------------------------------------------------------------------- parts on disk
+
+
+def test_part_names_say_which_indices_they_hold():
+    from sit_vit5.sampling.bulk import _part_name
+
+    assert _part_name(np.arange(0, 32)) == "0000000-0000031.npz"
+    assert _part_name(np.arange(48, 384, 8)) == "0000048-0000376-step8.npz"  # one of 8 processes
+    odd = _part_name(np.array([48, 50, 383]))
+    assert odd.startswith("0000048-0000383-3-") and odd != _part_name(np.array([48, 51, 383]))
+
+
+def test_truncated_part_is_removed_and_remade(tmp_path):
+    """A part cut short after it was written (disk trouble, a copy): removed and regenerated once,
+    not warned about forever; the merged samples equal an undamaged run's."""
+    torch.manual_seed(0)
+    model = create_model("SiT-S/2", input_size=8, in_channels=1, num_classes=10, depth=1,
+                         hidden_size=32, num_heads=2, learn_sigma=False)
+
+    def pipe():
+        spec = SampleSpec(method="ode", sampling_method="euler", num_steps=3)
+        return SamplingPipeline(model, create_transport(), spec, (1, 8, 8), 10)
+
+    reference = sample_bulk(pipe(), 6, tmp_path / "ref", batch_size=3, progress=False).npz
+    run = tmp_path / "run"
+    sample_bulk(pipe(), 6, run, batch_size=3, progress=False)
+    part = run / "parts" / "0000003-0000005.npz"
+    part.write_bytes(part.read_bytes()[:100])
+    with pytest.warns(UserWarning, match="removed unreadable part"):
+        result = sample_bulk(pipe(), 6, run, batch_size=3, progress=False)
+    assert result.generated == 3 and result.skipped == 3
+    with np.load(result.npz) as a, np.load(reference) as b:
+        assert np.array_equal(a["arr_0"], b["arr_0"]) and np.array_equal(a["arr_1"], b["arr_1"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the third run has nothing to warn about
+        assert sample_bulk(pipe(), 6, run, batch_size=3, progress=False).generated == 0
+
+
+def test_a_negative_cfg_scale_is_refused_alike_everywhere_unless_asked_for():
+    """One rule (sample_spec.check_cfg_scale) for the pipeline, the config and sample.py: refused
+    unless explicitly allowed, then warned about."""
+    spec = SampleSpec(method="ode", sampling_method="euler", num_steps=2, cfg_scale=-1.0)
+    with pytest.raises(ValueError, match="cfg_scale=-1.0: a negative scale"):
+        pipeline(spec)
+    with pytest.warns(UserWarning, match="steers samples away"):
+        assert pipeline(spec, allow_negative_cfg=True).spec.cfg_scale == -1.0
+    with pytest.raises(ConfigError, match=r"sample.cfg_scale=-1(\.0)?: a negative scale"):
+        load_config(None, ["sample.cfg_scale=-1"])
+
+
+def test_spec_options_are_the_sampler_builders_keywords():
+    """Each spec field tagged for a solver is a keyword of that solver's builder, and every builder
+    keyword but ``progress`` / ``reverse`` comes from the spec (a new solver option cannot be lost)."""
+    import inspect
+
+    from sit_vit5.transport import Sampler
+
+    for method, build in (("ode", Sampler.sample_ode), ("sde", Sampler.sample_sde)):
+        keywords = set(inspect.signature(build).parameters) - {"self", "progress", "reverse"}
+        assert set(SampleSpec(method=method).options()) == keywords, method
+    assert SampleSpec(method="ddim").options() == {}

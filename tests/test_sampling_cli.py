@@ -15,8 +15,10 @@ from sit_vit5.config import load_config
 from sit_vit5.models import create_model, load_model
 from sit_vit5.objective import create_objective
 from sit_vit5.sampling import SampleSpec
+from sit_vit5.training import checkpoint as ck
 from sit_vit5.training import save_checkpoint, train
-from sit_vit5.training.loop import grid_images
+from sit_vit5.training.grids import grid_images
+from tests.helpers import TRAIN_ARGV, load_sample_cli, load_train_cli, one_sample_error
 
 TINY = dict(depth=1, hidden_size=32, num_heads=2, input_size=8, num_classes=10, learn_sigma=False)
 
@@ -199,3 +201,69 @@ def test_training_grid_is_sample_py_grid(tmp_path):
             assert np.array_equal(np.asarray(im), (images[i, 0] * 255).round().to(torch.uint8).numpy())
     with Image.open(out / "grid.png") as a, Image.open(result.sample_grid) as b:
         assert np.array_equal(np.asarray(a.convert("L")), np.asarray(b.convert("L")))
+
+
+# ------------------------------------------------------------------------ refusals on a damaged run
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    """A tiny trained run (2 steps) whose checkpoint the sampling tests copy and damage."""
+    run = tmp_path_factory.mktemp("sampling_run") / "run"
+    argv = [*TRAIN_ARGV, f"train.out_dir={run}", "train.steps=2", "train.ckpt_every=2"]
+    assert load_train_cli().main(argv) == 0
+    return run / "checkpoints" / "0000002.pt"
+
+
+def nan_ema_checkpoint(trained_run: Path, tmp_path: Path) -> Path:
+    """The run's checkpoint with one NaN in its EMA, re-saved properly (valid digests: the damage
+    happened in training, not on disk)."""
+    state = ck.read_checkpoint(trained_run)
+    state["ema"]["final_layer.linear.weight"][0, 0] = float("nan")
+    return ck.save_checkpoint(state, tmp_path / "nan", 2)
+
+
+@pytest.mark.parametrize("command", ["bulk", "grid"])
+def test_nan_ema_stops_sampling_naming_the_checkpoint(trained_run, tmp_path, capsys, command):
+    """Used to exit 0 with all-black images (and FID 1703 on them)."""
+    path = nan_ema_checkpoint(trained_run, tmp_path)
+    out = tmp_path / "samples"
+    extra = ["--num-samples", "6"] if command == "bulk" else ["--num-images", "6"]
+    argv = [command, "--ckpt", str(path), "--out", str(out), "--num-steps", "3",
+            "--batch-size", "3", "--method", "ode", "--sampling-method", "euler", "--no-progress",
+            *extra]
+    assert load_sample_cli().main(argv) == 2
+    line = one_sample_error(capsys, command)
+    assert f"checkpoint {path}" in line and "non-finite" in line and "samples 0..2" in line
+    assert not list(out.rglob("*.npz")) and not list(out.rglob("*.png"))  # nothing written
+
+
+def test_finite_pipeline_is_unaffected(trained_run, tmp_path):
+    """The isfinite check passes on a healthy checkpoint (the same command exits 0)."""
+    argv = ["bulk", "--ckpt", str(trained_run), "--out", str(tmp_path / "ok"),
+            "--num-samples", "3", "--num-steps", "3", "--batch-size", "3", "--method", "ode",
+            "--sampling-method", "euler", "--no-progress"]
+    assert load_sample_cli().main(argv) == 0
+
+
+def test_negative_cfg_scale_needs_the_flag(trained_run, tmp_path, capsys):
+    argv = ["grid", "--ckpt", str(trained_run), "--out", str(tmp_path / "g"), "--num-images", "2",
+            "--num-steps", "3", "--method", "ode", "--sampling-method", "euler", "--no-progress",
+            "--cfg-scale", "-1"]
+    cli = load_sample_cli()
+    assert cli.main(argv) == 2
+    assert "--allow-negative-cfg" in one_sample_error(capsys, "grid")
+    assert cli.main([*argv, "--allow-negative-cfg"]) == 0
+    assert "cfg_scale=-1.0 < 0" in capsys.readouterr().err  # still warned about
+
+
+def test_bulk_resume_with_nothing_to_do_says_so(trained_run, tmp_path, capsys):
+    argv = ["bulk", "--ckpt", str(trained_run), "--out", str(tmp_path / "b"),
+            "--num-samples", "3", "--num-steps", "3", "--batch-size", "3", "--method", "ode",
+            "--sampling-method", "euler", "--no-progress"]
+    cli = load_sample_cli()
+    assert cli.main(argv) == 0 and cli.main(argv) == 0
+    out = capsys.readouterr().out.splitlines()
+    second = [line for line in out if "generated 0" in line]
+    assert len(second) == 1 and "nothing to do" in second[0] and "None" not in second[0]
+    assert "0.00 images/s" not in second[0]

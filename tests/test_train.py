@@ -1,6 +1,7 @@
 """Training loop end to end on tiny models and the embedded digits: loss falls, exact resume, refusals,
 non-finite loss, sample grids, data order, and a 2-process (gloo) run equal to 1 process × 2 accumulation."""
 
+import functools
 import importlib.util
 import json
 import os
@@ -20,11 +21,14 @@ from sit_vit5.training import (
     IncompatibleCheckpointError,
     NonFiniteLossError,
     StepBatchSampler,
+    TrainResult,
     latest_checkpoint,
     read_checkpoint,
     train,
 )
-from sit_vit5.training import loop as loop_module
+from sit_vit5.training.grids import grid_classes, grid_images
+from sit_vit5.training.optim import learning_rate
+from tests.helpers import TRAIN_ARGV, run_train
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [
@@ -108,9 +112,9 @@ def test_batch_must_split_evenly():
 
 def test_warmup_learning_rate():
     o = {"lr": 1e-3, "warmup_steps": 4}
-    assert [loop_module.learning_rate(o, s) for s in range(6)] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3,
-                                                                                  1e-3, 1e-3])
-    assert loop_module.learning_rate({"lr": 1e-4, "warmup_steps": 0}, 0) == 1e-4
+    expected = [2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3]
+    assert [learning_rate(o, s) for s in range(6)] == pytest.approx(expected)
+    assert learning_rate({"lr": 1e-4, "warmup_steps": 0}, 0) == 1e-4
 
 
 # ----------------------------------------------------------------------------- end to end
@@ -133,7 +137,7 @@ def test_loss_falls_on_digits(tmp_path):
     assert (saved["model"]["input_size"], saved["model"]["in_channels"], saved["model"]["num_classes"]) == (8, 1, 10)
 
 
-def test_resume_is_bit_identical(tmp_path, monkeypatch):
+def test_resume_is_bit_identical(tmp_path):
     # 360 test digits, global batch 64 = 2 micro-batches of 32: 5 steps per epoch, so the resumed part
     # (steps 5-8) crosses an epoch boundary; warmup makes the lr depend on the step too.
     extra = ["train.steps=8", "train.ckpt_every=4", "data.split=test", "data.global_batch_size=64",
@@ -141,18 +145,15 @@ def test_resume_is_bit_identical(tmp_path, monkeypatch):
     straight = train(tiny_config(tmp_path / "a", *extra))
 
     calls = {"n": 0}
-    real_loss = loop_module.compute_loss
 
-    def killed_at_step_6(*args):
+    def killed_at_step_6(objective, model, x, y):
         calls["n"] += 1
         if calls["n"] > 5 * 2:  # the 6th step's first micro-batch: after the checkpoint at step 4
             raise KeyboardInterrupt("killed")
-        return real_loss(*args)
+        return objective.loss(model, x, y)
 
-    monkeypatch.setattr(loop_module, "compute_loss", killed_at_step_6)
     with pytest.raises(KeyboardInterrupt):
-        train(tiny_config(tmp_path / "b", *extra))
-    monkeypatch.setattr(loop_module, "compute_loss", real_loss)
+        train(tiny_config(tmp_path / "b", *extra), loss_fn=killed_at_step_6)
     assert latest_checkpoint(tmp_path / "b" / "checkpoints").name == "0000004.pt"
 
     scramble_global_rngs()
@@ -183,19 +184,17 @@ def test_resume_refuses_another_model_and_fresh_start_refuses_old_run(tmp_path):
     assert result.step == 3 and len(result.losses) == 1
 
 
-def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch, capsys):
-    real_loss = loop_module.compute_loss
+def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, capsys):
     calls = {"n": 0}
 
-    def nan_at_step_5(*args):
+    def nan_at_step_5(objective, model, x, y):
         calls["n"] += 1
-        loss = real_loss(*args)
+        loss = objective.loss(model, x, y)
         return loss * float("nan") if calls["n"] == 5 else loss
 
-    monkeypatch.setattr(loop_module, "compute_loss", nan_at_step_5)
     cfg = tiny_config(tmp_path / "run", "train.steps=10", "train.ckpt_every=2", "data.global_batch_size=16")
     with pytest.raises(NonFiniteLossError) as err:
-        train(cfg)
+        train(cfg, loss_fn=nan_at_step_5)
     assert err.value.step == 5 and "step 5" in str(err.value) and "0000004.pt" in str(err.value)
     latest = latest_checkpoint(tmp_path / "run" / "checkpoints")
     assert latest.name == "0000004.pt"
@@ -208,9 +207,10 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypa
     config_file = tmp_path / "tiny.yaml"
     save_config(cfg, config_file)
     cli = load_cli()
-    assert cli.main(["--config", str(config_file)]) == 1
+    nan_train = functools.partial(train, loss_fn=nan_at_step_5)
+    assert cli.main(["--config", str(config_file)], train_fn=nan_train) == 1
     assert "non-finite loss" in capsys.readouterr().err
-    assert cli.main(["--config", str(config_file), "train.stpes=3"]) == 2
+    assert cli.main(["--config", str(config_file), "train.stpes=3"], train_fn=nan_train) == 2
     assert "train.stpes" in capsys.readouterr().err
 
 
@@ -242,11 +242,11 @@ def test_sample_grid_is_saved_and_reproducible(tmp_path):
     ema = model_from_config(state["args"]["model"])
     ema.load_state_dict(state["ema"])
     transport = create_objective(cfg["transport"])
-    images = loop_module.grid_images(ema, transport, state["args"], torch.device("cpu"))
-    again = loop_module.grid_images(ema, transport, state["args"], torch.device("cpu"))
+    images = grid_images(ema, transport, state["args"], torch.device("cpu"))
+    again = grid_images(ema, transport, state["args"], torch.device("cpu"))
     assert images.shape == (6, 1, 8, 8) and torch.equal(images, again)  # fixed noise and classes
     assert 0 <= images.min() and images.max() <= 1
-    assert loop_module.grid_classes(state["args"]["sample"], 10) == [0, 1, 2, 3, 4, 5]
+    assert grid_classes(state["args"]["sample"], 10) == [0, 1, 2, 3, 4, 5]
 
 
 # ----------------------------------------------------------------------------- two processes
@@ -292,3 +292,47 @@ def test_none_switches_reach_the_model_in_training_and_sampling(tmp_path):
     torch.save({"model": model.state_dict(), "ema": model.state_dict(), "args": cfg}, path)
     loaded = load_model(path).model
     assert loaded.blocks[0].gamma_1 is None and loaded.rope.register_theta is None
+
+
+# ----------------------------------------------------------------------------- refusals
+
+
+def test_unwritable_out_dir_is_a_one_line_error(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")  # works for root too, unlike chmod
+    argv = [*TRAIN_ARGV, f"train.out_dir={blocker / 'run'}", "train.steps=2"]
+    status, line = run_train(argv, capsys)
+    assert status == 2 and "train.out_dir" in line and str(blocker) in line
+
+
+def test_sit_and_dit_train_flags_are_aliases_of_config_keys(tmp_path, capsys):
+    """SiT/DiT's ``train.py --model ... --data-path ... --results-dir ...`` resolves to the same config
+    as our key=value overrides; ``--ckpt`` resumes; ``--epochs`` is refused in one line."""
+    from sit_vit5.cli import train as cli_train
+
+    seen = []
+
+    def record(cfg, resume):
+        seen.append((cfg, resume))
+        return TrainResult(Path(cfg["train"]["out_dir"]), 0, None, None, config=cfg)
+
+    habits = ["--model", "SiT-S/2", "--data-path", str(tmp_path), "--results-dir", str(tmp_path / "r"),
+              "--global-batch-size", "16", "--image-size", "32", "--num-classes", "10", "--ckpt-every", "5",
+              "--log-every", "2", "--global-seed", "3", "--wandb", "--vae", "mse"]
+    ours = ["model.name=SiT-S/2", f"data.root={tmp_path}", f"train.out_dir={tmp_path / 'r' / 'SiT-S-2'}",
+            "data.global_batch_size=16", "data.image_size=32", "model.num_classes=10", "train.ckpt_every=5",
+            "train.log_every=2", "train.seed=3", "train.wandb=true", "vae.name=stabilityai/sd-vae-ft-mse"]
+    assert cli_train.main(habits, train_fn=record) == 0
+    assert cli_train.main(["--config", "demo", *ours], train_fn=record) == 0
+    assert seen[0][0] == load_config(None, ours) and seen[0][1] is None  # on the defaults
+    assert seen[1][0]["data"]["kind"] == "digits"  # --config keeps its base
+    assert cli_train.main([*habits, "train.log_every=7"], train_fn=record) == 0
+    assert seen[2][0]["train"]["log_every"] == 7  # a key=value override wins over a habit flag
+    assert cli_train.main(["--ckpt", str(tmp_path / "c.pt"), "--config", "demo"], train_fn=record) == 0
+    assert seen[3][1] == str(tmp_path / "c.pt")
+    assert cli_train.main(["--model", "DiT-S/2", "--data-path", str(tmp_path)], train_fn=record) == 0
+    dit = seen[4][0]  # a DiT name: DiT's objective; the defaults, not the digits demo
+    assert dit["transport"]["objective"] == "ddpm" and dit["data"]["kind"] == "imagefolder"
+    assert cli_train.main(["--epochs", "80"], train_fn=record) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("train.py: error: --epochs 80") and "train.steps" in err[0]

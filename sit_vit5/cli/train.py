@@ -1,76 +1,152 @@
-"""Train a SiT / ViT-5 diffusion model (``python train.py`` in a checkout, ``sit-vit5-train`` when installed).
+"""Train a SiT / ViT-5 diffusion model (``python train.py`` in a checkout, ``sit-vit5-train`` when
+installed).
 
-    python train.py                                         # the demo: tiny ViT-5 on 8×8 digits, CPU, minutes
+    python train.py                               # the demo: tiny ViT-5 on 8×8 digits, CPU, minutes
     python train.py --config configs/X.yaml train.steps=1000 optim.lr=2e-4
-    python train.py --config demo-dit                       # the demo with DiT's objective (DDPM)
-    python train.py --config configs/X.yaml --resume latest # continue the run in train.out_dir
-    python train.py --resume runs/X                         # the same, with the run's saved config.yaml
+    python train.py --config demo-dit             # the demo with DiT's objective (DDPM)
+    python train.py --config configs/X.yaml --resume latest  # continue the run in train.out_dir
+    python train.py --resume runs/X               # the same, with the run's saved config.yaml
     accelerate launch --multi_gpu --num_processes 8 train.py --config configs/X.yaml
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d ... train.py --config configs/X.yaml
-    sbatch --nodes 4 examples/slurm/train.sbatch             # Slurm: README, Multi-node training
+    sbatch --nodes 4 examples/slurm/train.sbatch  # Slurm: README, Multi-node training
 
-Settings: see sit_vit5/config.py (every key documented). ``--config`` also finds the shipped configs from
-any directory (``configs/demo.yaml``, ``demo``, ``imagenet/sit-xl-2``). The resolved config is saved as
-<train.out_dir>/config.yaml and inside every checkpoint.
+Settings: see sit_vit5/config.py (every key documented). ``--config`` also finds the shipped configs
+from any directory (``configs/demo.yaml``, ``demo``, ``imagenet/sit-xl-2``). The resolved config is
+saved as <train.out_dir>/config.yaml and inside every checkpoint.
 
-Exit status: 0 done; 2 bad input (config key or value, data root, checkpoint, unreadable image, full disk:
-one line naming the culprit; SIT_VIT5_DEBUG=1 shows the traceback); 1 the loss became NaN/inf;
-3 pre-empted: SIGTERM, SIGINT or SIGUSR1 arrived, the current step finished and a checkpoint of it was
-written (rerun with --resume latest to continue, bit-identically).
+SiT's and DiT's train.py flags work as aliases of config keys (``--model SiT-XL/2`` =
+``model.name=SiT-XL/2``, ``--data-path``, ``--global-batch-size``, ...: see ``--help``), on the
+defaults (ImageNet-style image folder, SD-VAE on the fly) unless ``--config`` is given:
+``--results-dir R`` = ``train.out_dir=R/<model>``, a ``DiT-*`` model trains with DiT's objective,
+``--ckpt F`` = ``--resume F``; ``--epochs`` is refused (the run counts optimizer steps).
+
+Exit status: 0 done; 2 bad input (config key or value, data root, checkpoint, unreadable image, full
+disk: one line naming the culprit; SIT_VIT5_DEBUG=1 shows the traceback); 1 the loss became NaN/inf;
+3 pre-empted: SIGTERM, SIGINT or SIGUSR1 arrived, the current step finished and a checkpoint of it
+was written (rerun with --resume latest to continue, bit-identically).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
-from sit_vit5.config import ConfigError, configs_dir, load_config
-from sit_vit5.data import DataRootError, UnreadableImageError
-from sit_vit5.distributed import LaunchError
-from sit_vit5.errors import report
-from sit_vit5.training import CheckpointError, NonFiniteLossError, train
+from sit_vit5.config import Config, ConfigError, configs_dir, load_config
+from sit_vit5.data import UnreadableImageError
+from sit_vit5.errors import KNOWN_ERRORS, one_line, run_cli
+from sit_vit5.models import name_objective
+from sit_vit5.training import NonFiniteLossError, TrainResult, train
 
 DEMO_CONFIG = "demo.yaml"  # in the shipped configs, found wherever the command runs
 EXIT_PREEMPTED = 3  # a signal stopped the run after a checkpoint; rerun with --resume latest
+#: SiT's / DiT's train.py flags -> the config key each sets (the value is parsed as YAML)
+HABIT_FLAGS = {
+    "--model": "model.name",
+    "--data-path": "data.root",
+    "--results-dir": "train.out_dir",
+    "--global-batch-size": "data.global_batch_size",
+    "--image-size": "data.image_size",
+    "--num-classes": "model.num_classes",
+    "--ckpt-every": "train.ckpt_every",
+    "--log-every": "train.log_every",
+    "--sample-every": "train.sample_every",
+    "--global-seed": "train.seed",
+    "--num-workers": "data.num_workers",
+    "--path-type": "transport.path_type",
+    "--prediction": "transport.prediction",
+    "--loss-weight": "transport.loss_weight",
+    "--cfg-scale": "sample.cfg_scale",
+}
 
 
 def default_config(resume: str | None) -> tuple[Path, list[str]]:
-    """Config file and implied overrides when --config is not given: the demo, or when resuming from a run
-    directory / checkpoint file, that run's saved config.yaml with train.out_dir set to where the run now is."""
+    """Config file and implied overrides when --config is not given: the demo, or when resuming from
+    a run directory / checkpoint file, that run's saved config.yaml with train.out_dir set to where
+    the run now is."""
     if resume is None or resume == "latest":
         return configs_dir() / DEMO_CONFIG, []
     path = Path(resume)
     run_dir = path if path.is_dir() else path.parent.parent  # <run>/checkpoints/<file>.pt
     if not (run_dir / "config.yaml").is_file():
-        raise ConfigError(f"--resume {resume}: no {run_dir / 'config.yaml'} to take the config from; pass --config")
+        raise ConfigError(f"--resume {resume}: no {run_dir / 'config.yaml'} to take the config "
+                          "from; pass --config")
     return run_dir / "config.yaml", [f"train.out_dir={run_dir}"]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", type=Path, default=None,
-                        help="experiment YAML (default: the demo, or with --resume PATH that run's config.yaml)")
-    parser.add_argument("--resume", default=None, metavar="latest|PATH",
-                        help="'latest' (the newest checkpoint of train.out_dir), a checkpoint file or a run dir")
-    parser.add_argument("overrides", nargs="*", metavar="section.key=value",
-                        help="config overrides, values parsed as YAML (e.g. train.steps=100 optim.betas=[0.9,0.95])")
-    args = parser.parse_args(argv)
-    try:
-        config, implied = (args.config, []) if args.config else default_config(args.resume)
-        cfg = load_config(config, implied + args.overrides)
-        result = train(cfg, resume=args.resume)
-    except (ConfigError, CheckpointError, DataRootError, LaunchError) as err:
-        return report(err)
-    except UnreadableImageError as err:
-        return report(err, hint="set data.skip_bad=true to skip unreadable images")
-    except NonFiniteLossError as err:
-        return report(err, status=1)
-    if getattr(result, "preempted", None):  # (tests may stand in a train() that returns nothing)
-        print(f"stopped by {result.preempted} after step {result.step}; checkpoint {result.checkpoint} "
-              "written. Continue with --resume latest", file=sys.stderr)
-        return EXIT_PREEMPTED
-    return 0
+def parser() -> argparse.ArgumentParser:
+    """The command line: --config, --resume and section.key=value overrides."""
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", type=Path, default=None,
+                   help="experiment YAML (default: the demo, or with --resume PATH that run's "
+                        "config.yaml)")
+    p.add_argument("--resume", default=None, metavar="latest|PATH",
+                   help="'latest' (the newest checkpoint of train.out_dir), a checkpoint file or a "
+                        "run dir")
+    p.add_argument("overrides", nargs="*", metavar="section.key=value",
+                   help="config overrides, values parsed as YAML (e.g. train.steps=100 "
+                        "optim.betas=[0.9,0.95])")
+    g = p.add_argument_group("SiT/DiT train.py flags (aliases of config keys; overrides win)")
+    for flag, key in HABIT_FLAGS.items():
+        g.add_argument(flag, dest=key, metavar="VALUE", help=f"= {key}=VALUE")
+    g.add_argument("--wandb", action="store_true", dest="train.wandb", help="= train.wandb=true")
+    g.add_argument("--vae", choices=("ema", "mse"), help="= vae.name=stabilityai/sd-vae-ft-VAE")
+    g.add_argument("--ckpt", help="= --resume CKPT (SiT's resume flag)")
+    g.add_argument("--epochs", help="refused: this trainer counts optimizer steps (train.steps)")
+    return p
+
+
+def habit_overrides(args: argparse.Namespace) -> list[str]:
+    """The config overrides SiT/DiT's flags stand for (``--ckpt`` moves to ``args.resume``)."""
+    if args.epochs is not None:
+        raise ConfigError(f"--epochs {args.epochs}: this trainer counts optimizer steps, not "
+                          "epochs; set train.steps (epochs x images / data.global_batch_size)")
+    if args.ckpt is not None:
+        if args.resume is not None and args.resume != args.ckpt:
+            raise ConfigError(f"--ckpt {args.ckpt} and --resume {args.resume}: keep one")
+        args.resume = args.ckpt
+    overrides = [f"{key}={getattr(args, key)}" for key in HABIT_FLAGS.values()
+                 if getattr(args, key) is not None]
+    model, results = getattr(args, "model.name"), getattr(args, "train.out_dir")
+    if model is not None and results is not None:  # SiT/DiT: one folder per experiment under it
+        overrides.append(f"train.out_dir={Path(results) / model.replace('/', '-')}")
+    if model is not None and name_objective(model) == "ddpm":  # DiT-*: DiT's objective and sampler
+        overrides += ["transport.objective=ddpm", "model.learn_sigma=true", "sample.method=ddpm"]
+    if getattr(args, "train.wandb"):
+        overrides.append("train.wandb=true")
+    if args.vae is not None:
+        overrides.append(f"vae.name=stabilityai/sd-vae-ft-{args.vae}")
+    return overrides
+
+
+def _message(err: BaseException) -> str:
+    hint = " (set data.skip_bad=true to skip unreadable images)"
+    return one_line(err) + (hint if isinstance(err, UnreadableImageError) else "")
+
+
+def main(argv: list[str] | None = None,
+         train_fn: Callable[[Config, str | None], TrainResult] = train) -> int:
+    """Run the command on ``argv``; returns the exit status. ``train_fn(cfg, resume)`` trains (tests
+    pass a stand-in)."""
+    args = parser().parse_args(argv)
+
+    def run() -> int:
+        habits = habit_overrides(args)
+        if args.config or (habits and args.resume is None):  # SiT/DiT flags: on the defaults
+            config, implied = args.config, []
+        else:
+            config, implied = default_config(args.resume)
+        result = train_fn(load_config(config, implied + habits + args.overrides), args.resume)
+        if result.preempted:
+            print(f"stopped by {result.preempted} after step {result.step}; checkpoint "
+                  f"{result.checkpoint} written. Continue with --resume latest", file=sys.stderr)
+            return EXIT_PREEMPTED
+        return 0
+
+    return run_cli("train.py", run, errors=(*KNOWN_ERRORS, UnreadableImageError), render=_message,
+                   statuses={NonFiniteLossError: 1})
 
 
 if __name__ == "__main__":

@@ -32,13 +32,12 @@ from torch import Tensor
 from ..vae import SD_VAE_EMA, SD_VAE_SCALING_FACTOR
 from .checkpoint import CheckpointError, check_state_dict
 from .layers import sincos_pos_embed_2d
+from .loading import LoadedModel
 from .registry import SIZES
 from .sit import _CONFIG_KWARGS, SIT_SWITCHES, SiT
 
 if TYPE_CHECKING:
     from diffusers import DiTTransformer2DModel
-
-    from .checkpoint import LoadedModel
 
 #: Ours -> diffusers' parameter prefixes ("{i}": block index). A name of ours without "{i}" mapped
 #: to one with it is shared: copied into every block there. "{q,k,v}": our fused qkv, split in 3.
@@ -221,8 +220,6 @@ def load_dit_folder(path: str | os.PathLike, model_name: str | None = None,
     """``load_model`` for a local diffusers DiT folder: the converted model (objective ddpm, DiT's
     learned or fixed variance) and, for a pipeline folder, its ``vae/`` and that VAE's latent scale
     (else the SD-VAE ft-EMA for 4-channel models, as for DiT's own files)."""
-    from .checkpoint import LoadedModel
-
     if objective not in (None, "ddpm"):
         raise ValueError(f"{path} is a diffusers DiT (objective ddpm), not {objective}")
     model = from_diffusers_dit(path)

@@ -1,7 +1,8 @@
 """Building blocks shared by both backbones (timm-style small pieces).
 
-Shapes: B batch, N tokens, D hidden width, H heads, C channels. Parameter names follow DiT/SiT so official
-checkpoints load unchanged (``x_embedder.proj``, ``t_embedder.mlp.{0,2}``, ``attn.qkv``, ``mlp.fc1`` ...).
+Shapes: B batch, N tokens, D hidden width, H heads, C channels. Parameter names follow DiT/SiT so
+official checkpoints load unchanged (``x_embedder.proj``, ``t_embedder.mlp.{0,2}``, ``attn.qkv``,
+``mlp.fc1`` ...).
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ def modulate(x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
 class _RMSNormFunction(torch.autograd.Function):
     """RMSNorm (over the last dim) with a hand-written backward, for CPU.
 
-    CPU has no fused rms_norm backward (torch 2.x: ``_fused_rms_norm_backward`` is CUDA-only), and autograd
-    through the composite (pow, mean, rsqrt, mul) costs ~2x this. The forward is the same op sequence as
-    F.rms_norm's CPU composite, so outputs are bitwise equal.
+    CPU has no fused rms_norm backward (torch 2.x: ``_fused_rms_norm_backward`` is CUDA-only),
+    and autograd through the composite (pow, mean, rsqrt, mul) costs ~2x this. The forward is the
+    same op sequence as F.rms_norm's CPU composite, so outputs are bitwise equal.
     """
 
     @staticmethod
@@ -37,9 +38,9 @@ class _RMSNormFunction(torch.autograd.Function):
         return x_hat if weight is None else x_hat * weight
 
     @staticmethod
-    @once_differentiable  # second derivatives raise instead of silently missing the x_hat, rstd terms
+    @once_differentiable  # second derivatives raise, not silently missing the x_hat, rstd terms
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
-        # y = x_hat * w, x_hat = x * rstd:  dx = rstd * (g - x_hat * mean(g * x_hat)) with g = grad * w
+        # y = x_hat * w, x_hat = x * rstd: dx = rstd * (g - x_hat * mean(g * x_hat)), g = grad * w
         x_hat, rstd, weight = ctx.saved_tensors
         grad_weight = None
         if weight is None:
@@ -50,21 +51,28 @@ class _RMSNormFunction(torch.autograd.Function):
             if ctx.needs_input_grad[1]:
                 grad_weight = grad_x_hat.flatten(0, -2).sum(0)
             g = grad * weight
-            dot = (grad_x_hat @ weight).unsqueeze(-1).div_(x_hat.shape[-1])  # sum(g * x_hat) as a GEMV
-        grad_x = torch.addcmul(g, x_hat, dot, value=-1) if weight is None else g.addcmul_(x_hat, dot, value=-1)
+            # mean(g * x_hat) over the last dim, as a GEMV
+            dot = (grad_x_hat @ weight).unsqueeze(-1).div_(x_hat.shape[-1])
+        if weight is None:
+            grad_x = torch.addcmul(g, x_hat, dot, value=-1)
+        else:
+            grad_x = g.addcmul_(x_hat, dot, value=-1)
         return grad_x.mul_(rstd), grad_weight, None
 
 
 class _QKNormRopeFunction(torch.autograd.Function):
-    """``rotation(rms_norm(x) * weight)`` for q or k in one autograd node (CPU, fp32, complex RoPE).
+    """``rotation(rms_norm(x) * weight)`` for q or k in one autograd node (CPU, fp32, complex
+    RoPE).
 
-    The forward runs the unfused ops in the same order (bitwise equal); the backward undoes the rotation
-    with the conjugate table and goes straight into the RMSNorm backward, skipping the intermediate
-    gradient tensors and autograd nodes of the three-op chain.
+    The forward runs the unfused ops in the same order (bitwise equal); the backward undoes the
+    rotation with the conjugate table and goes straight into the RMSNorm backward, skipping the
+    intermediate gradient tensors and autograd nodes of the three-op chain.
     """
 
     @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, eps: float, cis: Tensor, cis_conj: Tensor) -> Tensor:
+    def forward(
+        ctx, x: Tensor, weight: Tensor, eps: float, cis: Tensor, cis_conj: Tensor
+    ) -> Tensor:
         rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True).add_(eps))
         x_hat = x * rstd
         y = x_hat * weight
@@ -78,8 +86,9 @@ class _QKNormRopeFunction(torch.autograd.Function):
         x_hat, rstd, weight, cis_conj = ctx.saved_tensors
         if grad.stride(-1) != 1 or any(s % 2 for s in grad.stride()[:-1]):
             grad = grad.contiguous()  # view_as_complex needs (re, im) pairs adjacent
-        # gradient w.r.t. x_hat * weight: rotate back, then the RMSNorm backward (see _RMSNormFunction)
-        grad_y = torch.view_as_real(torch.view_as_complex(grad.unflatten(-1, (-1, 2))) * cis_conj).flatten(-2)
+        # gradient w.r.t. x_hat * weight: rotate back, then the RMSNorm backward (_RMSNormFunction)
+        grad_pairs = torch.view_as_complex(grad.unflatten(-1, (-1, 2)))  # (..., head_dim / 2)
+        grad_y = torch.view_as_real(grad_pairs * cis_conj).flatten(-2)
         grad_x_hat = grad_y * x_hat
         grad_weight = grad_x_hat.flatten(0, -2).sum(0) if ctx.needs_input_grad[1] else None
         dot = (grad_x_hat @ weight).unsqueeze(-1).div_(x_hat.shape[-1])
@@ -88,9 +97,11 @@ class _QKNormRopeFunction(torch.autograd.Function):
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm over the last dim, computed in fp32 (ViT-5: eps 1e-6, weight, no bias); returns x's dtype.
+    """RMSNorm over the last dim, computed in fp32 (ViT-5: eps 1e-6, weight, no bias); returns x's
+    dtype.
 
-    The weight is applied in fp32 before the one cast back (bf16 autocast: output stays bf16, no fp32 detour).
+    The weight is applied in fp32 before the one cast back (bf16 autocast: the output stays bf16,
+    no fp32 detour).
     """
 
     def __init__(self, dim: int, eps: float = 1e-6, affine: bool = True) -> None:
@@ -102,7 +113,8 @@ class RMSNorm(nn.Module):
         x32 = x.float()
         if x32.device.type == "cpu":
             return _RMSNormFunction.apply(x32, self.weight, self.eps).to(x.dtype)
-        return F.rms_norm(x32, (self.dim,), self.weight, self.eps).to(x.dtype)  # CUDA: fused fwd + bwd
+        # CUDA: fused forward and backward
+        return F.rms_norm(x32, (self.dim,), self.weight, self.eps).to(x.dtype)
 
 
 NORMS = ("layernorm", "rmsnorm")
@@ -126,13 +138,16 @@ class PatchEmbed(nn.Module):
         self.proj = nn.Conv2d(in_channels, hidden_size, kernel_size=patch_size, stride=patch_size)
 
     def forward(self, x: Tensor) -> Tensor:
-        # contiguous: left as the transposed view (timm, official SiT), the whole residual stream inherits its
-        # strides, so every norm copies its input and every residual add is strided (~5% of a step)
-        return self.proj(x).flatten(2).transpose(1, 2).contiguous()
+        # contiguous: left as the transposed view (timm, official SiT), the whole residual stream
+        # inherits its strides, so every norm copies its input and every residual add is strided
+        # (~5% of a step)
+        x = self.proj(x)  # (B, D, H/p, W/p)
+        return x.flatten(2).transpose(1, 2).contiguous()  # (B, N, D), N = H/p * W/p
 
 
 class TimestepEmbedder(nn.Module):
-    """Scalar t (B,) -> (B, D): 256-d sinusoid ``[cos, sin]``, max period 1e4, then Linear-SiLU-Linear.
+    """Scalar t (B,) -> (B, D): 256-d sinusoid ``[cos, sin]``, max period 1e4, then
+    Linear-SiLU-Linear.
 
     ``freq_shift``: frequencies ``1e4 ** (-i / (half - freq_shift))``; 0 is DiT/SiT, 1 is diffusers'
     ``DiTTransformer2DModel`` (its ``Timesteps(downscale_freq_shift=1)``).
@@ -143,7 +158,9 @@ class TimestepEmbedder(nn.Module):
         super().__init__()
         self.frequency_embedding_size, self.freq_shift = frequency_embedding_size, freq_shift
         self.mlp = nn.Sequential(
-            nn.Linear(frequency_embedding_size, hidden_size), nn.SiLU(), nn.Linear(hidden_size, hidden_size)
+            nn.Linear(frequency_embedding_size, hidden_size),
+            nn.SiLU(),
+            nn.Linear(hidden_size, hidden_size),
         )
 
     @staticmethod
@@ -152,26 +169,29 @@ class TimestepEmbedder(nn.Module):
         """(B,) -> (B, dim). SiT feeds raw t in [0, 1] (no x1000 rescale as in DiT)."""
         half = dim // 2
         steps = torch.arange(half, dtype=torch.float32, device=t.device)
-        freqs = torch.exp(-math.log(max_period) * steps / (half - freq_shift))
-        args = t[:, None].float() * freqs[None]
-        emb = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
+        freqs = torch.exp(-math.log(max_period) * steps / (half - freq_shift))  # (dim / 2,)
+        args = t[:, None].float() * freqs[None]  # (B, dim / 2)
+        emb = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)  # (B, dim - dim % 2)
         return F.pad(emb, (0, dim % 2))
 
     def forward(self, t: Tensor) -> Tensor:
         t_freq = self.timestep_embedding(t, self.frequency_embedding_size,
-                                         freq_shift=self.freq_shift)
-        return self.mlp(t_freq.to(self.mlp[0].weight.dtype))
+                                         freq_shift=self.freq_shift)  # (B, 256)
+        return self.mlp(t_freq.to(self.mlp[0].weight.dtype))  # (B, D)
 
 
 class LabelEmbedder(nn.Module):
-    """Labels (B,) -> (B, D). Row ``num_classes`` is the null class; training drops labels with prob p."""
+    """Labels (B,) -> (B, D). Row ``num_classes`` is the null class; training drops labels with
+    probability ``dropout_prob``."""
 
     def __init__(self, num_classes: int, hidden_size: int, dropout_prob: float) -> None:
         super().__init__()
         self.num_classes, self.dropout_prob = num_classes, dropout_prob
         self.embedding_table = nn.Embedding(num_classes + int(dropout_prob > 0), hidden_size)
 
-    def forward(self, labels: Tensor, train: bool, force_drop_ids: Tensor | None = None) -> Tensor:
+    def forward(
+        self, labels: Tensor, train: bool, force_drop_ids: Tensor | None = None
+    ) -> Tensor:
         if (train and self.dropout_prob > 0) or force_drop_ids is not None:
             if force_drop_ids is None:
                 drop = torch.rand(labels.shape[0], device=labels.device) < self.dropout_prob
@@ -182,8 +202,9 @@ class LabelEmbedder(nn.Module):
 
 
 def norm_and_rotate(x: Tensor, norm: nn.Module, rope: Rotation | None) -> Tensor:
-    """``rope(norm(x))`` for q or k (B, N, H, head_dim); one fused autograd node where that pays (CPU
-    fp32 eager, RMSNorm with weight, complex RoPE): same forward bits, gradients within float rounding."""
+    """``rope(norm(x))`` for q or k (B, N, H, head_dim); one fused autograd node where that pays
+    (CPU fp32 eager, RMSNorm with weight, complex RoPE): same forward bits, gradients within float
+    rounding."""
     if (
         rope is not None and isinstance(norm, RMSNorm) and norm.weight is not None
         and x.device.type == "cpu" and x.dtype == torch.float32 and rope.complex_ok(x)
@@ -194,9 +215,12 @@ def norm_and_rotate(x: Tensor, norm: nn.Module, rope: Rotation | None) -> Tensor
 
 
 class Attention(nn.Module):
-    """Multi-head self-attention via SDPA; optional per-head RMS QK-norm (before RoPE) and 2-D RoPE."""
+    """Multi-head self-attention via SDPA; optional per-head RMS QK-norm (before RoPE) and 2-D
+    RoPE."""
 
-    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, qk_norm: bool = False) -> None:
+    def __init__(
+        self, dim: int, num_heads: int, qkv_bias: bool = True, qk_norm: bool = False
+    ) -> None:
         super().__init__()
         self.num_heads, self.head_dim = num_heads, dim // num_heads
         self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
@@ -206,19 +230,25 @@ class Attention(nn.Module):
 
     def forward(self, x: Tensor, rope: Rotation | None = None) -> Tensor:
         B, N, D = x.shape
-        # per-token work (QK-norm, RoPE) in the (B, N, H, head_dim) layout qkv comes in: less strided on CPU
-        q, k, v = self.qkv(x).view(B, N, 3, self.num_heads, self.head_dim).unbind(2)
+        # per-token work (QK-norm, RoPE) in the (B, N, H, head_dim) layout qkv comes in: less
+        # strided on CPU
+        qkv = self.qkv(x).view(B, N, 3, self.num_heads, self.head_dim)  # (B, N, 3, H, head_dim)
+        q, k, v = qkv.unbind(2)  # each (B, N, H, head_dim)
         q, k = norm_and_rotate(q, self.q_norm, rope), norm_and_rotate(k, self.k_norm, rope)
-        x = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
-        return self.proj(x.transpose(1, 2).reshape(B, N, D))
+        x = F.scaled_dot_product_attention(  # (B, H, N, head_dim)
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        )
+        return self.proj(x.transpose(1, 2).reshape(B, N, D))  # (B, N, D)
 
 
-#: The GELU MLP's activation: SiT/DiT's tanh approximation, or the exact erf GELU of the official ViT-5 code.
+#: The GELU MLP's activation: SiT/DiT's tanh approximation, or the exact erf GELU of the official
+#: ViT-5 code.
 MLP_ACTS = {"gelu_tanh": "tanh", "gelu": "none"}  # name -> nn.GELU(approximate=...)
 
 
 class Mlp(nn.Module):
-    """fc1 -> GELU -> fc2, hidden = mlp_ratio * D; ``act`` "gelu_tanh" (DiT/SiT) or "gelu" (exact)."""
+    """fc1 -> GELU -> fc2, hidden = mlp_ratio * D; ``act`` "gelu_tanh" (DiT/SiT) or "gelu"
+    (exact)."""
 
     def __init__(self, dim: int, hidden: int, act: str = "gelu_tanh") -> None:
         super().__init__()
@@ -228,14 +258,14 @@ class Mlp(nn.Module):
         self.act = nn.GELU(approximate=MLP_ACTS[act])
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.fc2(self.act(self.fc1(x)))
+        return self.fc2(self.act(self.fc1(x)))  # (B, N, D) -> (B, N, hidden) -> (B, N, D)
 
 
 class SwiGLU(nn.Module):
     """fc1 -> (SiLU(a) * b) -> fc2. Ablation only (ViT-5: SwiGLU + LayerScale over-gates).
 
-    Our FLOP-matched variant: hidden = 2/3 of the GELU width, with biases, so parameters and FLOPs match the
-    GELU MLP (8·D² weights).
+    Our FLOP-matched variant: hidden = 2/3 of the GELU width, with biases, so parameters and FLOPs
+    match the GELU MLP (8·D² weights).
     """
 
     width, bias = 2 / 3, True
@@ -248,26 +278,44 @@ class SwiGLU(nn.Module):
         self.fc2 = nn.Linear(hidden, dim, bias=self.bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        a, b = self.fc1(x).chunk(2, dim=-1)
-        return self.fc2(F.silu(a) * b)
+        a, b = self.fc1(x).chunk(2, dim=-1)  # each (B, N, hidden)
+        return self.fc2(F.silu(a) * b)  # (B, N, D)
 
 
 class SwiGLUViT5(SwiGLU):
-    """The official ViT-5 SwiGLU: hidden = the full GELU width (4·D), three bias-free matrices (12·D²)."""
+    """The official ViT-5 SwiGLU: hidden = the full GELU width (4·D), three bias-free matrices
+    (12·D²)."""
 
     width, bias = 1.0, False
 
 
 MLPS = {"gelu": Mlp, "swiglu": SwiGLU, "swiglu_vit5": SwiGLUViT5}
 
+#: Named LayerScale initial values: ``layer_scale_init="classification"`` (config or keyword).
+LAYER_SCALE_INITS: dict[str, float] = {
+    "generative": 1.0,  # gamma starts at 1 on the zero-init adaLN gate: no second bottleneck
+    "classification": 1e-4,  # official ViT-5 ImageNet-1k recipe (LAMB, lr 3e-3-4e-3, long warm-up)
+}
+
+
+def resolve_layer_scale_init(value: float | str | None) -> float | None:
+    """LayerScale's initial gamma: a number as given, None (off), or a name in
+    ``LAYER_SCALE_INITS``; raises ValueError for any other name."""
+    if not isinstance(value, str):
+        return value
+    if value not in LAYER_SCALE_INITS:
+        raise ValueError(f"layer_scale_init={value!r}: a number, None (off) or one of "
+                         f"{sorted(LAYER_SCALE_INITS)}")
+    return LAYER_SCALE_INITS[value]
+
 
 class Block(nn.Module):
     """Pre-norm transformer block with adaLN-Zero conditioning.
 
-    Defaults are the DiT/SiT block. ViT-5 switches: ``norm='rmsnorm'``, ``qk_norm``, ``qkv_bias=False``,
-    ``layer_scale_init`` (LayerScale gamma multiplies the gated branch: our choice for adaLN models), ``mlp``,
-    ``mlp_act`` (the GELU MLP's activation). ``mlp_norm_eps``: the eps of the norm before the MLP
-    (diffusers' DiT: its ``norm_eps``).
+    Defaults are the DiT/SiT block. ViT-5 switches: ``norm='rmsnorm'``, ``qk_norm``,
+    ``qkv_bias=False``, ``layer_scale_init`` (LayerScale gamma multiplies the gated branch: our
+    choice for adaLN models), ``mlp``, ``mlp_act`` (the GELU MLP's activation). ``mlp_norm_eps``:
+    the eps of the norm before the MLP (diffusers' DiT: its ``norm_eps``).
     """
 
     def __init__(
@@ -290,7 +338,10 @@ class Block(nn.Module):
         self.attn = Attention(hidden_size, num_heads, qkv_bias=qkv_bias, qk_norm=qk_norm)
         self.norm2 = make_norm(norm, hidden_size, eps=mlp_norm_eps)
         hidden = int(hidden_size * mlp_ratio)
-        self.mlp = Mlp(hidden_size, hidden, mlp_act) if mlp == "gelu" else MLPS[mlp](hidden_size, hidden)
+        if mlp == "gelu":
+            self.mlp = Mlp(hidden_size, hidden, mlp_act)
+        else:
+            self.mlp = MLPS[mlp](hidden_size, hidden)
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 6 * hidden_size))
         if layer_scale_init is not None:
             self.gamma_1 = nn.Parameter(torch.full((hidden_size,), float(layer_scale_init)))
@@ -299,41 +350,50 @@ class Block(nn.Module):
             self.gamma_1 = self.gamma_2 = None
 
     def forward(self, x: Tensor, c: Tensor, rope: Rotation | None = None) -> Tensor:
-        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.adaLN_modulation(c).chunk(6, dim=1)
+        """x (B, N, D), c (B, D) -> (B, N, D)."""
+        mod = self.adaLN_modulation(c)  # (B, 6D): six (B, D) chunks
+        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = mod.chunk(6, dim=1)
         if self.gamma_1 is not None:
             gate_msa, gate_mlp = gate_msa * self.gamma_1, gate_mlp * self.gamma_2
-        x = x + gate_msa.unsqueeze(1) * self.attn(modulate(self.norm1(x), shift_msa, scale_msa), rope)
+        attn = self.attn(modulate(self.norm1(x), shift_msa, scale_msa), rope)
+        x = x + gate_msa.unsqueeze(1) * attn
         return x + gate_mlp.unsqueeze(1) * self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp))
 
 
 class FinalLayer(nn.Module):
     """Norm + adaLN(shift, scale) + Linear to p*p*C_out per token."""
 
-    def __init__(self, hidden_size: int, patch_size: int, out_channels: int, norm: str = "layernorm") -> None:
+    def __init__(
+        self, hidden_size: int, patch_size: int, out_channels: int, norm: str = "layernorm"
+    ) -> None:
         super().__init__()
         self.norm_final = make_norm(norm, hidden_size)
         self.linear = nn.Linear(hidden_size, patch_size * patch_size * out_channels)
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 2 * hidden_size))
 
     def forward(self, x: Tensor, c: Tensor) -> Tensor:
-        shift, scale = self.adaLN_modulation(c).chunk(2, dim=1)
+        """x (B, N, D), c (B, D) -> (B, N, p*p*C_out)."""
+        shift, scale = self.adaLN_modulation(c).chunk(2, dim=1)  # each (B, D)
         return self.linear(modulate(self.norm_final(x), shift, scale))
 
 
 def sincos_pos_embed_2d(embed_dim: int, grid_h: int, grid_w: int | None = None) -> Tensor:
     """MAE-style fixed 2-D sin-cos table (grid_h*grid_w, embed_dim), float64 -> float32.
 
-    As in MAE/DiT the grid is ``meshgrid(w, h)``: the first half of the channels encodes the column index,
-    the second half the row index; each half is ``[sin, cos]`` with omega = 1 / 10000^(2i/d).
+    As in MAE/DiT the grid is ``meshgrid(w, h)``: the first half of the channels encodes the column
+    index, the second half the row index; each half is ``[sin, cos]`` with omega = 1 / 10000^(2i/d).
     """
     grid_w = grid_h if grid_w is None else grid_w
-    rows, cols = torch.meshgrid(
-        torch.arange(grid_h, dtype=torch.float64), torch.arange(grid_w, dtype=torch.float64), indexing="ij"
+    rows, cols = torch.meshgrid(  # each (grid_h, grid_w)
+        torch.arange(grid_h, dtype=torch.float64),
+        torch.arange(grid_w, dtype=torch.float64),
+        indexing="ij",
     )
 
     def one_axis(pos: Tensor) -> Tensor:
-        omega = 1.0 / 10000 ** (torch.arange(embed_dim // 4, dtype=torch.float64) / (embed_dim / 4))
-        out = pos.reshape(-1, 1) * omega[None]
-        return torch.cat([torch.sin(out), torch.cos(out)], dim=1)
+        steps = torch.arange(embed_dim // 4, dtype=torch.float64)
+        omega = 1.0 / 10000 ** (steps / (embed_dim / 4))  # (D/4,)
+        out = pos.reshape(-1, 1) * omega[None]  # (h*w, D/4)
+        return torch.cat([torch.sin(out), torch.cos(out)], dim=1)  # (h*w, D/2)
 
     return torch.cat([one_axis(cols), one_axis(rows)], dim=1).float()

@@ -1,12 +1,15 @@
 """2-D rotary position embedding, EVA/ViT-5 formulation.
 
-Per head, the first half of the channels rotates with the row index and the second half with the column
-index. Per axis (d = head_dim / 2 channels): ``freqs = theta^(-arange(0, d, 2) / d)``, each frequency repeated
-for an adjacent channel pair, rotation ``x * cos + rotate_half(x) * sin`` with ``rotate_half((a, b)) = (-b, a)``.
-Positions are ``arange(n) / n * n_train`` so any grid size is mapped onto the training range.
+Per head, the first half of the channels rotates with the row index and the second half with the
+column index. Per axis (d = head_dim / 2 channels): ``freqs = theta^(-arange(0, d, 2) / d)``, each
+frequency repeated for an adjacent channel pair, rotation ``x * cos + rotate_half(x) * sin`` with
+``rotate_half((a, b)) = (-b, a)``. Positions are ``arange(n) / n * n_train`` so any grid size is
+mapped onto the training range.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor
@@ -19,7 +22,7 @@ def rotate_half(x: Tensor) -> Tensor:
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate x (B, H, N, head_dim) by per-token angles; cos/sin (N, head_dim) broadcast over B and H.
+    """Rotate x (B, H, N, head_dim) by per-token angles; cos/sin (N, head_dim) broadcast over B, H.
 
     The defining formula; the models use :class:`Rotation`, which computes the same numbers faster.
     """
@@ -27,41 +30,63 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 def swap_pairs(x: Tensor) -> Tensor:
-    """(..., 2k) -> (..., 2k): each adjacent pair (a, b) becomes (b, a) (stack: CPU flip is slower)."""
+    """(..., 2k) -> (..., 2k): each adjacent pair (a, b) becomes (b, a) (stack: a CPU flip is
+    slower)."""
     a, b = x.unflatten(-1, (-1, 2)).unbind(-1)
     return torch.stack((b, a), dim=-1).flatten(-2)
 
 
 class Rotation:
-    """``apply_rope`` with fixed tables, for tokens laid out (B, N, H, head_dim); RopeTables caches it.
+    """``apply_rope`` with fixed tables, for tokens (B, N, H, head_dim); RopeTables caches it.
 
-    Requires adjacent channels to share an angle (true for every table built here). fp32/fp64: a complex
-    multiply, one pass instead of five. Other dtypes (there is no complex bf16) and torch.compile (inductor
-    fuses the real form but generates no complex code): the real form with the pair signs folded into sin,
-    ``x * cos + swap_pairs(x) * sin_folded``. Both are bitwise equal to ``apply_rope`` on CPU.
+    Requires adjacent channels to share an angle (true for every table built here). fp32/fp64: a
+    complex multiply, one pass instead of five. Other dtypes (there is no complex bf16) and
+    torch.compile (inductor fuses the real form but generates no complex code): the real form with
+    the pair signs folded into sin, ``x * cos + swap_pairs(x) * sin_folded``. Both are bitwise equal
+    to ``apply_rope`` on CPU.
     """
 
     def __init__(self, cos: Tensor, sin: Tensor) -> None:
         self.source = (cos, sin)  # the (N, head_dim) tables this was built from
         self.cos = cos.unsqueeze(-2)  # (N, 1, head_dim): broadcast over heads
-        self.sin_folded = torch.stack((-sin[:, 0::2], sin[:, 1::2]), dim=-1).flatten(-2).unsqueeze(-2)
+        folded = torch.stack((-sin[:, 0::2], sin[:, 1::2]), dim=-1)  # (N, head_dim / 2, 2)
+        self.sin_folded = folded.flatten(-2).unsqueeze(-2)  # (N, 1, head_dim)
         complex_ok = cos.dtype in (torch.float32, torch.float64)
+        # (N, 1, head_dim / 2) complex angles, and their conjugate: the inverse rotation
         self.cis = torch.complex(cos[:, 0::2], sin[:, 0::2]).unsqueeze(-2) if complex_ok else None
-        self.cis_conj = self.cis.conj().resolve_conj() if complex_ok else None  # the inverse rotation
+        self.cis_conj = self.cis.conj().resolve_conj() if complex_ok else None
 
     def complex_ok(self, x: Tensor) -> bool:
-        """Whether x is rotated by the complex multiply (eager, x in the tables' fp32/fp64 dtype)."""
-        return self.cis is not None and x.dtype == self.cos.dtype and not torch.compiler.is_compiling()
+        """Whether x is rotated by the complex multiply (eager, x in the tables' fp32/fp64)."""
+        return (self.cis is not None and x.dtype == self.cos.dtype
+                and not torch.compiler.is_compiling())
 
     def __call__(self, x: Tensor) -> Tensor:
         """x (B, N, H, head_dim), last dim contiguous -> rotated, same shape and dtype."""
         if self.complex_ok(x):
-            return torch.view_as_real(torch.view_as_complex(x.unflatten(-1, (-1, 2))) * self.cis).flatten(-2)
+            pairs = torch.view_as_complex(x.unflatten(-1, (-1, 2)))  # (B, N, H, head_dim / 2)
+            return torch.view_as_real(pairs * self.cis).flatten(-2)
         return x * self.cos + swap_pairs(x) * self.sin_folded
 
 
+def check_head_dim(head_dim: int) -> None:
+    """Raise ValueError unless 2-D RoPE can rotate heads of this size (2 axes of channel pairs)."""
+    if head_dim % 4:
+        raise ValueError(f"2-D RoPE needs head_dim divisible by 4, got {head_dim}")
+
+
+def register_grid(num_registers: int, register_theta: float | None) -> tuple[int, int]:
+    """The (side, side) grid registers rotate on; raises ValueError when register RoPE is on
+    (``register_theta`` set, registers present) and ``num_registers`` is not a perfect square."""
+    side = math.isqrt(num_registers)
+    if register_theta is not None and side * side != num_registers:
+        raise ValueError("num_registers must be a perfect square with register RoPE, "
+                         f"got {num_registers}")
+    return side, side
+
+
 def axis_positions(n: int, n_train: int) -> Tensor:
-    """Positions of an n-long axis rescaled onto a model trained with n_train positions (float64)."""
+    """Positions (n,) float64 of an n-long axis, rescaled onto a model trained with n_train."""
     return torch.arange(n, dtype=torch.float64) / n * n_train
 
 
@@ -69,21 +94,23 @@ def rope_angles_2d(
     head_dim: int, theta: float, grid: tuple[int, int], train_grid: tuple[int, int]
 ) -> Tensor:
     """Rotation angles (h*w, head_dim) in float64 for a row-major (h, w) token grid."""
-    if head_dim % 4:
-        raise ValueError(f"2-D RoPE needs head_dim divisible by 4, got {head_dim}")
+    check_head_dim(head_dim)
     d = head_dim // 2
     freqs = (theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)).repeat_interleave(2)
     (h, w), (h0, w0) = grid, train_grid
     rows = axis_positions(h, h0)[:, None] * freqs  # (h, d)
     cols = axis_positions(w, w0)[:, None] * freqs  # (w, d)
-    return torch.cat([rows[:, None].expand(h, w, d), cols[None].expand(h, w, d)], dim=-1).reshape(h * w, head_dim)
+    both = torch.cat([rows[:, None].expand(h, w, d), cols[None].expand(h, w, d)], dim=-1)
+    return both.reshape(h * w, head_dim)  # (h, w, 2d) -> (h*w, head_dim)
 
 
 class RopeTables:
-    """cos/sin tables for patches (+ registers on their own grid and theta), cached per grid, device, dtype.
+    """cos/sin tables for patches (+ registers on their own grid and theta), cached per grid,
+    device and dtype.
 
-    Tokens are ordered [patches (row-major), registers]. Registers without their own RoPE get the identity
-    rotation (cos 1, sin 0); patches without RoPE likewise, so one table covers the whole sequence.
+    Tokens are ordered [patches (row-major), registers]. Registers without their own RoPE get the
+    identity rotation (cos 1, sin 0); patches without RoPE likewise, so one table covers the whole
+    sequence.
     """
 
     def __init__(
@@ -96,12 +123,12 @@ class RopeTables:
     ) -> None:
         self.head_dim, self.train_grid, self.theta = head_dim, train_grid, theta
         self.num_registers, self.register_theta = num_registers, register_theta
-        side = round(num_registers**0.5)
-        if register_theta is not None and num_registers and side * side != num_registers:
-            raise ValueError(f"num_registers must be a perfect square with register RoPE, got {num_registers}")
-        self.register_grid = (side, side)
-        self._cache: dict[tuple, tuple[Tensor, Tensor]] = {}  # (grid, device, dtype) -> (cos, sin)
-        self._rotations: dict[tuple, Rotation] = {}  # same keys; rebuilt if a _cache entry is replaced
+        if theta is not None or (register_theta is not None and num_registers):
+            check_head_dim(head_dim)  # now, not at the first forward (angles are built lazily)
+        self.register_grid = register_grid(num_registers, register_theta)
+        # (grid, device, dtype) -> (cos, sin), and -> the Rotation (rebuilt if its tables change)
+        self._cache: dict[tuple, tuple[Tensor, Tensor]] = {}
+        self._rotations: dict[tuple, Rotation] = {}
 
     def angles(self, grid: tuple[int, int]) -> Tensor:
         """Angles (h*w + num_registers, head_dim), float64."""
@@ -111,15 +138,18 @@ class RopeTables:
         else:
             patches = torch.zeros(n, self.head_dim, dtype=torch.float64)
         if self.register_theta is not None and self.num_registers:
-            regs = rope_angles_2d(self.head_dim, self.register_theta, self.register_grid, self.register_grid)
+            rgrid = self.register_grid
+            regs = rope_angles_2d(self.head_dim, self.register_theta, rgrid, rgrid)
         else:
             regs = torch.zeros(self.num_registers, self.head_dim, dtype=torch.float64)
         return torch.cat([patches, regs])
 
-    def tables(self, grid: tuple[int, int], device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        """(cos, sin), each (h*w + num_registers, head_dim), built once per grid, device and dtype."""
-        if torch.compiler.is_compiling():  # a cache lookup would be a guard: a recompile once filled
-            ang = self.angles(grid)  # built inside the graph instead (a few kernels on tiny tables)
+    def tables(
+        self, grid: tuple[int, int], device: torch.device, dtype: torch.dtype
+    ) -> tuple[Tensor, Tensor]:
+        """(cos, sin), each (h*w + num_registers, head_dim), built once per grid, device, dtype."""
+        if torch.compiler.is_compiling():  # a cache lookup would be a guard: a recompile once full
+            ang = self.angles(grid)  # built in the graph instead (a few kernels on tiny tables)
             return ang.cos().to(device, dtype), ang.sin().to(device, dtype)
         key = (grid, device, dtype)
         if key not in self._cache:

@@ -1,20 +1,25 @@
 """SiT/DiT backbone exactly as published (Peebles & Xie 2023; Ma et al. 2024).
 
-State-dict keys, initialisation and forward match the official code, so a released checkpoint loads with
-``strict=True``. The architecture switches used by ViT-5 live here too (defaults = SiT) so that the two
-backbones share every line where the architectures agree.
+State-dict keys, initialisation and forward match the official code, so a released checkpoint loads
+with ``strict=True``. The architecture switches used by ViT-5 live here too (defaults = SiT) so that
+the two backbones share every line where the architectures agree.
 
 Hub-native: the classes are diffusers ``ModelMixin`` + ``ConfigMixin`` models, so
 ``model.save_pretrained(dir)`` writes ``config.json`` (every constructor argument and switch) and
-``diffusion_pytorch_model.safetensors`` (the same DiT key names), ``SiT.from_pretrained(dir_or_repo_id)`` /
-``ViT5.from_pretrained(...)`` rebuild them, ``push_to_hub(repo_id)`` uploads them, and a model can be a
-component of a ``diffusers.DiffusionPipeline`` (``sit_vit5.pipeline.SiTPipeline``).
+``diffusion_pytorch_model.safetensors`` (the same DiT key names),
+``SiT.from_pretrained(dir_or_repo_id)`` / ``ViT5.from_pretrained(...)`` rebuild them,
+``push_to_hub(repo_id)`` uploads them, and a model can be a component of a
+``diffusers.DiffusionPipeline`` (``sit_vit5.pipeline.SiTPipeline``).
+
+Shapes: B batch, C channels, H x W input, p patch size, (h, w) = (H/p, W/p) patch grid, T = h*w
+patch tokens, R registers, N = T + R the sequence the blocks see (layers.py's N), D hidden width.
 """
 
 from __future__ import annotations
 
 import inspect
 import os
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -23,7 +28,15 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from ..guidance import forward_with_cfg
-from .layers import Block, FinalLayer, LabelEmbedder, PatchEmbed, TimestepEmbedder, sincos_pos_embed_2d
+from .layers import (
+    Block,
+    FinalLayer,
+    LabelEmbedder,
+    PatchEmbed,
+    TimestepEmbedder,
+    resolve_layer_scale_init,
+    sincos_pos_embed_2d,
+)
 from .rope import RopeTables
 
 #: Architecture switches and their SiT values; ViT5 overrides them (see vit5.py).
@@ -33,7 +46,7 @@ SIT_SWITCHES: dict = dict(
     qkv_bias=True,
     layer_scale_init=None,  # LayerScale gamma init; None = off
     mlp="gelu",  # gelu | swiglu (FLOP-matched) | swiglu_vit5 (official: 4·D hidden, no biases)
-    mlp_act="gelu_tanh",  # the GELU MLP's activation: gelu_tanh (SiT) | gelu (exact, official ViT-5)
+    mlp_act="gelu_tanh",  # the GELU MLP's activation: gelu_tanh (SiT) | gelu (exact, ViT-5 code)
     pos_embed="fixed",  # fixed (frozen sin-cos) | learned (init sin-cos) | none
     rope=False,  # 2-D RoPE on patch tokens
     rope_theta=10000.0,
@@ -51,8 +64,18 @@ _LOADING_PROBLEMS = (("missing_keys", "missing keys"), ("unexpected_keys", "unex
                      ("mismatched_keys", "shape mismatches"), ("error_msgs", "errors"))
 
 
+def rope_thetas(sw: dict[str, Any]) -> tuple[float | None, float | None]:
+    """(patch theta, register theta) of a model with switches ``sw``; None = that part is not
+    rotated. Registers rotate with their own theta whenever they have one, with or without patch
+    RoPE."""
+    patch = sw["rope_theta"] if sw["rope"] else None
+    register = sw["register_rope_theta"] if sw["num_registers"] else None
+    return patch, register
+
+
 def _compute_dtype(x: Tensor) -> torch.dtype:
-    """The dtype matmuls run in: the autocast dtype when autocast is on for x's device, else x.dtype."""
+    """The dtype matmuls run in: the autocast dtype when autocast is on for x's device, else
+    x.dtype."""
     kind = x.device.type
     if torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind):
         return torch.get_autocast_dtype(kind)
@@ -60,7 +83,8 @@ def _compute_dtype(x: Tensor) -> torch.dtype:
 
 
 class SiT(ModelMixin, ConfigMixin):
-    """Class-conditional velocity network: (x (B, C, H, W), t (B,) in [0, 1], y (B,)) -> (B, C, H, W).
+    """Class-conditional velocity network: (x (B, C, H, W), t (B,) in [0, 1], y (B,)) ->
+    (B, C, H, W).
 
     ``t_freq_shift`` (0) and ``mlp_norm_eps`` (1e-6) are DiT/SiT's timestep frequencies and MLP-norm
     eps; a model converted from diffusers' ``DiTTransformer2DModel`` keeps that class's 1 and its
@@ -96,10 +120,14 @@ class SiT(ModelMixin, ConfigMixin):
         super().__init__()
         unknown = set(switches) - set(SIT_SWITCHES)
         if unknown:
-            raise TypeError(f"unknown model option(s) {sorted(unknown)}; valid switches: {sorted(SIT_SWITCHES)}")
+            raise TypeError(f"unknown model option(s) {sorted(unknown)}; "
+                            f"valid switches: {sorted(SIT_SWITCHES)}")
         sw = {**SIT_SWITCHES, **switches}
+        # names resolved here, for every backbone: config.json records the number
+        sw["layer_scale_init"] = resolve_layer_scale_init(sw["layer_scale_init"])
         if sw["pos_embed"] not in POS_EMBED_KINDS:
-            raise ValueError(f"pos_embed must be one of {POS_EMBED_KINDS}, got {sw['pos_embed']!r}")
+            raise ValueError(f"pos_embed must be one of {POS_EMBED_KINDS}, "
+                             f"got {sw['pos_embed']!r}")
         if hidden_size % num_heads:
             raise ValueError(f"hidden_size {hidden_size} is not divisible by num_heads {num_heads}")
         if t_freq_shift not in (0, 1) or not mlp_norm_eps > 0:
@@ -110,9 +138,9 @@ class SiT(ModelMixin, ConfigMixin):
         self.out_channels = in_channels * 2 if learn_sigma else in_channels
         self.learn_sigma, self.num_classes, self.num_heads = learn_sigma, num_classes, num_heads
         self.grad_checkpointing = grad_checkpointing
-        # SiT's transport reads only the first C channels; DiT's objective also needs the variance half
+        # SiT's transport reads the first C channels only; DiT's objective also needs the variances
         self.return_sigma = False
-        self.grid = (input_size // patch_size, input_size // patch_size)  # training grid (rows, cols)
+        self.grid = (input_size // patch_size, input_size // patch_size)  # training (rows, cols)
         self.num_registers = sw["num_registers"]
 
         self.x_embedder = PatchEmbed(patch_size, in_channels, hidden_size)
@@ -122,35 +150,30 @@ class SiT(ModelMixin, ConfigMixin):
         if sw["pos_embed"] == "none":
             self.pos_embed = None
         else:  # DiT keeps the fixed table as a frozen Parameter (key "pos_embed")
-            self.pos_embed = nn.Parameter(torch.zeros(1, n_patches, hidden_size), sw["pos_embed"] == "learned")
+            table = torch.zeros(1, n_patches, hidden_size)
+            self.pos_embed = nn.Parameter(table, requires_grad=sw["pos_embed"] == "learned")
         if self.num_registers:
             self.register_tokens = nn.Parameter(torch.zeros(1, self.num_registers, hidden_size))
-        use_rope = sw["rope"] or (self.num_registers and sw["register_rope_theta"] is not None)
-        self.rope = (
-            RopeTables(
-                hidden_size // num_heads,
-                self.grid,
-                sw["rope_theta"] if sw["rope"] else None,
-                self.num_registers,
-                sw["register_rope_theta"],
-            )
-            if use_rope
-            else None
-        )
-        block_sw = {k: sw[k] for k in ("norm", "qk_norm", "qkv_bias", "layer_scale_init", "mlp", "mlp_act")}
+        patch_theta, register_theta = rope_thetas(sw)
+        self.rope = None
+        if patch_theta is not None or register_theta is not None:
+            self.rope = RopeTables(hidden_size // num_heads, self.grid, patch_theta,
+                                   self.num_registers, register_theta)
+        block_keys = ("norm", "qk_norm", "qkv_bias", "layer_scale_init", "mlp", "mlp_act")
+        block_sw = {k: sw[k] for k in block_keys}
         self.blocks = nn.ModuleList(
             [Block(hidden_size, num_heads, mlp_ratio, mlp_norm_eps=mlp_norm_eps, **block_sw)
              for _ in range(depth)]
         )
         self.final_layer = FinalLayer(hidden_size, patch_size, self.out_channels, sw["norm"])
         self.initialize_weights()
-        # config.json: the resolved architecture (ViT5's switch defaults included), not just what was passed.
-        # Registered last: the switch `pos_embed` shares its name with the parameter built above.
+        # config.json: the resolved architecture (ViT5's switch defaults included), not just what
+        # was passed. Registered last: the switch `pos_embed` shares its name with the parameter.
         self.register_to_config(
-            input_size=input_size, patch_size=patch_size, in_channels=in_channels, hidden_size=hidden_size,
-            depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio, class_dropout_prob=class_dropout_prob,
-            num_classes=num_classes, learn_sigma=learn_sigma, t_freq_shift=t_freq_shift,
-            mlp_norm_eps=mlp_norm_eps, **sw,
+            input_size=input_size, patch_size=patch_size, in_channels=in_channels,
+            hidden_size=hidden_size, depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio,
+            class_dropout_prob=class_dropout_prob, num_classes=num_classes, learn_sigma=learn_sigma,
+            t_freq_shift=t_freq_shift, mlp_norm_eps=mlp_norm_eps, **sw,
         )
 
     @classmethod
@@ -203,7 +226,8 @@ class SiT(ModelMixin, ConfigMixin):
             return super().__getattr__(name)
 
     def initialize_weights(self) -> None:
-        """DiT init: xavier Linears, N(0, 0.02) embedders, zero adaLN and output => output is exactly 0."""
+        """DiT init: xavier Linears, N(0, 0.02) embedders, zero adaLN and output => the output is
+        exactly 0."""
 
         def _basic_init(module: nn.Module) -> None:
             if isinstance(module, nn.Linear):
@@ -213,7 +237,8 @@ class SiT(ModelMixin, ConfigMixin):
 
         self.apply(_basic_init)
         if self.pos_embed is not None:
-            self.pos_embed.data.copy_(sincos_pos_embed_2d(self.pos_embed.shape[-1], *self.grid).unsqueeze(0))
+            table = sincos_pos_embed_2d(self.pos_embed.shape[-1], *self.grid)  # (T, D)
+            self.pos_embed.data.copy_(table.unsqueeze(0))
         if self.num_registers:
             nn.init.trunc_normal_(self.register_tokens, std=0.02)  # ViT-5: registers ~ TN(0, 0.02)
         w = self.x_embedder.proj.weight.data  # patch conv initialised like a Linear
@@ -230,21 +255,24 @@ class SiT(ModelMixin, ConfigMixin):
             nn.init.zeros_(layer.bias)
 
     def set_grad_checkpointing(self, enabled: bool = True) -> None:
-        """Recompute each block in the backward pass (saves activation memory, ~30% more compute)."""
+        """Recompute each block in the backward pass (saves activation memory, ~30% more
+        compute)."""
         self.grad_checkpointing = enabled
 
     def pos_embed_for(self, grid: tuple[int, int]) -> Tensor:
-        """Absolute position table (1, h*w, D); resampled bicubically when the grid differs from training."""
+        """Absolute position table (1, h*w, D); resampled bicubically when the grid differs from
+        training."""
         if grid == self.grid:
             return self.pos_embed
-        table = self.pos_embed.reshape(1, *self.grid, -1).permute(0, 3, 1, 2)
+        table = self.pos_embed.reshape(1, *self.grid, -1).permute(0, 3, 1, 2)  # (1, D, h0, w0)
         table = F.interpolate(table.float(), size=grid, mode="bicubic", align_corners=False)
-        return table.permute(0, 2, 3, 1).reshape(1, grid[0] * grid[1], -1).to(self.pos_embed.dtype)
+        table = table.permute(0, 2, 3, 1).reshape(1, grid[0] * grid[1], -1)  # (1, h*w, D)
+        return table.to(self.pos_embed.dtype)
 
     def unpatchify(self, x: Tensor, grid: tuple[int, int]) -> Tensor:
         """(B, h*w, p*p*C) -> (B, C, h*p, w*p)."""
         (h, w), p, c = grid, self.patch_size, self.out_channels
-        x = x.reshape(x.shape[0], h, w, p, p, c)
+        x = x.reshape(x.shape[0], h, w, p, p, c)  # (B, h, w, p, p, C)
         return torch.einsum("nhwpqc->nchpwq", x).reshape(x.shape[0], c, h * p, w * p)
 
     def forward(self, x: Tensor, t: Tensor, y: Tensor) -> Tensor:
@@ -252,14 +280,16 @@ class SiT(ModelMixin, ConfigMixin):
         ``return_sigma`` is set (DiT's objective: (B, 2C, H, W), noise then variance values)."""
         p = self.patch_size
         if x.shape[-2] % p or x.shape[-1] % p:
-            raise ValueError(f"input spatial size {tuple(x.shape[-2:])} is not divisible by patch size {p}")
+            raise ValueError(f"input spatial size {tuple(x.shape[-2:])} is not divisible by "
+                             f"patch size {p}")
         grid = (x.shape[-2] // p, x.shape[-1] // p)
-        x = self.x_embedder(x)
+        x = self.x_embedder(x)  # (B, T, D)
         if self.pos_embed is not None:
             x = x + self.pos_embed_for(grid)
-        c = self.t_embedder(t) + self.y_embedder(y, self.training)
+        c = self.t_embedder(t) + self.y_embedder(y, self.training)  # (B, D)
         if self.num_registers:
-            x = torch.cat([x, self.register_tokens.expand(x.shape[0], -1, -1).to(x.dtype)], dim=1)
+            registers = self.register_tokens.expand(x.shape[0], -1, -1).to(x.dtype)  # (B, R, D)
+            x = torch.cat([x, registers], dim=1)  # (B, N, D), N = T + R
         rope = None
         if self.rope is not None:
             rope = self.rope(grid, x.device, _compute_dtype(x))
@@ -268,20 +298,16 @@ class SiT(ModelMixin, ConfigMixin):
                 x = checkpoint(block, x, c, rope, use_reentrant=False)
             else:
                 x = block(x, c, rope)
-        x = self.final_layer(x[:, : grid[0] * grid[1]], c)  # registers are dropped before the output layer
-        x = self.unpatchify(x, grid)
+        # registers are dropped before the output layer
+        x = self.final_layer(x[:, : grid[0] * grid[1]], c)  # (B, T, p*p*C_out)
+        x = self.unpatchify(x, grid)  # (B, C_out, H, W)
         return x[:, : self.in_channels] if self.learn_sigma and not self.return_sigma else x
 
-    def forward_with_cfg(
-        self,
-        x: Tensor,
-        t: Tensor,
-        y: Tensor,
-        cfg_scale: float,
-        cfg_channels: int | None = None,
-        interval: tuple[float, float] | None = None,
-    ) -> Tensor:
-        """Guided forward on a doubled batch (``x = cat([z, z])``, ``y = cat([labels, null])``), as in SiT.
+    def forward_with_cfg(self, x: Tensor, t: Tensor, y: Tensor, cfg_scale: float,
+                         cfg_channels: int | None = None,
+                         interval: tuple[float, float] | None = None) -> Tensor:
+        """Guided forward on a doubled batch (``x = cat([z, z])``, ``y = cat([labels, null])``), as
+        in SiT.
 
         ``cfg_channels=None`` guides all channels; ``3`` reproduces the official legacy mode.
         """

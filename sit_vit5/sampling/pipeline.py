@@ -19,7 +19,7 @@ from ..errors import SettingError, SitVit5Error
 from ..guidance import ClassifierFreeGuidance
 from ..images import to_uint8
 from ..io import json_safe, payload_sha256
-from ..models.checkpoint import LoadedModel
+from ..models import LoadedModel
 from ..objective import DiffusionSampler, Objective, as_objective, create_objective
 from ..precision import PRECISION_OF_DTYPE, autocast, check_precision
 from ..sample_spec import SampleSpec, check_cfg_scale

@@ -1,5 +1,7 @@
 """Training: the loop (``train``), EMA, atomic checkpoints with exact resume, metric logging."""
 
+from .batching import StepBatchSampler
+from .build import TrainResult
 from .checkpoint import (
     CheckpointError,
     IncompatibleCheckpointError,
@@ -9,7 +11,7 @@ from .checkpoint import (
     save_checkpoint,
 )
 from .ema import create_ema, update_ema
-from .loop import NonFiniteLossError, StepBatchSampler, TrainResult, train
+from .loop import NonFiniteLossError, train
 
 __all__ = [
     "CheckpointError",

@@ -1,9 +1,11 @@
-"""AdamW parameter groups with the official ViT-5 weight-decay rule.
+"""The optimizer's settings: AdamW parameter groups with the official ViT-5 weight-decay rule, and
+the learning-rate schedule (linear warmup, then constant).
 
-Rule: with ``weight_decay > 0`` a parameter decays iff it is a weight matrix (``ndim >= 2``) other than the
-absolute position embedding and the register tokens. So LayerScale gammas, norm weights and biases (all 1-D),
-``pos_embed`` and ``register_tokens`` never decay, as in the ViT-5 classification code. With
-``weight_decay == 0`` (the SiT/DiT recipe) everything is one group, the layout older checkpoints have.
+Weight-decay rule: with ``weight_decay > 0`` a parameter decays iff it is a weight matrix
+(``ndim >= 2``) other than the absolute position embedding and the register tokens. So LayerScale
+gammas, norm weights and biases (all 1-D), ``pos_embed`` and ``register_tokens`` never decay, as in
+the ViT-5 classification code. With ``weight_decay == 0`` (the SiT/DiT recipe) everything is one
+group, the layout older checkpoints have.
 """
 
 from __future__ import annotations
@@ -17,13 +19,14 @@ NO_DECAY_NAMES = ("pos_embed", "register_tokens")
 
 
 def decays(name: str, param: nn.Parameter) -> bool:
-    """Whether ``param`` (dotted ``name`` from ``named_parameters``) gets weight decay under the rule above."""
+    """Whether ``param`` (dotted ``name`` from ``named_parameters``) gets weight decay under the
+    rule above."""
     return param.ndim >= 2 and name.rsplit(".", 1)[-1] not in NO_DECAY_NAMES
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Trainable parameters of ``model`` as AdamW groups: ``[{params, weight_decay}, {params, 0.0}]``, or one
-    group when ``weight_decay == 0``. Order within a group follows ``named_parameters``."""
+    """Trainable parameters of ``model`` as AdamW groups ``[{params, weight_decay}, {params, 0.0}]``
+    (one group when ``weight_decay == 0``); order within a group follows ``named_parameters``."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if weight_decay == 0:
         return [{"params": [p for _, p in named], "weight_decay": 0.0}]
@@ -31,3 +34,10 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
         {"params": [p for n, p in named if decays(n, p)], "weight_decay": weight_decay},
         {"params": [p for n, p in named if not decays(n, p)], "weight_decay": 0.0},
     ]
+
+
+def learning_rate(cfg_optim: dict[str, Any], step: int) -> float:
+    """lr of optimizer step ``step`` (0-based): linear warmup over ``warmup_steps``, then
+    constant."""
+    warmup = cfg_optim["warmup_steps"]
+    return cfg_optim["lr"] * (min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0)

@@ -63,15 +63,9 @@ class Sampler:
         return lambda x, t: tr.velocity(tr.model_output(model, x, t, **model_kwargs), x, t)
 
     # ---------------------------------------------------------------- ODE
-    def sample_ode(
-        self,
-        *,
-        sampling_method: str = "dopri5",
-        num_steps: int = 50,
-        atol: float = 1e-6,
-        rtol: float = 1e-3,
-        reverse: bool = False,
-    ) -> Callable[..., Tensor]:
+    def sample_ode(self, *, sampling_method: str = "dopri5", num_steps: int = 50,
+                   atol: float = 1e-6, rtol: float = 1e-3, reverse: bool = False
+                   ) -> Callable[..., Tensor]:
         """Probability-flow ODE from noise ``z`` at t0 to data at t1 (``reverse``: data -> noise).
 
         Fixed-grid methods take ``num_steps - 1`` steps (NFE = steps x evaluations per step, e.g. heun2: 2);

@@ -1,0 +1,229 @@
+"""``load_model``: the one way from a checkpoint file to a ready model, plus what the file says
+about sampling from it (objective, VAE, sample settings).
+
+Our training checkpoints carry their config (``args``) and rebuild from it; official SiT/DiT files
+(a bare state dict, a DiT/SiT training checkpoint with argparse ``args``, ``.safetensors``) need a
+model name, and the rest of the architecture is read off the tensors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import Tensor, nn
+
+from ..vae import SD_VAE_EMA, SD_VAE_SCALING_FACTOR
+from .checkpoint import CheckpointError, check_state_dict, read_checkpoint, strip_wrappers
+from .registry import create_model, list_models, model_kwargs, name_objective
+
+#: the transport section's create_transport keys (the rest belong to the ddpm objective)
+_TRANSPORT_KEYS = ("path_type", "prediction", "loss_weight", "train_eps", "sample_eps")
+
+
+@dataclass
+class LoadedModel:
+    """A model built and loaded from a checkpoint, and what the checkpoint says about sampling from
+    it.
+
+    ``source``: "ours" (training checkpoint of this codebase, config in ``args``), "official"
+    (bare state dict such as SiT-XL-2-256.pt, or a DiT/SiT training checkpoint with argparse
+    ``args``) or "diffusers" (a DiTTransformer2DModel folder). ``input_size``: the model's
+    training input side (latent side for latent models).
+    ``transport``: ``create_transport`` kwargs (objective sit). ``objective``: sit | ddpm (DiT), as
+    recorded (ours) or as told (official); ``diffusion``: the ddpm keys of the transport section
+    (objective ddpm) or {}; ``create_objective(objective_config)`` builds either. ``vae``:
+    ``{"name": hub id | directory | "none", "scaling_factor"}``.
+    ``sample``: the checkpoint's ``sample`` config section (ours) or {}. ``step``: the training step
+    if recorded; ``which``: "ema" | "model" for training checkpoints, None for bare state dicts.
+    """
+
+    model: nn.Module
+    name: str
+    source: str
+    input_size: int
+    in_channels: int
+    num_classes: int
+    transport: dict[str, Any]
+    vae: dict[str, Any]
+    sample: dict[str, Any] = field(default_factory=dict)
+    step: int | None = None
+    which: str | None = None
+    objective: str = "sit"
+    diffusion: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def objective_config(self) -> dict[str, Any]:
+        """The transport config section to build the objective from (``create_objective``)."""
+        return {"objective": self.objective, **self.transport, **self.diffusion}
+
+
+def _is_our_config(args: Any) -> bool:
+    return (isinstance(args, dict) and isinstance(args.get("model"), dict)
+            and "name" in args["model"])
+
+
+def _infer_architecture(state: dict[str, Tensor], input_size: int | None, path: str
+                        ) -> dict[str, Any]:
+    """create_model overrides read off a DiT/SiT state dict: in_channels, learn_sigma, num_classes,
+    input_size."""
+    for key in ("x_embedder.proj.weight", "final_layer.linear.weight",
+                "y_embedder.embedding_table.weight"):
+        if key not in state:
+            raise CheckpointError(f"{path}: no {key!r}; not a SiT/DiT state dict "
+                                  f"(keys: {sorted(state)[:8]} ...)")
+    proj = state["x_embedder.proj.weight"]  # (D, C, p, p)
+    in_channels, patch = proj.shape[1], proj.shape[-1]
+    out_channels = state["final_layer.linear.weight"].shape[0] // (patch * patch)
+    arch = dict(
+        in_channels=in_channels,
+        learn_sigma=out_channels == 2 * in_channels,
+        # the table's last row is the null class
+        num_classes=state["y_embedder.embedding_table.weight"].shape[0] - 1,
+    )
+    if "pos_embed" in state:
+        trained = math.isqrt(state["pos_embed"].shape[1]) * patch
+        if input_size is not None and input_size != trained:
+            # stacklevel: the caller of load_model
+            warnings.warn(f"{path}: pos_embed was trained at input side {trained}, not "
+                          f"{input_size}; using {trained} (sampling at another size interpolates "
+                          "the table)", stacklevel=4)
+        arch["input_size"] = trained
+    elif input_size is not None:
+        arch["input_size"] = input_size
+    else:
+        raise CheckpointError(f"{path}: no pos_embed to read the training size from; pass the "
+                              "image size")
+    return arch
+
+
+def _weights(obj: dict, which: str, path: str) -> tuple[dict[str, Tensor], int | None, str | None]:
+    """The state dict to load (``which`` of a training checkpoint, else the file itself), the
+    recorded step and ``which`` (both None for a bare state dict)."""
+    nested = "model" in obj or "ema" in obj
+    if nested and which not in obj:
+        raise CheckpointError(f"{path}: has no {which!r} weights (keys: {sorted(obj)})")
+    if not nested:
+        return strip_wrappers(obj), None, None
+    return strip_wrappers(obj[which]), obj.get("step"), which
+
+
+def _ours(args: dict, model_name: str | None, objective: str | None, path: str, step: int | None,
+          which: str | None) -> LoadedModel:
+    """The model, objective, VAE and sample settings our checkpoint's config ``args`` records."""
+    section = args["model"]
+    if model_name is not None and model_name != section["name"]:
+        raise ValueError(f"{path} was trained as {section['name']!r}, not {model_name!r}; "
+                         "drop the model name (our checkpoints carry their architecture)")
+    model = create_model(section["name"], **model_kwargs(section))
+    saved = {k: v for k, v in args.get("transport", {}).items() if v is not None}
+    trained = saved.pop("objective", "sit")
+    transport = {k: v for k, v in saved.items() if k in _TRANSPORT_KEYS}
+    diffusion = {k: v for k, v in saved.items() if k not in _TRANSPORT_KEYS}
+    if objective is not None and objective != trained:
+        raise ValueError(f"{path} was trained with transport.objective={trained}; its output "
+                         f"means {trained}, so drop the objective (our checkpoints carry it)")
+    return LoadedModel(
+        model, section["name"], "ours", model.input_size, model.in_channels, model.num_classes,
+        transport=transport if trained == "sit" else {},
+        vae=dict(args.get("vae") or {"name": "none"}), sample=dict(args.get("sample") or {}),
+        step=step, which=which, objective=trained,
+        diffusion=diffusion if trained == "ddpm" else {})
+
+
+def _official_objective(model_name: str, objective: str | None) -> str:
+    """sit | ddpm of an official file: the model name's (``DiT-*`` = ddpm) or the one asked for; a
+    contradiction is a ValueError."""
+    implied = name_objective(model_name)
+    if objective is not None and implied is not None and objective != implied:
+        raise ValueError(f"{model_name} names the {implied} objective, not {objective}: use the "
+                         f"SiT-* name for a SiT network trained with {objective}")
+    return objective or implied or "sit"
+
+
+def _official(args: Any, state: dict[str, Tensor], model_name: str | None,
+              input_size: int | None, overrides: dict[str, Any] | None, objective: str | None,
+              path: str, step: int | None, which: str | None) -> LoadedModel:
+    """The model of an official file (architecture read off ``state``) with the official defaults:
+    the args' transport or the Linear/velocity one, the SD-VAE ft-EMA for 4-channel models."""
+    official = vars(args) if isinstance(args, argparse.Namespace) else {}
+    model_name = model_name or official.get("model")
+    if model_name is None:
+        raise ValueError(f"{path} is a bare state dict without a config: name its "
+                         "architecture (model_name / --model), e.g. SiT-XL/2; valid: "
+                         + ", ".join(list_models()))
+    objective = _official_objective(model_name, objective)
+    arch = _infer_architecture(state, input_size, path)
+    model = create_model(model_name, **{**arch, **(overrides or {})})
+    transport = {k: official[k] for k in _TRANSPORT_KEYS if official.get(k) is not None}
+    diffusion = {}
+    if objective == "ddpm":
+        if transport:
+            raise ValueError(f"{path}: its args set a transport ({transport}), but the "
+                             "objective is ddpm")
+        # DiT: the learned-range variance when the file has the sigma half, else fixed beta_t
+        diffusion = {"ddpm_variance": "learned" if arch["learn_sigma"] else "fixed_large"}
+    vae_name = f"stabilityai/sd-vae-ft-{official['vae']}" if official.get("vae") else SD_VAE_EMA
+    return LoadedModel(
+        model, model_name, "official", arch["input_size"], arch["in_channels"],
+        arch["num_classes"],
+        transport=transport,
+        vae={"name": vae_name if arch["in_channels"] == 4 else "none",
+             "scaling_factor": SD_VAE_SCALING_FACTOR},
+        step=step, which=which, objective=objective, diffusion=diffusion)
+
+
+def load_model(
+    ckpt: str | os.PathLike,
+    model_name: str | None = None,
+    which: str = "ema",
+    input_size: int | None = None,
+    sha256: str | None = None,
+    overrides: dict[str, Any] | None = None,
+    objective: str | None = None,
+) -> LoadedModel:
+    """Build the model stored in ``ckpt`` and load its weights (``which``: ema | model), on the CPU,
+    in eval mode without gradients.
+
+    Our training checkpoints rebuild the model, transport and VAE settings from their ``args``
+    config; ``model_name`` must then be None or equal to the trained name. Any other layout (the
+    released bare EMA state dict, a DiT/SiT training checkpoint, .safetensors) needs ``model_name``
+    (e.g. "SiT-XL/2", or the ``args.model`` of an official training checkpoint); in_channels,
+    learn_sigma, num_classes and the training input size are read off the tensors. Official
+    defaults: Linear path, velocity prediction, and the SD-VAE ft-EMA decoder for 4-channel models
+    (pixel space otherwise). ``input_size`` (model input side) is only needed when the state dict
+    has no ``pos_embed``. ``overrides``: ``create_model`` keywords for a bare state dict whose
+    architecture is not the registry's (depth, hidden_size, num_heads, switches).
+
+    A directory is read as a diffusers DiT folder (``sit_vit5.models.diffusers_dit``: a
+    ``DiTTransformer2DModel`` folder or a DiTPipeline folder; objective ddpm, source "diffusers").
+
+    ``objective`` (sit | ddpm): ours record it (a different one is an error). Official files cannot
+    tell, DiT and SiT sharing their key layout: the model name does (``DiT-*`` = ddpm, other names
+    sit), or ``objective`` with a SiT name; a contradiction is an error, never a guess.
+    """
+    path = os.fspath(ckpt)
+    if which not in ("ema", "model"):
+        raise ValueError(f"which={which!r}; valid: ema, model")
+    if os.path.isdir(path):  # a diffusers DiT folder (facebook/DiT-XL-2-256's layout)
+        from .diffusers_dit import load_dit_folder  # it imports this module
+
+        if sha256 or overrides:
+            raise ValueError(f"{path}: sha256 / overrides apply to checkpoint files, not folders")
+        return load_dit_folder(path, model_name, objective)
+    obj = read_checkpoint(path, sha256)
+    state, step, which_loaded = _weights(obj, which, path)
+    args = obj.get("args")
+    if _is_our_config(args):
+        loaded = _ours(args, model_name, objective, path, step, which_loaded)
+    else:
+        loaded = _official(args, state, model_name, input_size, overrides, objective, path, step,
+                           which_loaded)
+    check_state_dict(loaded.model, state, source=path)
+    loaded.model.load_state_dict(state, strict=True)
+    loaded.model.eval().requires_grad_(False)
+    return loaded

@@ -1,0 +1,323 @@
+"""Building a training run: the accelerator, data (and VAE), model, EMA, optimizer and logger of a
+config, restored from a checkpoint when resuming, gathered in one :class:`Run` that the loop steps.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from accelerate import Accelerator
+from accelerate.state import AcceleratorState
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, Dataset
+
+from ..config import Config, ConfigError, save_config, validate_architecture
+from ..data import DATASETS, build_dataset
+from ..distributed import check_group, describe_group, prepare_launch
+from ..io import unwritable_dir_reason
+from ..models import count_params, model_from_config
+from ..objective import Objective, create_objective
+from ..precision import grad_scaler
+from ..runtime import set_cpu_threads
+from ..vae import downsampling_factor, load_vae, vae_enabled
+from . import fsdp
+from .batching import StepBatchSampler
+from .checkpoint import (
+    CKPT_DIR,
+    check_compatible,
+    latest_checkpoint,
+    read_checkpoint,
+    resolve_resume,
+    set_rng_state,
+)
+from .diagnostics import GateMonitor
+from .ema import create_ema
+from .logging import MetricLogger
+from .optim import param_groups
+
+#: (objective, model, x (B, C, H, W), y (B,)) -> per-sample loss (B,): ``objective_loss`` or a
+#: stand-in a test passes to ``train``
+LossFn = Callable[[Objective, nn.Module, Tensor, Tensor], Tensor]
+
+
+def objective_loss(objective: Objective, model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
+    """The objective's own per-sample loss (B,) of ``model`` on ``x`` (B, C, H, W), ``y`` (B,)."""
+    return objective.loss(model, x, y)
+
+
+@dataclass
+class TrainResult:
+    """What ``train`` returns: the run directory, the final step, the last checkpoint and grid
+    written, the (all-process mean) loss of every optimizer step this call ran, and the resolved
+    config (the request with the data-dependent model keys filled in)."""
+
+    run_dir: Path
+    step: int
+    checkpoint: Path | None
+    sample_grid: Path | None
+    losses: list[float] = field(default_factory=list)
+    config: Config = field(default_factory=dict)
+    preempted: str | None = None  # the signal (e.g. "SIGTERM") that stopped the run, checkpointed
+    cpu_threads: str | None = None  # "N (reason)" on the CPU: the torch thread count chosen
+
+
+@dataclass
+class Position:
+    """Where training is: optimizer steps done, and the data position (epoch, batch within it)."""
+
+    step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0
+
+    def advance(self, batches_per_epoch: int) -> None:
+        """One optimizer step done: move to the next batch (and epoch)."""
+        self.step, self.batch_in_epoch = self.step + 1, self.batch_in_epoch + 1
+        if self.batch_in_epoch == batches_per_epoch:
+            self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+
+
+@dataclass
+class Run:
+    """Everything a ``train`` call builds; the named steps read it and update
+    ``position``/``result``.
+
+    ``cfg`` is the resolved config; ``model`` the accelerate-prepared (DDP) or FSDP2-sharded model,
+    ``unwrapped`` the bare module behind it (the sharded module itself under FSDP); ``vae`` is None
+    in pixel space (and on processes that neither encode nor sample); ``ema_shards`` holds the EMA's
+    shards under FSDP (``ema`` is then refreshed from them for checkpoints and grids).
+    """
+
+    cfg: Config
+    accelerator: Accelerator
+    run_dir: Path
+    dataset: Dataset
+    batches: StepBatchSampler
+    loader: DataLoader
+    vae: nn.Module | None
+    model: nn.Module
+    unwrapped: nn.Module
+    ema: nn.Module
+    optimizer: Any
+    transport: Objective  # SiT's Transport or DiT's GaussianDiffusion (transport.objective)
+    gates: GateMonitor
+    logger: MetricLogger
+    position: Position
+    result: TrainResult
+    ema_shards: fsdp.ShardedEMA | None = None
+    scaler: torch.amp.GradScaler | None = None  # fp16's loss scaler (None in fp32 / bf16)
+    loss_fn: LossFn = objective_loss
+
+    @property
+    def sharded(self) -> bool:
+        return self.ema_shards is not None
+
+    @property
+    def device(self) -> torch.device:
+        return self.accelerator.device
+
+    @property
+    def main(self) -> bool:
+        return self.accelerator.is_main_process
+
+    @property
+    def ckpt_dir(self) -> Path:
+        return self.run_dir / CKPT_DIR
+
+    @property
+    def encode_on_the_fly(self) -> bool:
+        return vae_enabled(self.cfg["vae"]["name"]) and self.cfg["data"]["kind"] != "latents"
+
+
+def build_dataset_from_config(cfg: Config) -> Dataset:
+    """The dataset of the ``data`` section (each kind reads only its own keys), seeded with
+    ``train.seed``."""
+    if cfg["data"]["kind"] not in DATASETS:
+        raise ConfigError(f"data.kind={cfg['data']['kind']!r}; valid: {', '.join(DATASETS)}")
+    return build_dataset({**cfg["data"], "seed": cfg["train"]["seed"]})
+
+
+def resolve_data_dependent(cfg: Config, dataset: Dataset, vae: nn.Module | None) -> Config:
+    """A copy of ``cfg`` with ``model.input_size / in_channels / num_classes`` filled from the data;
+    values already given are checked against it (ConfigError)."""
+    channels, height, _ = dataset.sample_shape
+    kind, vae_name = cfg["data"]["kind"], cfg["vae"]["name"]
+    if vae is not None and kind != "latents":  # images encoded on the fly
+        if channels != 3:
+            raise ConfigError(f"vae.name={vae_name!r} encodes RGB images, but data.kind={kind!r} "
+                              f"gives {channels}-channel images; set vae.name=none")
+        channels, height = vae.config.latent_channels, height // downsampling_factor(vae)
+    if kind == "latents" and vae_enabled(vae_name):
+        if not math.isclose(dataset.scaling_factor, cfg["vae"]["scaling_factor"], rel_tol=1e-6):
+            raise ConfigError(f"vae.scaling_factor={cfg['vae']['scaling_factor']} but the latent "
+                              f"cache was made with {dataset.scaling_factor}")
+    resolved = copy.deepcopy(cfg)
+    derived = {"input_size": height, "in_channels": channels, "num_classes": dataset.num_classes}
+    for key, value in derived.items():
+        given = cfg["model"].get(key)
+        if given is None:
+            resolved["model"][key] = value
+        elif key == "num_classes" and given < value:
+            raise ConfigError(f"model.num_classes={given} but the dataset has {value} classes")
+        elif key != "num_classes" and given != value:
+            raise ConfigError(f"model.{key}={given} but the data gives {value}; leave it unset "
+                              "(null) to derive it")
+    return resolved
+
+
+def _make_accelerator(cfg: Config) -> Accelerator:
+    """accelerate in the launcher's group: gloo when no GPU is visible (or train.cpu), else NCCL; a
+    group that differs from the launcher's WORLD_SIZE is a LaunchError."""
+    # accelerate keeps one process-wide state; forget the previous train() call's precision and
+    # plugins so that several runs with different settings can share a process (tests, notebooks).
+    AcceleratorState._reset_state(reset_partial_state=False)
+    t = cfg["train"]
+    cpu = prepare_launch(t["cpu"])
+    # FSDP is applied by the loop (FSDP2, fsdp.py): accelerate's plugin does nothing on a CPU group
+    compile_here = t["compile"] and t["distributed"] != "fsdp"
+    accelerator = Accelerator(cpu=cpu, mixed_precision="bf16" if t["precision"] == "bf16" else "no",
+                              dynamo_backend="inductor" if compile_here else "no")
+    check_group(accelerator.num_processes, cpu)
+    return accelerator
+
+
+def _run_dir(cfg: Config, resume: str | None) -> tuple[Path, Path | None]:
+    """The run directory (checked writable) and the checkpoint to resume from (None: a fresh run,
+    which refuses a directory that already holds checkpoints)."""
+    t = cfg["train"]
+    run_dir = Path(t["out_dir"])
+    problem = unwritable_dir_reason(run_dir)
+    if problem:
+        raise ConfigError(f"train.out_dir={t['out_dir']}: cannot write there ({problem})")
+    validate_architecture(cfg["model"])
+    ckpt_path = resolve_resume(resume, run_dir) if resume else None
+    if ckpt_path is None and latest_checkpoint(run_dir / CKPT_DIR) is not None:
+        raise ConfigError(f"{run_dir} already holds checkpoints: pass --resume latest to continue "
+                          "that run, or choose another train.out_dir")
+    return run_dir, ckpt_path
+
+
+def _data(cfg: Config, accelerator: Accelerator
+          ) -> tuple[Config, Dataset, nn.Module | None, StepBatchSampler, DataLoader]:
+    """The resolved config, dataset, VAE (when images are encoded on the fly or grids need
+    decoding), this process's batch sampler and its loader."""
+    t, device, main = cfg["train"], accelerator.device, accelerator.is_main_process
+    dataset = build_dataset_from_config(cfg)
+    with_vae = vae_enabled(cfg["vae"]["name"])
+    sampling = t["sample_every"] > 0
+    if cfg["data"]["kind"] == "latents" and not with_vae and sampling:
+        raise ConfigError("data.kind=latents with vae.name=none cannot decode sample grids: name "
+                          "the VAE (vae.name) or set train.sample_every=0")
+    needs_vae = with_vae and (cfg["data"]["kind"] != "latents" or (sampling and main))
+    vae = load_vae(cfg["vae"]["name"], device=device) if needs_vae else None
+    cfg = resolve_data_dependent(cfg, dataset, vae)
+    world, rank = accelerator.num_processes, accelerator.process_index
+    batches = StepBatchSampler(len(dataset), cfg["data"]["global_batch_size"], world, rank,
+                               t["grad_accum"], t["seed"])
+    loader = DataLoader(dataset, batch_sampler=batches, num_workers=cfg["data"]["num_workers"],
+                        pin_memory=device.type == "cuda", generator=torch.Generator())
+    return cfg, dataset, vae, batches, loader
+
+
+def _seed_global_rngs(seed: int) -> None:
+    """torch's, Python's and NumPy's global RNGs from ``seed``, so that every saved RNG state is a
+    function of the seed and the step (a resumed run's states equal a fresh run's)."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed % 2**32)  # noqa: NPY002  (the legacy global RNG is what others draw from)
+
+
+def build(cfg: Config, resume: str | None, loss_fn: LossFn = objective_loss) -> Run:
+    """Accelerator, data (and VAE), model, EMA, optimizer and logger for ``cfg``; restores the state
+    of the checkpoint ``resume`` names (model, EMA, optimizer, position, RNG). ``loss_fn`` is the
+    per-sample loss the steps use."""
+    t, o = cfg["train"], cfg["optim"]
+    accelerator = _make_accelerator(cfg)
+    device, main = accelerator.device, accelerator.is_main_process
+    if device.type == "cuda":  # as DiT/SiT: TF32 matmuls in fp32 training
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    run_dir, ckpt_path = _run_dir(cfg, resume)
+    cfg, dataset, vae, batches, loader = _data(cfg, accelerator)
+
+    # model, EMA, optimizer; each part of a resumed checkpoint is popped once used (memory)
+    _seed_global_rngs(t["seed"])
+    objective = create_objective(cfg["transport"])
+    model = objective.prepare(model_from_config(cfg["model"]))
+    threads = None
+    if device.type == "cpu":
+        count, reason = set_cpu_threads(count_params(model), t["cpu_threads"])
+        threads = f"{count} ({reason})"
+    if t["grad_checkpointing"]:
+        model.set_grad_checkpointing(True)
+    checkpoint = None
+    if ckpt_path is not None:
+        checkpoint = read_checkpoint(ckpt_path)
+        check_compatible(checkpoint, cfg, ckpt_path)
+        model.load_state_dict(checkpoint.pop("model"))
+    ema = create_ema(model).to(device)
+    if checkpoint is not None:
+        ema.load_state_dict(checkpoint.pop("ema"))
+    model.train()
+    sharded = t["distributed"] == "fsdp" and accelerator.num_processes > 1  # one: nothing to shard
+    if sharded:
+        model = fsdp.shard_model(model.to(device))
+        if t["compile"]:
+            model.compile()
+    else:
+        model = accelerator.prepare(model)
+    optimizer = torch.optim.AdamW(param_groups(model, o["weight_decay"]), lr=o["lr"],
+                                  betas=tuple(o["betas"]), eps=o["eps"])
+    if checkpoint is not None and sharded:
+        fsdp.load_optimizer_state(model, optimizer, checkpoint.pop("opt"))
+    elif checkpoint is not None:
+        optimizer.load_state_dict(checkpoint.pop("opt"))
+    ema_shards = fsdp.ShardedEMA(model, ema) if sharded else None
+    if not sharded:  # FSDP keeps the bare optimizer: no scaler in bf16, the wrapper adds nothing
+        optimizer = accelerator.prepare(optimizer)
+    scaler = grad_scaler(device, t["precision"])
+    if checkpoint is not None and scaler is not None and "scaler" in checkpoint:
+        scaler.load_state_dict(checkpoint.pop("scaler"))
+    position = Position()
+    if checkpoint is not None:
+        position = Position(checkpoint["step"], checkpoint["epoch"], checkpoint["batch_in_epoch"])
+        set_rng_state(checkpoint["rng"])
+        del checkpoint
+
+    if main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, run_dir / "config.yaml")
+    unwrapped = model if sharded else accelerator.unwrap_model(model, keep_torch_compile=False)
+    # residual-branch strength, read from the logged step's forward (compiled: hooks from the start)
+    gates = GateMonitor(unwrapped, persistent=t["compile"])
+    logger = MetricLogger(run_dir, enabled=main, tensorboard=t["tensorboard"], wandb=t["wandb"],
+                          config=cfg, wandb_project=t["wandb_project"], resume_step=position.step,
+                          extra_fields=tuple(gates.keys))
+    last = latest_checkpoint(run_dir / CKPT_DIR)
+    result = TrainResult(run_dir, position.step, last, None, config=cfg, cpu_threads=threads)
+    return Run(cfg, accelerator, run_dir, dataset, batches, loader, vae, model, unwrapped, ema,
+               optimizer, objective, gates, logger, position, result, ema_shards, scaler,
+               loss_fn)
+
+
+def describe(run: Run) -> str:
+    """One line: model size, processes and backend in use, strategy, data, batch split, step range,
+    run directory."""
+    cfg, t, b = run.cfg, run.cfg["train"], run.batches
+    n_params = sum(p.numel() for p in run.unwrapped.parameters())  # DTensors count their full size
+    strategy = "FSDP2" if run.sharded else ("DDP" if b.world_size > 1 else "one process")
+    threads = f" ({run.result.cpu_threads} threads)" if run.result.cpu_threads else ""
+    precision = {"fp32": "fp32", "bf16": "bf16 autocast", "fp16": "fp16 autocast + loss scaling"}
+    return (f"{cfg['model']['name']} ({n_params / 1e6:.2f}M parameters) on "
+            f"{describe_group(b.world_size, run.device)}{threads}, {strategy}, "
+            f"{precision[t['precision']]}; "
+            f"{len(run.dataset)} items, global batch {cfg['data']['global_batch_size']} = "
+            f"{b.world_size} × {t['grad_accum']} × "
+            f"{b.micro_batch}; steps {run.position.step} → {t['steps']}; run dir {run.run_dir}")

@@ -1,0 +1,62 @@
+"""Helpers for the refusal tests of the command lines.
+
+A command a hostile user (or a busy cluster) runs must end in a clear refusal, never a silent wrong
+result or a raw traceback. The tests call the command's ``main(argv)`` with the exact argument list
+a user types (``python train.py optim.ema_decay=2 ...`` is ``main(["optim.ema_decay=2", ...])``) and
+check: exit status 2, exactly one stderr line, and the culprit (key and value, or file) named in it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+#: A tiny ViT5 on the 8x8 digits in pixel space: a train.py run of a few steps takes seconds.
+TRAIN_ARGV = ["model.name=ViT5-S/2", "model.depth=2", "model.hidden_size=32", "model.num_heads=2",
+              "model.learn_sigma=false", "data.kind=digits", "data.image_size=8",
+              "data.num_workers=0", "vae.name=none", "optim.lr=1e-3", "optim.ema_decay=0.9",
+              "train.tensorboard=false", "train.sample_every=0", "train.log_every=2",
+              "train.milestone_every=0", "data.global_batch_size=16"]
+
+
+def _load_script(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def load_train_cli():
+    """The top-level ``train.py`` script as a module (``main(argv)`` returns the exit status)."""
+    return _load_script("train_cli", ROOT / "train.py")
+
+
+def load_sample_cli():
+    """The top-level ``sample.py`` script as a module (``main(argv)`` returns the exit status)."""
+    return _load_script("sample_cli", ROOT / "sample.py")
+
+
+def one_error_line(capsys) -> str:
+    """The single ``[<prog>: ]error: ...`` stderr line of a refused command (asserting there is
+    exactly one), from ``error: `` on."""
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    errors = [line[line.index("error: "):] for line in lines
+              if line.startswith("error: ") or line.split(" ", 1)[0].endswith(":")
+              and line.split(" ", 1)[-1].startswith("error: ")]
+    assert len(errors) == 1 and "Traceback" not in "\n".join(lines), lines
+    return errors[0]
+
+
+def run_train(argv, capsys) -> tuple[int, str]:
+    """``train.py argv``: (exit status, its one error line, or "" when it succeeded)."""
+    status = load_train_cli().main([str(a) for a in argv])
+    return status, one_error_line(capsys) if status else ""
+
+
+def one_sample_error(capsys, command: str) -> str:
+    """The single ``sample.py <command>: error: ...`` stderr line of a refused sample.py command."""
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith(f"sample.py {command}: error: ")]
+    assert len(errors) == 1 and "Traceback" not in "\n".join(lines), lines
+    return errors[0]

@@ -1,0 +1,25 @@
+"""One-line errors (sit_vit5.errors): DataLoader worker messages unwrapped, SIT_VIT5_DEBUG
+re-raises."""
+
+from __future__ import annotations
+
+import pytest
+
+from sit_vit5.config import ConfigError
+from sit_vit5.errors import DEBUG_ENV, one_line
+from tests.helpers import load_train_cli
+
+
+def test_one_line_unwraps_dataloader_worker_messages():
+    wrapped = RuntimeError("Caught UnreadableImageError in DataLoader worker process 0.\n"
+                           "Original Traceback (most recent call last):\n  File \"x.py\", line 1\n"
+                           "sit_vit5.data.UnreadableImageError: "
+                           "cannot read image /d/a.jpg: OSError: broken")
+    assert one_line(wrapped) == "cannot read image /d/a.jpg: OSError: broken"
+    assert one_line(ValueError("a\n  b")) == "a b"
+
+
+def test_debug_env_shows_the_traceback(tmp_path, monkeypatch):
+    monkeypatch.setenv(DEBUG_ENV, "1")
+    with pytest.raises(ConfigError, match="optim.lr=-1"):
+        load_train_cli().main([f"train.out_dir={tmp_path}", "optim.lr=-1"])
