@@ -39,7 +39,6 @@ from sit_vit5.sampling import SamplingPipeline, sample_bulk, sample_grid
 from sit_vit5.transport import PATHS, PREDICTIONS
 from sit_vit5.vae import SD_VAE_EMA, SD_VAE_IDS, vae_enabled
 
-SPEC = SampleSpec()  # the sampler defaults shown in --help (flags default to None = the spec's)
 #: SiT/DiT's --vae words -> decoders (their sample.py: stabilityai/sd-vae-ft-{ema,mse})
 VAE_WORDS = {"ema": SD_VAE_IDS[0], "mse": SD_VAE_IDS[1]}
 #: SiT's positional mode word (sample.py ODE|SDE) -> --method
