@@ -29,7 +29,7 @@ from pathlib import Path
 
 from .models import CheckpointError, load_model, resolve_checkpoint
 from .models.official import OfficialWeights
-from .pipeline import SiTPipeline, scheduler_from
+from .pipeline import SiTPipeline, read_id2label, scheduler_from
 from .precision import PRECISIONS, check_precision
 from .sample_spec import SAMPLE_METHODS, SampleSpec
 from .training.checkpoint import latest_checkpoint
@@ -59,9 +59,11 @@ def build_pipeline(
     which: str = "ema",
     model_name: str | None = None,
     vae_name: str | None = None,
+    id2label: dict[int, str] | None = None,
 ) -> SiTPipeline:
     """The pipeline a checkpoint describes: its weights (``which``), transport, default sampler
-    settings and decoder (``vae_name`` overrides the checkpoint's, e.g. for an official file)."""
+    settings and decoder (``vae_name`` overrides the checkpoint's, e.g. for an official file);
+    ``id2label`` names the classes (None: ImageNet's for a 1000-class model, else none)."""
     ckpt, official = checkpoint_path(run_or_ckpt)
     objective = official.objective if official is not None else None
     loaded = load_model(ckpt, model_name or (official and official.model), which, objective=objective)
@@ -78,7 +80,7 @@ def build_pipeline(
     # as sample.py: the checkpoint's sample section, else the objective's first method (ddpm: DiT's)
     sample = SampleSpec.resolve(loaded.sample, {"method": SAMPLE_METHODS[loaded.objective][0]})
     scheduler = scheduler_from(loaded.objective_config, sample, vae_cfg)
-    return SiTPipeline(transformer=loaded.model, scheduler=scheduler, vae=vae)
+    return SiTPipeline(transformer=loaded.model, scheduler=scheduler, vae=vae, id2label=id2label)
 
 
 def export(
@@ -89,6 +91,7 @@ def export(
     vae_name: str | None = None,
     push_to_hub: str | None = None,
     dtype: str = "fp32",
+    id2label: dict[int, str] | None = None,
 ) -> Path:
     """Write the pipeline folder (see the module docstring); returns ``out_dir``. ``dtype`` bf16 / fp16
     stores the transformer's and the VAE's weights in half precision (half the download; the pipeline then
@@ -97,7 +100,7 @@ def export(
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ExportError(f"{out} exists and is not empty; choose a new output folder")
     weights_dtype = PRECISIONS[check_precision(dtype, "dtype")]
-    pipe = build_pipeline(run_or_ckpt, which, model_name, vae_name)
+    pipe = build_pipeline(run_or_ckpt, which, model_name, vae_name, id2label)
     if weights_dtype is not None:
         pipe.to(dtype=weights_dtype)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -141,10 +144,14 @@ def main(argv: list[str] | None = None) -> int:
         help="weights' dtype in the folder (default fp32, as trained; bf16 / fp16 halve it: load with "
         "torch_dtype=torch.bfloat16 / float16 to run in it, else diffusers upcasts to float32)",
     )
+    parser.add_argument(
+        "--id2label", metavar="FILE", help="class names: JSON {id: name} or list, or one name a "
+        "line (default: ImageNet's for 1000 classes, else none)")
     args = parser.parse_args(argv)
     try:
+        names = read_id2label(args.id2label) if args.id2label else None
         out = export(args.source, args.out, args.which, args.model, args.vae, args.push_to_hub,
-                     args.dtype)
+                     args.dtype, names)
     except (ExportError, CheckpointError, ValueError, OSError) as err:
         print(f"export: error: {err}", file=sys.stderr)
         return 2
