@@ -70,8 +70,9 @@ SETTINGS = ("transport", "sampler", "vae")
 IMAGENET_CLASSES = 1000
 #: the file diffusers' generic loader runs (``_class_name`` = [file stem, class] in model_index)
 LOADER_FILE = "pipeline.py"
-LOADER_SOURCE = '''"""diffusers' entry point for this folder: DiffusionPipeline.from_pretrained(folder,
-trust_remote_code=True) takes SiTPipeline from the installed sit_vit5 package (written by it)."""
+LOADER_SOURCE = '''"""diffusers' entry point for this folder (written by sit_vit5):
+DiffusionPipeline.from_pretrained(folder, trust_remote_code=True) takes SiTPipeline from the
+installed sit_vit5 package."""
 
 try:
     from sit_vit5.pipeline import SiTPipeline  # noqa: F401
@@ -119,9 +120,12 @@ class SiTScheduler(SchedulerMixin, ConfigMixin):
     runs: ODE, SDE, adaptive solvers, DDPM / DDIM). For a hand-written diffusers loop,
     :meth:`set_timesteps` / :meth:`step` cover the ODE Euler path (``timesteps`` = our t in [0, 1),
     0 = noise; ``step`` takes the raw network output and converts it to the transport's velocity)
-    and, for the ddpm objective, DDPM / DDIM by delegating to diffusers' ``DDPMScheduler`` /
-    ``DDIMScheduler`` on DiT's respaced steps (``timesteps`` = DiT's integer steps; ``step`` takes
-    the raw output, 2C channels for a learned variance: set ``transformer.return_sigma = True``)::
+    and, for the ddpm objective, DDPM / DDIM on DiT's respaced steps (``timesteps`` = DiT's integer
+    steps; ``step`` takes the raw output, 2C channels for a learned variance: set
+    ``transformer.return_sigma = True``). The DDPM / DDIM steps are our diffusion's, bit-identical
+    to the pipeline's: diffusers' ``DDPMScheduler`` / ``DDIMScheduler`` compute the same formulas
+    in another float32 order (:func:`diffusers_scheduler` builds them; up to ~3e-4 apart after 10
+    cosine-schedule steps, whose first step amplifies rounding ~600x)::
 
         scheduler.set_timesteps(num_steps)
         for t in scheduler.timesteps:
@@ -143,13 +147,14 @@ class SiTScheduler(SchedulerMixin, ConfigMixin):
         # fail now, naming the field, rather than at the first call (an export that cannot sample)
         spec, objective = self.spec(), self.transport()
         if spec.method not in objective.methods:
-            raise SettingError("sampler.method", spec.method, f" cannot sample a model trained with "
-                               f"the {objective.name} objective (scheduler transport: "
+            raise SettingError("sampler.method", spec.method, f" cannot sample a model trained "
+                               f"with the {objective.name} objective (scheduler transport: "
                                f"{dict(transport or {})}); valid: {', '.join(objective.methods)}")
         self.timesteps: Tensor | None = None
         self.num_inference_steps: int | None = None
         self._grid: Tensor | None = None  # the ODE time grid (timesteps + the end point)
-        self._inner: DDPMScheduler | DDIMScheduler | None = None
+        self._spaced: GaussianDiffusion | None = None  # DDPM / DDIM: the respaced process
+        self._clip = False
         self._objective: Objective | None = None
         self._method: str | None = None
 
@@ -182,7 +187,7 @@ class SiTScheduler(SchedulerMixin, ConfigMixin):
         section says "none") clips DDPM / DDIM x0 predictions to [-1, 1] as the pipeline does."""
         spec = self.spec(num_steps=num_inference_steps)
         objective = self._objective = self.transport()
-        self._method, self._inner = spec.method, None
+        self._method, self._spaced = spec.method, None
         if spec.method == "ode" and ode_method(spec.sampling_method) == "euler":
             tr = objective.transport  # type: ignore[attr-defined]  # the sit objective
             t0, t1 = tr.check_interval(tr.train_eps, tr.sample_eps, sde=False, eval=True)
@@ -192,9 +197,12 @@ class SiTScheduler(SchedulerMixin, ConfigMixin):
             if pixel_space is None:
                 pixel_space = self.config.vae is not None and not vae_enabled(
                     self.config.vae.get("name"))
-            self._inner = diffusers_scheduler(objective.diffusion,  # type: ignore[attr-defined]
-                                              spec.method, spec.num_steps, pixel_space)
-            self.timesteps = self._inner.timesteps
+            diffusion = objective.diffusion  # type: ignore[attr-defined]  # the ddpm objective
+            self._spaced = diffusion.respace(
+                str(spec.num_steps) if spec.method == "ddpm" else f"ddim{spec.num_steps}")
+            self._clip = pixel_space
+            # the network's steps: DiT's original integer steps, noisiest first
+            self.timesteps = torch.tensor(self._spaced.timestep_map[::-1], device=device)
         else:
             raise SettingError("method", f"{spec.method}/{spec.sampling_method}",
                                ": step-wise sampling (set_timesteps / step) covers ode/euler, ddpm "
@@ -212,22 +220,23 @@ class SiTScheduler(SchedulerMixin, ConfigMixin):
     ) -> SchedulerOutput | tuple[Tensor]:
         """``x`` at the next entry of ``timesteps`` from the raw network output at ``timestep``
         (one of ``timesteps``) and ``sample`` ``(B, C, H, W)``. ODE: an Euler step ``x + (t_next -
-        t) v`` with the transport's velocity; DDPM / DDIM: diffusers' step (``generator``: the
-        DDPM noise, one per image as in diffusers)."""
+        t) v`` with the transport's velocity; DDPM / DDIM (eta 0): DiT's step (``generator``: the
+        DDPM noise, a list = one per image, as in diffusers)."""
         if self.timesteps is None:
             raise RuntimeError("SiTScheduler.step: call set_timesteps first")
-        channels = sample.shape[1]
-        if self._inner is None:
+        if self._spaced is None:
             i = _index_of(self.timesteps, timestep)
             t, t_next = self._grid[i], self._grid[i + 1]
-            out = model_output[:, :channels]  # a learn-sigma output: the transport reads half
+            out = model_output[:, : sample.shape[1]]  # learn-sigma output: the transport reads half
             tr = self._objective.transport  # type: ignore[union-attr]
             prev = sample + (t_next - t) * tr.velocity(out, sample, batch_time(t, sample))
-        elif self._method == "ddim":
-            prev = self._inner.step(model_output[:, :channels], timestep, sample, eta=0.0,
-                                    use_clipped_model_output=True, generator=generator).prev_sample
         else:
-            prev = self._inner.step(model_output, timestep, sample, generator=generator).prev_sample
+            # our DiT step on the given output: exactly what the whole-trajectory loop computes
+            index = len(self.timesteps) - 1 - _index_of(self.timesteps, timestep)
+            t = torch.full((len(sample),), index, dtype=torch.long, device=sample.device)
+            step = self._spaced.p_sample if self._method == "ddpm" else self._spaced.ddim_sample
+            prev = step(lambda *args, **kwargs: model_output, sample, t, clip_denoised=self._clip,
+                        generator=generator)["sample"]
         return SchedulerOutput(prev_sample=prev) if return_dict else (prev,)
 
 
@@ -241,10 +250,12 @@ def _index_of(timesteps: Tensor, timestep: float | Tensor) -> int:
 def diffusers_scheduler(
     diffusion: GaussianDiffusion, method: str, num_steps: int, pixel_space: bool
 ) -> DDPMScheduler | DDIMScheduler:
-    """diffusers' ``DDPMScheduler`` (method ddpm) or ``DDIMScheduler`` (ddim, eta 0) on the
-    respaced steps our sampler uses (DiT's ``"num_steps"`` / ``"ddimN"``), with our betas and our
-    float64 cumulative products rounded once to float32; ``pixel_space`` clips x0 to [-1, 1].
-    Raises ``SettingError`` when DDIMScheduler's stride (T // num_steps) is not DiT's."""
+    """diffusers' ``DDPMScheduler`` (method ddpm) or ``DDIMScheduler`` (ddim, eta 0: step with
+    ``eta=0, use_clipped_model_output=True``), timesteps set to the respaced steps our sampler uses
+    (DiT's ``"num_steps"`` / ``"ddimN"``), with our betas and our float64 cumulative products
+    rounded once to float32; ``pixel_space`` clips x0 to [-1, 1]. The same process as ours up to
+    float32 rounding (see :class:`SiTScheduler`). Raises ``SettingError`` when DDIMScheduler's
+    stride (T // num_steps) is not DiT's."""
     common = dict(num_train_timesteps=diffusion.original_num_steps, prediction_type="epsilon",
                   trained_betas=diffusion.original_betas.tolist(), clip_sample=pixel_space)
     if method == "ddpm":
@@ -260,8 +271,8 @@ def diffusers_scheduler(
             stride = ours[0] - ours[1] if len(ours) > 1 else diffusion.original_num_steps
             raise SettingError("num_steps", num_steps, f": DiT's ddim{num_steps} respacing "
                                f"(stride {stride}) is not DDIMScheduler's (stride "
-                               f"{diffusion.original_num_steps // num_steps}); step-wise DDIM needs "
-                               "a num_steps with equal strides (e.g. a divisor of "
+                               f"{diffusion.original_num_steps // num_steps}); step-wise DDIM "
+                               "needs a num_steps with equal strides (e.g. a divisor of "
                                f"{diffusion.original_num_steps}); the pipeline's DDIM has no limit")
     # diffusers multiplies float32 alphas; ours are float64 products, rounded here once
     inner.alphas_cumprod = torch.cumprod(1.0 - diffusion.original_betas, dim=0).float()
@@ -373,9 +384,11 @@ class SiTPipeline(DiffusionPipeline):
             if name in self.labels:
                 continue
             if not self.labels:
-                raise ValueError(f"class_labels: {name!r} is a name, but this pipeline has no label "
-                                 "names (id2label); pass class ids, or load it with id2label={...}")
-            close = difflib.get_close_matches(name, list(self.labels), n=3)
+                raise ValueError(f"class_labels: {name!r} is a name, but this pipeline has no "
+                                 "label names (id2label); pass class ids, or load it with "
+                                 "id2label={...}")
+            close = [k for k in self.labels if name.lower() in k.lower()][:3] or \
+                difflib.get_close_matches(name, list(self.labels), n=3)  # "cat": "tiger cat"
             hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
             raise ValueError(f"class_labels: {name!r} is not a label name of this pipeline{hint} "
                              f"(pipe.labels maps its {len(self.labels)} names to ids)")
@@ -392,15 +405,18 @@ class SiTPipeline(DiffusionPipeline):
                         and dtype != torch.bool) if isinstance(dtype, torch.dtype) \
                 else np.issubdtype(dtype, np.integer)
             if not integral:
-                raise TypeError(f"class_labels: a {dtype} tensor; class ids are integers in [0, {n})")
+                raise TypeError(f"class_labels: a {dtype} tensor; class ids are integers in "
+                                f"[0, {n})")
             items: list[Any] = class_labels.reshape(-1).tolist()
         elif isinstance(class_labels, (list, tuple)):
             items = list(class_labels)
-        elif isinstance(class_labels, (str, int, np.integer)) and not isinstance(class_labels, bool):
+        elif isinstance(class_labels, (str, int, np.integer)) and \
+                not isinstance(class_labels, bool):
             items = [class_labels]
         else:
-            raise TypeError(f"class_labels: {class_labels!r} ({type(class_labels).__name__}) is not "
-                            f"{expected}, nor a list of them")
+            kind = type(class_labels).__name__
+            raise TypeError(f"class_labels: {class_labels!r} ({kind}) is not {expected}, nor a "
+                            "list of them")
         if not items:
             raise ValueError(f"class_labels is empty: give at least one class id or label name "
                              f"(this model has {n} classes)")
@@ -424,8 +440,8 @@ class SiTPipeline(DiffusionPipeline):
             return int(torch.randint(0, 2**62, ()))
         if isinstance(generator, torch.Generator):
             return int(torch.randint(0, 2**62, (), generator=generator, device=generator.device))
-        if isinstance(generator, (int, np.integer)) and not isinstance(generator, (bool, np.bool_)) \
-                and generator >= 0:
+        integer = isinstance(generator, (int, np.integer))
+        if integer and not isinstance(generator, (bool, np.bool_)) and generator >= 0:
             return int(generator)
         raise TypeError(f"generator: expected a torch.Generator, a list of them (one per image), a "
                         f"seed >= 0 (int) or None, got {generator!r} ({type(generator).__name__})")
@@ -481,16 +497,14 @@ class SiTPipeline(DiffusionPipeline):
             self.transformer, objective, spec, self.vae, self._execution_device
         )
 
-    def _denoise(self, pipe: SamplingPipeline, z: Tensor, y: Tensor,
-                 gens: list[torch.Generator], bar: Any, batches: int) -> Tensor:
-        """The step-wise loop of a diffusers scheduler (diffusers' conventions: flow-matching
-        sigma = 1 - t and flow = -velocity; DDPM family: integer steps, epsilon)."""
+    def _set_timesteps(self, pipe: SamplingPipeline) -> int:
+        """Set a diffusers scheduler's timesteps for ``pipe``'s spec (flow matching: sigmas = 1 -
+        our time grid, so that its Euler steps are ours); returns how many there are."""
         scheduler, kind = self.scheduler, _scheduler_kind(self.scheduler)
-        objective, channels, batch = pipe.transport, z.shape[1], len(z)
-        name = type(scheduler).__name__
+        objective, name, device = pipe.transport, type(self.scheduler).__name__, pipe.device
         if (kind == "flow") != (objective.name == "sit"):
-            wanted = ("FlowMatchEulerDiscreteScheduler or the SiTScheduler" if objective.name == "sit"
-                      else "DDPMScheduler / DDIMScheduler or the SiTScheduler")
+            wanted = ("FlowMatchEulerDiscreteScheduler" if objective.name == "sit"
+                      else "DDPMScheduler / DDIMScheduler") + " or the SiTScheduler"
             raise ValueError(f"{name} cannot sample a model trained with the {objective.name} "
                              f"objective; use {wanted}")
         if kind == "flow":
@@ -499,15 +513,21 @@ class SiTPipeline(DiffusionPipeline):
             if t1 != 1.0:
                 raise ValueError(f"{name} ends at sigma 0 (t = 1), but this transport integrates "
                                  f"to t = {t1} ({tr!r}); keep the SiTScheduler")
-            grid = time_grid(t0, t1, pipe.spec.num_steps, z)
-            scheduler.set_timesteps(sigmas=(1.0 - grid[:-1].double()).cpu().numpy(),
-                                    device=z.device)
+            grid = time_grid(t0, t1, pipe.spec.num_steps, torch.empty(0))
+            scheduler.set_timesteps(sigmas=(1.0 - grid[:-1].double()).numpy(), device=device)
         else:
-            scheduler.set_timesteps(pipe.spec.num_steps, device=z.device)
-        if bar.total is None:  # known once the scheduler has its timesteps
-            bar.total = len(scheduler.timesteps) * batches
-            bar.refresh()
-        x = z * scheduler.init_noise_sigma
+            scheduler.set_timesteps(pipe.spec.num_steps, device=device)
+        return len(scheduler.timesteps)
+
+    def _denoise(self, pipe: SamplingPipeline, z: Tensor, y: Tensor,
+                 gens: list[torch.Generator], bar: Any) -> Tensor:
+        """The step-wise loop of a diffusers scheduler (diffusers' conventions: flow-matching
+        sigma = 1 - t and flow = -velocity; DDPM family: integer steps, epsilon)."""
+        scheduler, kind = self.scheduler, _scheduler_kind(self.scheduler)
+        channels, batch = z.shape[1], len(z)
+        tr = getattr(pipe.transport, "transport", None)  # the sit objective's (flow matching)
+        self._set_timesteps(pipe)
+        x = z * getattr(scheduler, "init_noise_sigma", 1.0)  # flow matching: none (1)
         extra = {"generator": gens} if "generator" in inspect.signature(scheduler.step).parameters \
             else {}
         learned = scheduler.config.get("variance_type") in ("learned", "learned_range")
@@ -525,7 +545,7 @@ class SiTPipeline(DiffusionPipeline):
         return x
 
     def _batch(self, pipe: SamplingPipeline, gens: list[torch.Generator], labels: list[int],
-               bar: Any, batches: int) -> tuple[Tensor, np.ndarray]:
+               bar: Any) -> tuple[Tensor, np.ndarray]:
         """Float pixels ``(B, C, H, W)`` (CPU, about [-1, 1]) and sample.py's uint8 images of one
         batch; noise and labels as ``SamplingPipeline.generate`` draws them."""
         device = pipe.device
@@ -535,7 +555,7 @@ class SiTPipeline(DiffusionPipeline):
         if isinstance(self.scheduler, SiTScheduler):
             x = pipe.sample_fn(z, _Ticking(pipe.model_fn, bar), generator=gens, y=y)[-1]
         else:
-            x = self._denoise(pipe, z, y, gens, bar, batches)
+            x = self._denoise(pipe, z, y, gens, bar)
         if not bool(torch.isfinite(x).all()):
             raise NonFiniteSampleError("non-finite values (NaN/inf) in the samples: the model's "
                                        "outputs are not finite (NaN/inf weights?)")
@@ -572,10 +592,11 @@ class SiTPipeline(DiffusionPipeline):
         pipe = self.sampling_pipeline(num_inference_steps, guidance_scale)
         starts = range(0, len(labels), batch_size)
         per_batch = (evaluations(pipe.spec) if isinstance(self.scheduler, SiTScheduler)
-                     else None)
-        with self.progress_bar(total=None if per_batch is None else per_batch * len(starts)) as bar:
+                     else self._set_timesteps(pipe))
+        total = float("inf") if per_batch is None else per_batch * len(starts)  # inf: unknown
+        with self.progress_bar(total=total) as bar:
             batches = [self._batch(pipe, gens[lo : lo + batch_size], labels[lo : lo + batch_size],
-                                   bar, len(starts)) for lo in starts]
+                                   bar) for lo in starts]
         pixels = torch.cat([b[0] for b in batches])
         if output_type in ("np", "pt"):
             images: Any = (pixels / 2 + 0.5).clamp(0, 1)  # diffusers' postprocessing
