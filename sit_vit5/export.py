@@ -36,7 +36,7 @@ from .models import CheckpointError, LoadedModel, load_model, resolve_checkpoint
 from .models.diffusers_dit import dit_folder, dit_pipeline
 from .models.official import OfficialWeights
 from .objective import ddpm_settings
-from .pipeline import SiTPipeline, scheduler_from
+from .pipeline import SiTPipeline, read_id2label, scheduler_from
 from .precision import PRECISIONS, check_precision
 from .sample_spec import SAMPLE_METHODS, SampleSpec
 from .training.checkpoint import latest_checkpoint
@@ -91,16 +91,18 @@ def build_pipeline(
     which: str = "ema",
     model_name: str | None = None,
     vae_name: str | None = None,
+    id2label: dict[int, str] | None = None,
 ) -> SiTPipeline:
     """The pipeline a checkpoint describes: its weights (``which``), transport, default sampler
-    settings and decoder (``vae_name`` overrides the checkpoint's, e.g. for an official file)."""
+    settings and decoder (``vae_name`` overrides the checkpoint's, e.g. for an official file);
+    ``id2label`` names the classes (None: ImageNet's for a 1000-class model, else none)."""
     loaded = load_source(run_or_ckpt, which, model_name)
     vae, vae_cfg = bundled_vae(loaded, vae_name)
     # the checkpoint's sample section over SampleSpec's defaults: what sample.py uses without flags
     # as sample.py: the checkpoint's sample section, else the objective's first method (ddpm: DiT's)
     sample = SampleSpec.resolve(loaded.sample, {"method": SAMPLE_METHODS[loaded.objective][0]})
     scheduler = scheduler_from(loaded.objective_config, sample, vae_cfg)
-    return SiTPipeline(transformer=loaded.model, scheduler=scheduler, vae=vae)
+    return SiTPipeline(transformer=loaded.model, scheduler=scheduler, vae=vae, id2label=id2label)
 
 
 def export(
@@ -112,6 +114,7 @@ def export(
     push_to_hub: str | None = None,
     dtype: str = "fp32",
     fmt: str = "sit",
+    id2label: dict[int, str] | None = None,
 ) -> Path:
     """Write the pipeline folder (see the module docstring); returns ``out_dir``. ``dtype`` bf16 / fp16
     stores the transformer's and the VAE's weights in half precision (half the download; the pipeline then
@@ -126,7 +129,7 @@ def export(
         vae = bundled_vae(loaded, vae_name)[0]
         pipe = dit_pipeline(loaded, vae, ddpm_settings(loaded.objective_config))
     else:
-        pipe = build_pipeline(run_or_ckpt, which, model_name, vae_name)
+        pipe = build_pipeline(run_or_ckpt, which, model_name, vae_name, id2label)
     if weights_dtype is not None:
         pipe.to(dtype=weights_dtype)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -174,10 +177,14 @@ def main(argv: list[str] | None = None) -> int:
         "--format", choices=("sit", "dit"), default="sit",
         help="sit: SiTPipeline (default); dit: diffusers' DiTPipeline (DiT-objective models)",
     )
+    parser.add_argument(
+        "--id2label", metavar="FILE", help="class names: JSON {id: name} or list, or one name a "
+        "line (default: ImageNet's for 1000 classes, else none)")
     args = parser.parse_args(argv)
     try:
+        names = read_id2label(args.id2label) if args.id2label else None
         out = export(args.source, args.out, args.which, args.model, args.vae, args.push_to_hub,
-                     args.dtype, args.format)
+                     args.dtype, args.format, names)
     except (ExportError, CheckpointError, ValueError, OSError) as err:
         print(f"export: error: {err}", file=sys.stderr)
         return 2
