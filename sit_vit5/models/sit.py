@@ -29,6 +29,9 @@ from torch.utils.checkpoint import checkpoint
 
 from ..guidance import forward_with_cfg
 from .layers import (
+    MLP_ACTS,
+    MLPS,
+    NORMS,
     Block,
     FinalLayer,
     LabelEmbedder,
@@ -54,6 +57,11 @@ SIT_SWITCHES: dict = dict(
     register_rope_theta=None,  # None = registers get no rotation
 )
 POS_EMBED_KINDS = ("fixed", "learned", "none")
+#: the valid values of each choice-valued switch (configs are checked against these)
+SWITCH_CHOICES: dict[str, tuple[str, ...]] = {
+    "norm": tuple(NORMS), "mlp": tuple(MLPS), "mlp_act": tuple(MLP_ACTS),
+    "pos_embed": POS_EMBED_KINDS,
+}
 #: diffusers' class names for its DiT (the hub's facebook/DiT-XL-2-256 predates the first)
 DIFFUSERS_DIT_CLASSES = ("DiTTransformer2DModel", "Transformer2DModel")
 #: from_pretrained keywords that also locate config.json
