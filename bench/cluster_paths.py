@@ -173,7 +173,7 @@ export, grid, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
 labels = [int(c) for c in sys.argv[4:]]
 pipe = SiTPipeline.from_pretrained(export)
 pipe.set_progress_bar_config(disable=True)
-images = pipe(labels, num_inference_steps=steps, generator=0, output_type="np").images
+images = pipe(labels, num_inference_steps=steps, generator=0, output_type="uint8").images
 expected = np.stack([np.asarray(Image.open(f"{grid}/{i:06d}.png")) for i in range(len(labels))])
 assert images.shape == expected.shape, (images.shape, expected.shape)
 assert np.array_equal(images, expected), f"pipeline != sample.py: {np.abs(images.astype(int) - expected).max()}"

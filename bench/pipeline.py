@@ -8,7 +8,7 @@ architecture; ``tiny``: the same factor 8) are put in a pipeline per precision, 
 as ``SiTPipeline.to(dtype=...)`` (what ``from_pretrained(..., torch_dtype=...)`` gives), and called with the
 same labels and seed: ODE Euler at ``--num-steps`` grid points, CFG ``--cfg-scale``. Reported per precision:
 seconds per call (median over rounds, after one untimed call), images/s and the largest |pixel - fp32 pixel|
-of the float output (``output_type="pt"``, range [-1, 1]).
+of the float output (``output_type="pt"``, diffusers' range [0, 1]).
 """
 
 from __future__ import annotations

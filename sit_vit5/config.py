@@ -24,10 +24,10 @@ import yaml
 
 from .errors import SettingError, SitVit5Error
 from .models import list_models, valid_overrides
-from .models.layers import MLP_ACTS, MLPS, NORMS, resolve_layer_scale_init
+from .models.layers import resolve_layer_scale_init
 from .models.registry import _NAME, DATA_DERIVED_KEYS, SIZES
 from .models.rope import check_head_dim, register_grid
-from .models.sit import POS_EMBED_KINDS, SIT_SWITCHES, SiT, rope_thetas
+from .models.sit import SIT_SWITCHES, SWITCH_CHOICES, SiT, rope_thetas
 from .models.vit5 import VIT5_SWITCHES
 from .objective import DDPM_DEFAULTS, ObjectiveError, check_objective
 from .precision import PRECISIONS
@@ -312,10 +312,6 @@ def model_key_types() -> dict[str, tuple[type, bool]]:
     return types
 
 
-def _model_choices() -> dict[str, tuple[str, ...]]:
-    return {"norm": tuple(NORMS), "mlp": tuple(MLPS), "mlp_act": tuple(MLP_ACTS), "pos_embed": POS_EMBED_KINDS}
-
-
 def validate_model_section(cfg: Config) -> None:
     """Check the ``model`` keys against ``create_model``'s accepted overrides, their types, ranges and
     choices (raises ConfigError naming ``model.<key>=<value>``). Sizes that do not fit together are checked
@@ -354,7 +350,7 @@ def validate_model_section(cfg: Config) -> None:
                               f"{' or null' if nullable else ''}")
         if key in MODEL_RANGES and not MODEL_RANGES[key].holds(value):
             raise ConfigError(f"model.{key}={value!r}; must be {MODEL_RANGES[key].describe()}")
-        choices = _model_choices().get(key)
+        choices = SWITCH_CHOICES.get(key)
         if choices and value not in choices:
             raise ConfigError(f"model.{key}={value!r}; valid: {', '.join(choices)}")
 

@@ -55,14 +55,6 @@ def one_line(err: BaseException) -> str:
     return " ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
-def report(err: BaseException, status: int = EXIT_BAD_INPUT, hint: str = "") -> int:
-    """Print ``error: <one line>[ (<hint>)]`` to stderr and return ``status`` (re-raise under SIT_VIT5_DEBUG)."""
-    if debug_enabled():
-        raise err
-    print(f"error: {one_line(err)}{f' ({hint})' if hint else ''}", file=sys.stderr)
-    return status
-
-
 class SettingError(SitVit5Error, ValueError):
     """A setting with a bad value: ``key`` (a field or config key), ``value`` and ``reason`` (which
     starts with its own separator: ": must be >= 2", "; valid: a, b"). ``str()`` is

@@ -1,6 +1,6 @@
 """Export a checkpoint as a diffusers pipeline folder.
 
-    python -m sit_vit5.export RUN_OR_CKPT OUT_DIR [--push-to-hub user/name]
+    python -m sit_vit5.export RUN_OR_CKPT OUT_DIR [--push-to-hub user/name] [--format dit]
 
 RUN_OR_CKPT: a run directory (its newest checkpoint), a checkpoint file, or an official name such as
 ``SiT-XL-2-256.pt`` (see ``sit_vit5.models.official``). OUT_DIR receives what
@@ -12,6 +12,10 @@ settings:
     scheduler/     scheduler_config.json: transport (path, prediction, eps), default sampler
                    settings (what sample.py uses without flags), the VAE's source id and scale
     vae/           the decoder (an AutoencoderKL; absent for pixel-space models)
+
+``--format dit`` (a DiT-objective model) writes diffusers' own DiTPipeline layout instead: the
+transformer as a DiTTransformer2DModel, a DDIMScheduler with the model's noise schedule, the VAE.
+RUN_OR_CKPT may also be a diffusers DiT folder (``sit_vit5.models.diffusers_dit``).
 
 Then ``SiTPipeline.from_pretrained(OUT_DIR)``, or ``--push-to-hub user/name`` (or
 ``pipe.push_to_hub(...)`` after ``hf auth login``) to share it. The folder is written next
@@ -26,10 +30,13 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
-from .models import CheckpointError, load_model, resolve_checkpoint
+from .models import CheckpointError, LoadedModel, load_model, resolve_checkpoint
+from .models.diffusers_dit import dit_folder, dit_pipeline
 from .models.official import OfficialWeights
-from .pipeline import SiTPipeline, scheduler_from
+from .objective import ddpm_settings
+from .pipeline import SiTPipeline, read_id2label, scheduler_from
 from .precision import PRECISIONS, check_precision
 from .sample_spec import SAMPLE_METHODS, SampleSpec
 from .training.checkpoint import latest_checkpoint
@@ -44,6 +51,8 @@ def checkpoint_path(run_or_ckpt: str | os.PathLike) -> tuple[Path, OfficialWeigh
     """The checkpoint file a run directory, file or official name stands for (official: resolved and
     checked), with its official-table entry (None for other files)."""
     path = Path(run_or_ckpt)
+    if path.is_dir() and dit_folder(path) is not None:  # diffusers' DiT layout: load_model reads it
+        return path, None
     if path.is_dir():
         latest = latest_checkpoint(path / "checkpoints") or latest_checkpoint(path)
         if latest is None:
@@ -54,17 +63,17 @@ def checkpoint_path(run_or_ckpt: str | os.PathLike) -> tuple[Path, OfficialWeigh
     return resolve_checkpoint(run_or_ckpt)
 
 
-def build_pipeline(
-    run_or_ckpt: str | os.PathLike,
-    which: str = "ema",
-    model_name: str | None = None,
-    vae_name: str | None = None,
-) -> SiTPipeline:
-    """The pipeline a checkpoint describes: its weights (``which``), transport, default sampler
-    settings and decoder (``vae_name`` overrides the checkpoint's, e.g. for an official file)."""
+def load_source(run_or_ckpt: str | os.PathLike, which: str = "ema", model_name: str | None = None
+                ) -> LoadedModel:
+    """The model a run directory, checkpoint file, official name or DiT folder stands for."""
     ckpt, official = checkpoint_path(run_or_ckpt)
     objective = official.objective if official is not None else None
-    loaded = load_model(ckpt, model_name or (official and official.model), which, objective=objective)
+    return load_model(ckpt, model_name or (official and official.model), which, objective=objective)
+
+
+def bundled_vae(loaded: LoadedModel, vae_name: str | None = None) -> tuple[Any, dict[str, Any]]:
+    """The decoder to bundle (None for pixel space; ``vae_name`` overrides the checkpoint's) and its
+    settings."""
     vae_cfg = {**loaded.vae, **({"name": vae_name} if vae_name else {})}
     vae = None
     if vae_enabled(vae_cfg.get("name")):
@@ -74,11 +83,26 @@ def build_pipeline(
         vae.register_to_config(
             scaling_factor=float(vae_cfg.get("scaling_factor", SD_VAE_SCALING_FACTOR))
         )
+    return vae, vae_cfg
+
+
+def build_pipeline(
+    run_or_ckpt: str | os.PathLike,
+    which: str = "ema",
+    model_name: str | None = None,
+    vae_name: str | None = None,
+    id2label: dict[int, str] | None = None,
+) -> SiTPipeline:
+    """The pipeline a checkpoint describes: its weights (``which``), transport, default sampler
+    settings and decoder (``vae_name`` overrides the checkpoint's, e.g. for an official file);
+    ``id2label`` names the classes (None: ImageNet's for a 1000-class model, else none)."""
+    loaded = load_source(run_or_ckpt, which, model_name)
+    vae, vae_cfg = bundled_vae(loaded, vae_name)
     # the checkpoint's sample section over SampleSpec's defaults: what sample.py uses without flags
     # as sample.py: the checkpoint's sample section, else the objective's first method (ddpm: DiT's)
     sample = SampleSpec.resolve(loaded.sample, {"method": SAMPLE_METHODS[loaded.objective][0]})
     scheduler = scheduler_from(loaded.objective_config, sample, vae_cfg)
-    return SiTPipeline(transformer=loaded.model, scheduler=scheduler, vae=vae)
+    return SiTPipeline(transformer=loaded.model, scheduler=scheduler, vae=vae, id2label=id2label)
 
 
 def export(
@@ -89,15 +113,23 @@ def export(
     vae_name: str | None = None,
     push_to_hub: str | None = None,
     dtype: str = "fp32",
+    fmt: str = "sit",
+    id2label: dict[int, str] | None = None,
 ) -> Path:
     """Write the pipeline folder (see the module docstring); returns ``out_dir``. ``dtype`` bf16 / fp16
     stores the transformer's and the VAE's weights in half precision (half the download; the pipeline then
-    runs under autocast in that dtype); fp32 stores them as trained."""
+    runs under autocast in that dtype); fp32 stores them as trained. ``fmt="dit"``: a DiT-objective
+    model as diffusers' own ``DiTPipeline`` folder (sit_vit5.models.diffusers_dit)."""
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ExportError(f"{out} exists and is not empty; choose a new output folder")
     weights_dtype = PRECISIONS[check_precision(dtype, "dtype")]
-    pipe = build_pipeline(run_or_ckpt, which, model_name, vae_name)
+    if fmt == "dit":  # diffusers' own DiTPipeline layout (models/diffusers_dit.py)
+        loaded = load_source(run_or_ckpt, which, model_name)
+        vae = bundled_vae(loaded, vae_name)[0]
+        pipe = dit_pipeline(loaded, vae, ddpm_settings(loaded.objective_config))
+    else:
+        pipe = build_pipeline(run_or_ckpt, which, model_name, vae_name, id2label)
     if weights_dtype is not None:
         pipe.to(dtype=weights_dtype)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -141,14 +173,23 @@ def main(argv: list[str] | None = None) -> int:
         help="weights' dtype in the folder (default fp32, as trained; bf16 / fp16 halve it: load with "
         "torch_dtype=torch.bfloat16 / float16 to run in it, else diffusers upcasts to float32)",
     )
+    parser.add_argument(
+        "--format", choices=("sit", "dit"), default="sit",
+        help="sit: SiTPipeline (default); dit: diffusers' DiTPipeline (DiT-objective models)",
+    )
+    parser.add_argument(
+        "--id2label", metavar="FILE", help="class names: JSON {id: name} or list, or one name a "
+        "line (default: ImageNet's for 1000 classes, else none)")
     args = parser.parse_args(argv)
     try:
+        names = read_id2label(args.id2label) if args.id2label else None
         out = export(args.source, args.out, args.which, args.model, args.vae, args.push_to_hub,
-                     args.dtype)
+                     args.dtype, args.format, names)
     except (ExportError, CheckpointError, ValueError, OSError) as err:
         print(f"export: error: {err}", file=sys.stderr)
         return 2
-    print(f"wrote {out} (load with SiTPipeline.from_pretrained({str(out)!r}))")
+    loader = "DiTPipeline" if args.format == "dit" else "SiTPipeline"
+    print(f"wrote {out} (load with {loader}.from_pretrained({str(out)!r}))")
     return 0
 
 

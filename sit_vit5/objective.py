@@ -209,15 +209,8 @@ class SiTObjective(Objective):
 
     def _sampler(self, spec: SampleSpec, pixel_space: bool) -> BuiltSampler:
         sampler = Sampler(self.transport)
-        if spec.method == "ode":
-            fn = sampler.sample_ode(sampling_method=spec.sampling_method,
-                                    num_steps=spec.num_steps, atol=spec.atol, rtol=spec.rtol)
-        else:
-            fn = sampler.sample_sde(
-                sampling_method=spec.sampling_method, diffusion_form=spec.diffusion_form,
-                diffusion_norm=spec.diffusion_norm, last_step=spec.last_step,
-                last_step_size=spec.last_step_size, num_steps=spec.num_steps)
-        return BuiltSampler(fn, sampler)
+        build = sampler.sample_ode if spec.method == "ode" else sampler.sample_sde
+        return BuiltSampler(build(**spec.options()), sampler)
 
 
 class DDPMObjective(Objective):

@@ -48,10 +48,11 @@ def _channels(text: str) -> int | None:
             f"expected a positive integer or 'all', got {text!r}") from None
 
 
-def option(default: Any, help: str, **flag: Any) -> Any:
-    """A spec field and its sample.py flag: ``help`` (``{default}`` is filled in), and argparse
-    keywords (``type``, ``choices``, ``nargs``, ``metavar``, ``aliases`` = extra flag names)."""
-    return field(default=default, metadata={"help": help, **flag})
+def option(default: Any, help: str, *, solvers: tuple[str, ...] = (), **flag: Any) -> Any:
+    """A spec field and its sample.py flag: ``help`` (``{default}`` is filled in), the methods whose
+    sampler builder takes it as a keyword (``solvers``: ode / sde; see ``SampleSpec.options``), and
+    argparse keywords (``type``, ``choices``, ``nargs``, ``metavar``, ``aliases`` = extra names)."""
+    return field(default=default, metadata={"help": help, "solvers": solvers, **flag})
 
 
 @dataclass(frozen=True)
@@ -66,21 +67,25 @@ class SampleSpec:
     sampling_method: str | None = option(
         None, f"ode: torchdiffeq method (dopri5, euler, heun2, midpoint, rk4, ...; default "
         f"{DEFAULT_SAMPLING_METHOD['ode']}); sde: Euler | Heun (default "
-        f"{DEFAULT_SAMPLING_METHOD['sde']})")
+        f"{DEFAULT_SAMPLING_METHOD['sde']})", solvers=("ode", "sde"))
     num_steps: int = option(250, "time-grid points (default {default}; fixed-step ODE takes "
                             "num_steps-1 steps; adaptive ODE: output grid only); ddpm / ddim: "
-                            "respaced diffusion steps", type=positive_int,
+                            "respaced diffusion steps", solvers=("ode", "sde"), type=positive_int,
                             aliases=("--num-sampling-steps",))
-    atol: float = option(1e-6, "adaptive ODE absolute tolerance (default {default})", type=float)
-    rtol: float = option(1e-3, "adaptive ODE relative tolerance (default {default})", type=float)
+    atol: float = option(1e-6, "adaptive ODE absolute tolerance (default {default})",
+                         solvers=("ode",), type=float)
+    rtol: float = option(1e-3, "adaptive ODE relative tolerance (default {default})",
+                         solvers=("ode",), type=float)
     # sigma, not SiT's Sampler-API default SBDM: it is SiT's sample.py default, the setting
     # behind the published FID 2.06 (docs/DESIGN.md §4)
     diffusion_form: str = option("sigma", "SDE diffusion coefficient D(t) (default {default})",
-                                 choices=tuple(DIFFUSION_FORMS))
-    diffusion_norm: float = option(1.0, "SDE diffusion scale (default {default})", type=float)
-    last_step: str | None = option("Mean", "SDE final step (default {default})",
+                                 solvers=("sde",), choices=tuple(DIFFUSION_FORMS))
+    diffusion_norm: float = option(1.0, "SDE diffusion scale (default {default})",
+                                   solvers=("sde",), type=float)
+    last_step: str | None = option("Mean", "SDE final step (default {default})", solvers=("sde",),
                                    choices=(*(k for k in LAST_STEPS if k is not None), "None"))
-    last_step_size: float = option(0.04, "SDE final step size (default {default})", type=float)
+    last_step_size: float = option(0.04, "SDE final step size (default {default})",
+                                   solvers=("sde",), type=float)
     cfg_scale: float = option(1.0, "classifier-free guidance scale (default {default:g} = off; < 0 "
                               "needs --allow-negative-cfg)", type=float)
     cfg_channels: int | None = option(None, "guided channels: all (default) or 3 for the SiT/DiT "
@@ -153,6 +158,12 @@ class SampleSpec:
             values["cfg_interval"] = tuple(values["cfg_interval"])
         return cls(**values)
 
+    def options(self) -> dict[str, Any]:
+        """The keywords of this method's sampler builder (``Sampler.sample_ode`` / ``sample_sde``):
+        the fields declared for it, so a new solver option is a field here plus its use."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if self.method in f.metadata["solvers"]}
+
     @property
     def batch_coupled(self) -> bool:
         """True when images depend on the batch composition (adaptive ODE step-size control)."""
@@ -164,6 +175,7 @@ def add_arguments(group: argparse._ArgumentGroup) -> None:
     each defaulting to None: unset flags fall through to the next layer of :meth:`resolve`."""
     for f in fields(SampleSpec):
         meta = dict(f.metadata)
+        meta.pop("solvers")
         names = [f"--{f.name.replace('_', '-')}", *meta.pop("aliases", ())]
         default = "none" if f.default is None else f.default
         meta["help"] = meta["help"].format(default=default)

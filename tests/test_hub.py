@@ -80,6 +80,55 @@ def test_from_pretrained_by_repo_id_through_the_hub_cache(tmp_path, monkeypatch)
     assert _same_outputs(loaded, model)
 
 
+def test_from_pretrained_refuses_a_folder_written_for_another_class(tmp_path):
+    """A diffusers DiT folder used to give a randomly initialised SiT with warnings only."""
+    from diffusers import DiTTransformer2DModel
+
+    DiTTransformer2DModel(num_attention_heads=2, attention_head_dim=8, num_layers=1,
+                          sample_size=8).save_pretrained(tmp_path / "dit")
+    create_model("SiT-S/2", **TINY).save_pretrained(tmp_path / "sit")
+    create_model("ViT5-S/2", **TINY).save_pretrained(tmp_path / "vit5")
+    dit = "DiTTransformer2DModel"
+    for cls, folder, found in ((SiT, "dit", dit), (ViT5, "dit", dit), (SiT, "vit5", "ViT5"),
+                               (ViT5, "sit", "SiT")):
+        with pytest.raises(CheckpointError) as err:
+            cls.from_pretrained(tmp_path / folder)
+        message = str(err.value)
+        assert "\n" not in message and f"class {found!r}, expected {cls.__name__!r}" in message
+    with pytest.raises(CheckpointError, match="load_model"):  # where a DiT folder does load
+        SiT.from_pretrained(tmp_path / "dit")
+
+
+def _damaged(tmp_path, change_weights=None, change_config=None):
+    from safetensors.torch import save_file
+
+    folder = tmp_path / "damaged"
+    randomize(create_model("SiT-S/2", **TINY)).save_pretrained(folder)
+    if change_weights:
+        weights = load_file(folder / "diffusion_pytorch_model.safetensors")
+        change_weights(weights)
+        save_file(weights, folder / "diffusion_pytorch_model.safetensors")
+    if change_config:
+        config = json.loads((folder / "config.json").read_text())
+        change_config(config)
+        (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.mark.parametrize(("weights", "config", "message"), [
+    (lambda w: w.pop("blocks.1.attn.qkv.weight"), None, r"missing keys \['blocks.1.attn.qkv.w"),
+    (lambda w: w.update(extra=torch.zeros(2)), None, r"unexpected keys \['extra'\]"),
+    (lambda w: w.update({"blocks.0.attn.qkv.bias": torch.zeros(5)}), None, "bias expected shape"),
+    (None, lambda c: c.update(qk_norm_eps=1e-6), r"key\(s\) \['qk_norm_eps'\]"),
+])
+def test_from_pretrained_refuses_weights_or_keys_that_do_not_fit(tmp_path, weights, config,
+                                                                 message):
+    folder = _damaged(tmp_path, weights, config)
+    with pytest.raises(CheckpointError, match=message) as err:
+        SiT.from_pretrained(folder)
+    assert "\n" not in str(err.value)  # one line
+
+
 # ----------------------------------------------------------------------------- official weights by
 # name
 

@@ -62,7 +62,8 @@ def test_pixel_space_pipeline_equals_sample_py_grid(tmp_path, sampler):
     images = pipe(labels, generator=7).images  # the checkpoint's sampler defaults, as sample.py uses them
     assert all(np.array_equal(np.asarray(im), ex) for im, ex in zip(images, expected, strict=True))
     tuned = grid_images(ckpt, tmp_path / "tuned", labels, 7, "--num-steps", "6", "--cfg-scale", "2.5")
-    images = pipe(labels, num_inference_steps=6, guidance_scale=2.5, generator=7, output_type="np").images
+    images = pipe(labels, num_inference_steps=6, guidance_scale=2.5, generator=7,
+                  output_type="uint8").images  # sample.py's pixels ("np" is diffusers' float)
     assert images.dtype == np.uint8 and np.array_equal(images[..., 0], np.stack(tuned))
     assert not np.array_equal(np.stack(tuned), np.stack(expected))  # the overrides did change something
 
@@ -78,8 +79,12 @@ def test_latent_pipeline_with_tiny_autoencoder_equals_sample_py_grid(tmp_path, v
     pil = pipe(labels, guidance_scale=1.5, generator=11).images
     assert [im.size for im in pil] == [(16, 16)] * 3 and pil[0].mode == "RGB"
     assert all(np.array_equal(np.asarray(im), ex) for im, ex in zip(pil, expected, strict=True))
-    pixels = pipe(labels, guidance_scale=1.5, generator=11, output_type="pt").images
-    assert pixels.shape == (3, 3, 16, 16) and np.array_equal(to_uint8(pixels), np.stack(expected))
+    pixels = pipe(labels, guidance_scale=1.5, generator=11, output_type="uint8").images
+    assert pixels.shape == (3, 16, 16, 3) and np.array_equal(pixels, np.stack(expected))
+    floats = pipe(labels, guidance_scale=1.5, generator=11, output_type="pt").images  # diffusers'
+    assert floats.shape == (3, 3, 16, 16) and 0 <= floats.min() and floats.max() <= 1
+    # the same samples: [0, 1] floats back on sample.py's [-1, 1] -> uint8 map, up to rounding
+    assert np.abs(to_uint8(floats * 2 - 1).astype(int) - np.stack(expected)).max() <= 1
 
 
 def test_pipeline_save_and_load_like_any_diffusers_pipeline(tmp_path, vae_dir):
@@ -88,7 +93,9 @@ def test_pipeline_save_and_load_like_any_diffusers_pipeline(tmp_path, vae_dir):
     before = pipe([5, 6], generator=torch.Generator().manual_seed(0), output_type="np").images
     pipe.save_pretrained(tmp_path / "copy")
     index = json.loads((tmp_path / "copy" / "model_index.json").read_text())
-    assert index["_class_name"] == "SiTPipeline" and {"transformer", "vae", "scheduler"} <= set(index)
+    # [loader file, class]: diffusers' generic DiffusionPipeline.from_pretrained finds the class
+    assert index["_class_name"] == ["pipeline", "SiTPipeline"]
+    assert {"transformer", "vae", "scheduler"} <= set(index)
     again = SiTPipeline.from_pretrained(tmp_path / "copy")
     again.set_progress_bar_config(disable=True)
     after = again([5, 6], generator=torch.Generator().manual_seed(0), output_type="np").images
@@ -110,8 +117,8 @@ def test_export_refuses_a_non_empty_folder_and_dit_files(tmp_path, capsys):
 
 def test_generator_argument_rules(tmp_path):
     pipe = exported(checkpoint(tmp_path / "run", 1), tmp_path / "export")
-    with pytest.raises(TypeError, match="one seed"):
-        pipe([1, 2], generator=[torch.Generator(), torch.Generator()])
+    with pytest.raises(ValueError, match="one per image"):  # a list: one generator per image
+        pipe([1, 2], generator=[torch.Generator(), torch.Generator(), torch.Generator()])
     with pytest.raises(ValueError, match="output_type"):
         pipe([1], generator=0, output_type="latent")
 

@@ -143,7 +143,7 @@ def test_diffusers_pipeline_in_half_precision(tmp_path, vae_dir, dtype, how):
     precision = PRECISION_OF_DTYPE[dtype]
     err = (half - ref).abs().max().item()
     assert 0 < err < PIXEL_ATOL[precision], err
-    images = pipe(**kwargs, output_type="np").images
+    images = pipe(**kwargs, output_type="uint8").images
     assert images.dtype == np.uint8 and images.shape[0] == 2
 
 

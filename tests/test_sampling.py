@@ -379,3 +379,16 @@ def test_a_negative_cfg_scale_is_refused_alike_everywhere_unless_asked_for():
         assert pipeline(spec, allow_negative_cfg=True).spec.cfg_scale == -1.0
     with pytest.raises(ConfigError, match=r"sample.cfg_scale=-1(\.0)?: a negative scale"):
         load_config(None, ["sample.cfg_scale=-1"])
+
+
+def test_spec_options_are_the_sampler_builders_keywords():
+    """Each spec field tagged for a solver is a keyword of that solver's builder, and every builder
+    keyword but ``progress`` / ``reverse`` comes from the spec (a new solver option cannot be lost)."""
+    import inspect
+
+    from sit_vit5.transport import Sampler
+
+    for method, build in (("ode", Sampler.sample_ode), ("sde", Sampler.sample_sde)):
+        keywords = set(inspect.signature(build).parameters) - {"self", "progress", "reverse"}
+        assert set(SampleSpec(method=method).options()) == keywords, method
+    assert SampleSpec(method="ddim").options() == {}

@@ -319,16 +319,20 @@ def test_sit_and_dit_train_flags_are_aliases_of_config_keys(tmp_path, capsys):
     habits = ["--model", "SiT-S/2", "--data-path", str(tmp_path), "--results-dir", str(tmp_path / "r"),
               "--global-batch-size", "16", "--image-size", "32", "--num-classes", "10", "--ckpt-every", "5",
               "--log-every", "2", "--global-seed", "3", "--wandb", "--vae", "mse"]
-    ours = ["model.name=SiT-S/2", f"data.root={tmp_path}", f"train.out_dir={tmp_path / 'r'}",
+    ours = ["model.name=SiT-S/2", f"data.root={tmp_path}", f"train.out_dir={tmp_path / 'r' / 'SiT-S-2'}",
             "data.global_batch_size=16", "data.image_size=32", "model.num_classes=10", "train.ckpt_every=5",
             "train.log_every=2", "train.seed=3", "train.wandb=true", "vae.name=stabilityai/sd-vae-ft-mse"]
     assert cli_train.main(habits, train_fn=record) == 0
-    assert cli_train.main(ours, train_fn=record) == 0
-    assert seen[0] == seen[1] and seen[0][1] is None
+    assert cli_train.main(["--config", "demo", *ours], train_fn=record) == 0
+    assert seen[0][0] == load_config(None, ours) and seen[0][1] is None  # on the defaults
+    assert seen[1][0]["data"]["kind"] == "digits"  # --config keeps its base
     assert cli_train.main([*habits, "train.log_every=7"], train_fn=record) == 0
     assert seen[2][0]["train"]["log_every"] == 7  # a key=value override wins over a habit flag
     assert cli_train.main(["--ckpt", str(tmp_path / "c.pt"), "--config", "demo"], train_fn=record) == 0
     assert seen[3][1] == str(tmp_path / "c.pt")
+    assert cli_train.main(["--model", "DiT-S/2", "--data-path", str(tmp_path)], train_fn=record) == 0
+    dit = seen[4][0]  # a DiT name: DiT's objective; the defaults, not the digits demo
+    assert dit["transport"]["objective"] == "ddpm" and dit["data"]["kind"] == "imagefolder"
     assert cli_train.main(["--epochs", "80"], train_fn=record) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("train.py: error: --epochs 80") and "train.steps" in err[0]

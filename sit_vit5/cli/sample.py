@@ -39,7 +39,6 @@ from sit_vit5.sampling import SamplingPipeline, sample_bulk, sample_grid
 from sit_vit5.transport import PATHS, PREDICTIONS
 from sit_vit5.vae import SD_VAE_EMA, SD_VAE_IDS, vae_enabled
 
-SPEC = SampleSpec()  # the sampler defaults shown in --help (flags default to None = the spec's)
 #: SiT/DiT's --vae words -> decoders (their sample.py: stabilityai/sd-vae-ft-{ema,mse})
 VAE_WORDS = {"ema": SD_VAE_IDS[0], "mse": SD_VAE_IDS[1]}
 #: SiT's positional mode word (sample.py ODE|SDE) -> --method
@@ -147,8 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "resumable)")
     bulk.add_argument("--num-samples", "--num-fid-samples", type=positive_int, default=50_000,
                       help="samples (default 50000)")
-    bulk.add_argument("--out", "--sample-dir", required=True,
-                      help="output folder (parts/, settings.json, the .npz)")
+    bulk.add_argument("--out", "--sample-dir",
+                      help="output folder (parts/, settings.json, the .npz); default "
+                      "samples/<ckpt>-<method>-<steps>-cfg<scale>-seed<seed>, as DiT names it")
     bulk.add_argument("--png", action="store_true", help="also write out/images/{index:06d}.png")
     return parser
 
@@ -311,9 +311,12 @@ def _bulk(args: argparse.Namespace) -> int:
     state = join_launcher_group(cpu=on_cpu)
     device = torch.device(args.device) if args.device else state.device
     pipe, info, image_size = build_pipeline(args, device)
+    spec = pipe.spec
+    args.out = args.out or (f"samples/{Path(args.ckpt).stem}-{spec.method}-{spec.num_steps}-"
+                            f"cfg{spec.cfg_scale:g}-seed{args.seed}")
     if state.is_main_process:
         print(_describe(info, pipe, image_size, args.ckpt))
-        print(f"bulk sampling on {describe_group(state.num_processes, device)}")
+        print(f"bulk sampling on {describe_group(state.num_processes, device)} into {args.out}")
     settings = {"ckpt": str(args.ckpt_path.resolve()), "which": info.which, "model": info.name,
                 "image_size": image_size, "vae": args.vae or info.vae.get("name"),
                 "precision": args.precision, "transport": repr(pipe.transport),

@@ -15,8 +15,10 @@ from any directory (``configs/demo.yaml``, ``demo``, ``imagenet/sit-xl-2``). The
 saved as <train.out_dir>/config.yaml and inside every checkpoint.
 
 SiT's and DiT's train.py flags work as aliases of config keys (``--model SiT-XL/2`` =
-``model.name=SiT-XL/2``, ``--data-path``, ``--results-dir``, ``--global-batch-size``, ...: see
-``--help``; ``--ckpt F`` = ``--resume F``); ``--epochs`` is refused (the run counts optimizer steps).
+``model.name=SiT-XL/2``, ``--data-path``, ``--global-batch-size``, ...: see ``--help``), on the
+defaults (ImageNet-style image folder, SD-VAE on the fly) unless ``--config`` is given:
+``--results-dir R`` = ``train.out_dir=R/<model>``, a ``DiT-*`` model trains with DiT's objective,
+``--ckpt F`` = ``--resume F``; ``--epochs`` is refused (the run counts optimizer steps).
 
 Exit status: 0 done; 2 bad input (config key or value, data root, checkpoint, unreadable image, full
 disk: one line naming the culprit; SIT_VIT5_DEBUG=1 shows the traceback); 1 the loss became NaN/inf;
@@ -34,6 +36,7 @@ from pathlib import Path
 from sit_vit5.config import Config, ConfigError, configs_dir, load_config
 from sit_vit5.data import UnreadableImageError
 from sit_vit5.errors import KNOWN_ERRORS, one_line, run_cli
+from sit_vit5.models import name_objective
 from sit_vit5.training import NonFiniteLossError, TrainResult, train
 
 DEMO_CONFIG = "demo.yaml"  # in the shipped configs, found wherever the command runs
@@ -106,6 +109,11 @@ def habit_overrides(args: argparse.Namespace) -> list[str]:
         args.resume = args.ckpt
     overrides = [f"{key}={getattr(args, key)}" for key in HABIT_FLAGS.values()
                  if getattr(args, key) is not None]
+    model, results = getattr(args, "model.name"), getattr(args, "train.out_dir")
+    if model is not None and results is not None:  # SiT/DiT: one folder per experiment under it
+        overrides.append(f"train.out_dir={Path(results) / model.replace('/', '-')}")
+    if model is not None and name_objective(model) == "ddpm":  # DiT-*: DiT's objective and sampler
+        overrides += ["transport.objective=ddpm", "model.learn_sigma=true", "sample.method=ddpm"]
     if getattr(args, "train.wandb"):
         overrides.append("train.wandb=true")
     if args.vae is not None:
@@ -126,7 +134,10 @@ def main(argv: list[str] | None = None,
 
     def run() -> int:
         habits = habit_overrides(args)
-        config, implied = (args.config, []) if args.config else default_config(args.resume)
+        if args.config or (habits and args.resume is None):  # SiT/DiT flags: on the defaults
+            config, implied = args.config, []
+        else:
+            config, implied = default_config(args.resume)
         result = train_fn(load_config(config, implied + habits + args.overrides), args.resume)
         if result.preempted:
             print(f"stopped by {result.preempted} after step {result.step}; checkpoint "

@@ -2,6 +2,7 @@
 (``DiT-*`` names: the SiT network under DiT's ddpm objective)."""
 
 from .checkpoint import CheckpointError, load_checkpoint, load_state_dict
+from .diffusers_dit import from_diffusers_dit, to_diffusers_dit
 from .loading import LoadedModel, load_model
 from .official import OFFICIAL_WEIGHTS, WeightsUnavailableError, resolve_checkpoint
 from .registry import (
@@ -34,6 +35,7 @@ __all__ = [
     "count_params",
     "create_model",
     "flops",
+    "from_diffusers_dit",
     "list_models",
     "name_objective",
     "load_checkpoint",
@@ -41,5 +43,6 @@ __all__ = [
     "model_from_config",
     "load_state_dict",
     "resolve_checkpoint",
+    "to_diffusers_dit",
     "valid_overrides",
 ]

@@ -120,12 +120,12 @@ class RMSNorm(nn.Module):
 NORMS = ("layernorm", "rmsnorm")
 
 
-def make_norm(kind: str, dim: int, affine: bool = False) -> nn.Module:
+def make_norm(kind: str, dim: int, affine: bool = False, eps: float = 1e-6) -> nn.Module:
     """Block/final norm: ``layernorm`` (DiT: no affine, eps 1e-6) or ``rmsnorm``."""
     if kind == "layernorm":
-        return nn.LayerNorm(dim, elementwise_affine=affine, eps=1e-6)
+        return nn.LayerNorm(dim, elementwise_affine=affine, eps=eps)
     if kind == "rmsnorm":
-        return RMSNorm(dim, eps=1e-6, affine=affine)
+        return RMSNorm(dim, eps=eps, affine=affine)
     raise ValueError(f"norm must be 'layernorm' or 'rmsnorm', got {kind!r}")
 
 
@@ -147,11 +147,16 @@ class PatchEmbed(nn.Module):
 
 class TimestepEmbedder(nn.Module):
     """Scalar t (B,) -> (B, D): 256-d sinusoid ``[cos, sin]``, max period 1e4, then
-    Linear-SiLU-Linear."""
+    Linear-SiLU-Linear.
 
-    def __init__(self, hidden_size: int, frequency_embedding_size: int = 256) -> None:
+    ``freq_shift``: frequencies ``1e4 ** (-i / (half - freq_shift))``; 0 is DiT/SiT, 1 is diffusers'
+    ``DiTTransformer2DModel`` (its ``Timesteps(downscale_freq_shift=1)``).
+    """
+
+    def __init__(self, hidden_size: int, frequency_embedding_size: int = 256,
+                 freq_shift: int = 0) -> None:
         super().__init__()
-        self.frequency_embedding_size = frequency_embedding_size
+        self.frequency_embedding_size, self.freq_shift = frequency_embedding_size, freq_shift
         self.mlp = nn.Sequential(
             nn.Linear(frequency_embedding_size, hidden_size),
             nn.SiLU(),
@@ -159,17 +164,19 @@ class TimestepEmbedder(nn.Module):
         )
 
     @staticmethod
-    def timestep_embedding(t: Tensor, dim: int, max_period: float = 10000.0) -> Tensor:
+    def timestep_embedding(t: Tensor, dim: int, max_period: float = 10000.0,
+                           freq_shift: int = 0) -> Tensor:
         """(B,) -> (B, dim). SiT feeds raw t in [0, 1] (no x1000 rescale as in DiT)."""
         half = dim // 2
         steps = torch.arange(half, dtype=torch.float32, device=t.device)
-        freqs = torch.exp(-math.log(max_period) * steps / half)  # (dim / 2,)
+        freqs = torch.exp(-math.log(max_period) * steps / (half - freq_shift))  # (dim / 2,)
         args = t[:, None].float() * freqs[None]  # (B, dim / 2)
         emb = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)  # (B, dim - dim % 2)
         return F.pad(emb, (0, dim % 2))
 
     def forward(self, t: Tensor) -> Tensor:
-        t_freq = self.timestep_embedding(t, self.frequency_embedding_size)  # (B, 256)
+        t_freq = self.timestep_embedding(t, self.frequency_embedding_size,
+                                         freq_shift=self.freq_shift)  # (B, 256)
         return self.mlp(t_freq.to(self.mlp[0].weight.dtype))  # (B, D)
 
 
@@ -307,7 +314,8 @@ class Block(nn.Module):
 
     Defaults are the DiT/SiT block. ViT-5 switches: ``norm='rmsnorm'``, ``qk_norm``,
     ``qkv_bias=False``, ``layer_scale_init`` (LayerScale gamma multiplies the gated branch: our
-    choice for adaLN models), ``mlp``, ``mlp_act`` (the GELU MLP's activation).
+    choice for adaLN models), ``mlp``, ``mlp_act`` (the GELU MLP's activation). ``mlp_norm_eps``:
+    the eps of the norm before the MLP (diffusers' DiT: its ``norm_eps``).
     """
 
     def __init__(
@@ -321,13 +329,14 @@ class Block(nn.Module):
         layer_scale_init: float | None = None,
         mlp: str = "gelu",
         mlp_act: str = "gelu_tanh",
+        mlp_norm_eps: float = 1e-6,
     ) -> None:
         super().__init__()
         if mlp not in MLPS:
             raise ValueError(f"mlp must be one of {sorted(MLPS)}, got {mlp!r}")
         self.norm1 = make_norm(norm, hidden_size)
         self.attn = Attention(hidden_size, num_heads, qkv_bias=qkv_bias, qk_norm=qk_norm)
-        self.norm2 = make_norm(norm, hidden_size)
+        self.norm2 = make_norm(norm, hidden_size, eps=mlp_norm_eps)
         hidden = int(hidden_size * mlp_ratio)
         if mlp == "gelu":
             self.mlp = Mlp(hidden_size, hidden, mlp_act)

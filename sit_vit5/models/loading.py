@@ -30,9 +30,10 @@ class LoadedModel:
     """A model built and loaded from a checkpoint, and what the checkpoint says about sampling from
     it.
 
-    ``source``: "ours" (training checkpoint of this codebase, config in ``args``) or "official"
+    ``source``: "ours" (training checkpoint of this codebase, config in ``args``), "official"
     (bare state dict such as SiT-XL-2-256.pt, or a DiT/SiT training checkpoint with argparse
-    ``args``). ``input_size``: the model's training input side (latent side for latent models).
+    ``args``) or "diffusers" (a DiTTransformer2DModel folder). ``input_size``: the model's
+    training input side (latent side for latent models).
     ``transport``: ``create_transport`` kwargs (objective sit). ``objective``: sit | ddpm (DiT), as
     recorded (ours) or as told (official); ``diffusion``: the ddpm keys of the transport section
     (objective ddpm) or {}; ``create_objective(objective_config)`` builds either. ``vae``:
@@ -198,6 +199,9 @@ def load_model(
     has no ``pos_embed``. ``overrides``: ``create_model`` keywords for a bare state dict whose
     architecture is not the registry's (depth, hidden_size, num_heads, switches).
 
+    A directory is read as a diffusers DiT folder (``sit_vit5.models.diffusers_dit``: a
+    ``DiTTransformer2DModel`` folder or a DiTPipeline folder; objective ddpm, source "diffusers").
+
     ``objective`` (sit | ddpm): ours record it (a different one is an error). Official files cannot
     tell, DiT and SiT sharing their key layout: the model name does (``DiT-*`` = ddpm, other names
     sit), or ``objective`` with a SiT name; a contradiction is an error, never a guess.
@@ -205,6 +209,12 @@ def load_model(
     path = os.fspath(ckpt)
     if which not in ("ema", "model"):
         raise ValueError(f"which={which!r}; valid: ema, model")
+    if os.path.isdir(path):  # a diffusers DiT folder (facebook/DiT-XL-2-256's layout)
+        from .diffusers_dit import load_dit_folder  # it imports this module
+
+        if sha256 or overrides:
+            raise ValueError(f"{path}: sha256 / overrides apply to checkpoint files, not folders")
+        return load_dit_folder(path, model_name, objective)
     obj = read_checkpoint(path, sha256)
     state, step, which_loaded = _weights(obj, which, path)
     args = obj.get("args")

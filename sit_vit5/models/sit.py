@@ -18,6 +18,7 @@ patch tokens, R registers, N = T + R the sequence the blocks see (layers.py's N)
 from __future__ import annotations
 
 import inspect
+import os
 from typing import Any
 
 import torch
@@ -28,6 +29,9 @@ from torch.utils.checkpoint import checkpoint
 
 from ..guidance import forward_with_cfg
 from .layers import (
+    MLP_ACTS,
+    MLPS,
+    NORMS,
     Block,
     FinalLayer,
     LabelEmbedder,
@@ -53,6 +57,19 @@ SIT_SWITCHES: dict = dict(
     register_rope_theta=None,  # None = registers get no rotation
 )
 POS_EMBED_KINDS = ("fixed", "learned", "none")
+#: the valid values of each choice-valued switch (configs are checked against these)
+SWITCH_CHOICES: dict[str, tuple[str, ...]] = {
+    "norm": tuple(NORMS), "mlp": tuple(MLPS), "mlp_act": tuple(MLP_ACTS),
+    "pos_embed": POS_EMBED_KINDS,
+}
+#: diffusers' class names for its DiT (the hub's facebook/DiT-XL-2-256 predates the first)
+DIFFUSERS_DIT_CLASSES = ("DiTTransformer2DModel", "Transformer2DModel")
+#: from_pretrained keywords that also locate config.json
+_CONFIG_KWARGS = ("cache_dir", "force_download", "proxies", "local_files_only", "token", "revision",
+                  "subfolder", "dduf_entries")
+#: diffusers' loading-info keys that make a load fail, and how the error names them
+_LOADING_PROBLEMS = (("missing_keys", "missing keys"), ("unexpected_keys", "unexpected keys"),
+                     ("mismatched_keys", "shape mismatches"), ("error_msgs", "errors"))
 
 
 def rope_thetas(sw: dict[str, Any]) -> tuple[float | None, float | None]:
@@ -75,7 +92,12 @@ def _compute_dtype(x: Tensor) -> torch.dtype:
 
 class SiT(ModelMixin, ConfigMixin):
     """Class-conditional velocity network: (x (B, C, H, W), t (B,) in [0, 1], y (B,)) ->
-    (B, C, H, W)."""
+    (B, C, H, W).
+
+    ``t_freq_shift`` (0) and ``mlp_norm_eps`` (1e-6) are DiT/SiT's timestep frequencies and MLP-norm
+    eps; a model converted from diffusers' ``DiTTransformer2DModel`` keeps that class's 1 and its
+    ``norm_eps`` (``sit_vit5.models.diffusers_dit``).
+    """
 
     # grad_checkpointing is a runtime choice, not part of the architecture a saved model records
     ignore_for_config = ["grad_checkpointing"]
@@ -99,6 +121,8 @@ class SiT(ModelMixin, ConfigMixin):
         num_classes: int = 1000,
         learn_sigma: bool = True,
         grad_checkpointing: bool = False,
+        t_freq_shift: int = 0,
+        mlp_norm_eps: float = 1e-6,
         **switches,
     ) -> None:
         super().__init__()
@@ -114,6 +138,9 @@ class SiT(ModelMixin, ConfigMixin):
                              f"got {sw['pos_embed']!r}")
         if hidden_size % num_heads:
             raise ValueError(f"hidden_size {hidden_size} is not divisible by num_heads {num_heads}")
+        if t_freq_shift not in (0, 1) or not mlp_norm_eps > 0:
+            raise ValueError(f"t_freq_shift must be 0 (DiT/SiT) or 1 (diffusers' DiT), got "
+                             f"{t_freq_shift!r}; mlp_norm_eps must be > 0, got {mlp_norm_eps!r}")
         self.switches = sw
         self.input_size, self.patch_size, self.in_channels = input_size, patch_size, in_channels
         self.out_channels = in_channels * 2 if learn_sigma else in_channels
@@ -125,7 +152,7 @@ class SiT(ModelMixin, ConfigMixin):
         self.num_registers = sw["num_registers"]
 
         self.x_embedder = PatchEmbed(patch_size, in_channels, hidden_size)
-        self.t_embedder = TimestepEmbedder(hidden_size)
+        self.t_embedder = TimestepEmbedder(hidden_size, freq_shift=t_freq_shift)
         self.y_embedder = LabelEmbedder(num_classes, hidden_size, class_dropout_prob)
         n_patches = self.grid[0] * self.grid[1]
         if sw["pos_embed"] == "none":
@@ -143,7 +170,8 @@ class SiT(ModelMixin, ConfigMixin):
         block_keys = ("norm", "qk_norm", "qkv_bias", "layer_scale_init", "mlp", "mlp_act")
         block_sw = {k: sw[k] for k in block_keys}
         self.blocks = nn.ModuleList(
-            [Block(hidden_size, num_heads, mlp_ratio, **block_sw) for _ in range(depth)]
+            [Block(hidden_size, num_heads, mlp_ratio, mlp_norm_eps=mlp_norm_eps, **block_sw)
+             for _ in range(depth)]
         )
         self.final_layer = FinalLayer(hidden_size, patch_size, self.out_channels, sw["norm"])
         self.initialize_weights()
@@ -153,8 +181,50 @@ class SiT(ModelMixin, ConfigMixin):
             input_size=input_size, patch_size=patch_size, in_channels=in_channels,
             hidden_size=hidden_size, depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio,
             class_dropout_prob=class_dropout_prob, num_classes=num_classes, learn_sigma=learn_sigma,
-            **sw,
+            t_freq_shift=t_freq_shift, mlp_norm_eps=mlp_norm_eps, **sw,
         )
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, **kwargs):
+        """diffusers' ``from_pretrained`` (folder or hub id), strict: a config.json written for another
+        class, a config key this class does not know, and missing, unexpected or misshapen weights
+        raise CheckpointError (one line) instead of warnings over a randomly initialised model."""
+        from .checkpoint import CheckpointError  # checkpoint imports this module
+
+        where = os.fspath(pretrained_model_name_or_path)
+        if kwargs.get("subfolder"):
+            where = f"{where}/{kwargs['subfolder']}"
+        config = cls.load_config(pretrained_model_name_or_path,
+                                 **{k: kwargs[k] for k in _CONFIG_KWARGS if k in kwargs})
+        found = config.get("_class_name")
+        if found != cls.__name__:
+            hint = ""
+            if found in DIFFUSERS_DIT_CLASSES:
+                hint = ("; a diffusers DiT folder: convert it with sit_vit5.models.load_model(folder) "
+                        "or sit_vit5.models.diffusers_dit.from_diffusers_dit(folder)")
+            elif found in ("SiT", "ViT5"):
+                hint = f"; load it with {found}.from_pretrained"
+            raise CheckpointError(f"{where}: config.json is for class {found!r}, expected "
+                                  f"{cls.__name__!r}{hint}")
+        unknown = sorted(k for k in config if not k.startswith("_") and k not in
+                         cls._get_init_keys(cls) | set(cls.ignore_for_config))
+        if unknown:
+            raise CheckpointError(f"{where}: config.json has key(s) {unknown} that {cls.__name__} "
+                                  "does not know (written by a newer sit_vit5?)")
+        want_info = kwargs.pop("output_loading_info", False)
+        try:
+            model, info = super().from_pretrained(pretrained_model_name_or_path,
+                                                  output_loading_info=True, **kwargs)
+        except ValueError as err:  # diffusers refuses a misshapen tensor, with advice to ignore it
+            if "expected shape" not in str(err):
+                raise
+            raise CheckpointError(f"{where}: the weights do not fit {cls.__name__}: "
+                                  f"{str(err).split('. If you want')[0]}") from None
+        problems = [f"{label} {info[key]}" for key, label in _LOADING_PROBLEMS if info.get(key)]
+        if problems:
+            raise CheckpointError(f"{where}: the weights do not fit {cls.__name__}: "
+                                  + "; ".join(problems))
+        return (model, info) if want_info else model
 
     def __getattr__(self, name: str):
         # parameters and submodules first, then diffusers' config-key fallback (pos_embed is both)

@@ -114,3 +114,4 @@ def heun_step(x: Tensor, t: float, dt: float, noise: Tensor, drift: SDEDrift, di
 
 
 SDE_STEPS: dict[str, Callable[..., Tensor]] = {"Euler": euler_maruyama_step, "Heun": heun_step}
+SDE_STEP_NFE = {"Euler": 1, "Heun": 2}  # model calls per SDE step (progress bars count them)
