@@ -292,8 +292,14 @@ def _timm_encoder(spec: str, name: str, weights: str | None) -> tuple[nn.Module,
             f"(huggingface-cli download {hub_id}, or python -c \"import timm; "
             f"timm.create_model('{name}', pretrained=True)\"), or pass a local folder / "
             "repa.weights") from err
-    if weights is not None:
-        net.load_state_dict(_read_state_dict(weights, spec), strict=False)
+    if weights is not None:  # every weight of the network; only a classifier head may be left over
+        found = net.load_state_dict(_read_state_dict(weights, spec), strict=False)
+        extra = [k for k in found.unexpected_keys if not k.startswith(("head.", "fc.", "classifier."))]
+        if found.missing_keys or extra:
+            bad = found.missing_keys[:3] or extra[:3]
+            raise RepaError(f"repa.weights={weights} does not fit repa.encoder={spec}: "
+                            f"{len(found.missing_keys)} missing and {len(extra)} unexpected keys "
+                            f"(e.g. {', '.join(bad)})")
     return net, dict(getattr(net, "pretrained_cfg", None) or {})
 
 

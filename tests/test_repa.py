@@ -409,3 +409,21 @@ def test_compiled_training_reads_the_hidden_state_too(tmp_path):
     for key in ("loss_repa", "grad_norm"):
         assert [r[key] for r in rows(compiled.run_dir)] == pytest.approx([r[key] for r in rows(eager.run_dir)],
                                                                          rel=1e-4, abs=1e-5), key
+
+
+def test_a_timm_architecture_with_local_weights(tiny_vit, tmp_path, monkeypatch):
+    """repa.encoder=timm:ARCH + repa.weights=FILE: no download; a file that does not fit is refused."""
+    from safetensors.torch import load_file, save_file
+
+    timm = pytest.importorskip("timm")
+    real, sizes = timm.create_model, dict(img_size=16, patch_size=4, embed_dim=24, depth=1, num_heads=2)
+    monkeypatch.setattr(timm, "create_model", lambda n, **kw: real(n, **{**kw, **sizes}))  # the tiny ViT
+    name, weights = "timm:vit_tiny_patch16_224", tiny_vit / "model.safetensors"
+    enc = R.load_encoder({"encoder": name, "weights": str(weights)}, 8, (4, 4), 1)
+    folder = R.load_encoder({"encoder": str(tiny_vit)}, 8, (4, 4), 1)
+    x = torch.rand(2, 1, 8, 8)
+    torch.testing.assert_close(enc(x), folder(x))
+    part = {k: v for k, v in load_file(str(weights)).items() if not k.startswith("blocks.")}
+    save_file(part, str(tmp_path / "part.safetensors"))
+    with pytest.raises(R.RepaError, match="missing"):
+        R.load_encoder({"encoder": name, "weights": str(tmp_path / "part.safetensors")}, 8, (4, 4), 1)
