@@ -17,11 +17,12 @@ For each ``configs/imagenet/<name>.yaml``, unchanged except batch size, steps, p
 4. ``python -m sit_vit5.export`` of the run, then ``SiTPipeline`` on the export: the same 2 images,
    which must equal sample.py's pixel for pixel.
 
-The REPA configs (``REPA_CONFIGS``, not in the default list) train from the ImageFolder itself (the encoder
-needs each batch's images; the VAE encodes on the fly) with an encoder of DINOv2-B/14's architecture (timm's
-``vit_base_patch14_dinov2``, seeded random weights, saved as a local timm folder) in place of the torch.hub
-download; at a reduced ``--image-size`` the encoder's input side follows the model's grid (``repa.resolution``
-unset). ``bench.plan``'s prediction leaves the encoder and the projector out.
+The REPA configs (``REPA_CONFIGS``, not in the default list) train from the ImageFolder itself
+(the encoder needs each batch's images; the VAE encodes on the fly) with an encoder of DINOv2-B/14's
+architecture (timm's ``vit_base_patch14_dinov2``, seeded random weights, saved as a local timm
+folder) in place of the torch.hub download; at a reduced ``--image-size`` the encoder's input side
+follows the model's grid (``repa.resolution`` unset). ``bench.plan``'s prediction leaves the encoder
+and the projector out.
 
 The table gives per config and stage the wall time (train: seconds per optimizer step of the second step,
 from ``metrics.jsonl``, so start-up and checkpointing are left out), the peak resident memory of the
@@ -126,14 +127,15 @@ def make_vae(path: Path, arch: str = "sd-arch") -> Path:
 
 
 def make_repa_encoder(path: Path) -> Path:
-    """DINOv2-B/14's architecture (timm ``vit_base_patch14_dinov2``, seeded random weights) as a local timm
-    folder: what an offline user passes as ``repa.encoder`` instead of the torch.hub id."""
+    """DINOv2-B/14's architecture (timm ``vit_base_patch14_dinov2``, seeded random weights) as a
+    local timm folder: what an offline user passes as ``repa.encoder`` for the torch.hub id."""
     import timm
     import torch
     from timm.models import save_for_hf
 
     torch.manual_seed(0)
-    net = timm.create_model("vit_base_patch14_dinov2", pretrained=False, img_size=224, num_classes=0)
+    net = timm.create_model("vit_base_patch14_dinov2", pretrained=False, img_size=224,
+                            num_classes=0)
     save_for_hf(net, str(path), safe_serialization=True)
     return path
 
@@ -183,8 +185,8 @@ print("pipeline == sample.py grid", images.shape)
 
 def run_config(name: str, work: Path, cache: Path, vae: Path, env: dict[str, str], args: argparse.Namespace,
                log: Path, images: Path | None = None) -> list[Stage]:
-    """Train, resume, sample, export and pipeline-sample ``configs/imagenet/<name>.yaml`` (a REPA config:
-    from the ImageFolder ``images``, with the encoder of ``make_repa_encoder``)."""
+    """Train, resume, sample, export and pipeline-sample ``configs/imagenet/<name>.yaml`` (a REPA
+    config: from the ImageFolder ``images``, with the encoder of ``make_repa_encoder``)."""
     config = REPO / "configs" / "imagenet" / f"{name}.yaml"
     precision = args.precision or yaml.safe_load(config.read_text())["train"]["precision"]
     run_dir, py = work / name / "run", sys.executable

@@ -442,16 +442,18 @@ def validate_repa(cfg: Config) -> None:
             isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
             for v in value))
         if not ok or (key == "std" and value is not None and min(value) <= 0):
-            raise ConfigError(f"repa.{key}={value!r}; expected 1 or 3 numbers{' > 0' * (key == 'std')}"
-                              " (or null = the encoder's)")
+            positive = " > 0" if key == "std" else ""
+            raise ConfigError(f"repa.{key}={value!r}; expected 1 or 3 numbers{positive} (or null = "
+                              "the encoder's)")
     if (r["mean"] is None) != (r["std"] is None):
         raise ConfigError("repa.mean and repa.std go together: set both or neither")
     if r["interpolation"] not in INTERPOLATIONS:
-        raise ConfigError(f"repa.interpolation={r['interpolation']!r}; valid: {', '.join(INTERPOLATIONS)}")
+        raise ConfigError(f"repa.interpolation={r['interpolation']!r}; valid: "
+                          f"{', '.join(INTERPOLATIONS)}")
     if r["encoder"] is not None and cfg["data"]["kind"] == "latents":
-        raise ConfigError("repa.encoder needs the images of each batch, which data.kind=latents does "
-                          "not have: train from images (data.kind=imagefolder, the VAE encodes on "
-                          "the fly) or set repa.encoder=null")
+        raise ConfigError("repa.encoder needs the images of each batch, which data.kind=latents "
+                          "does not have: train from images (data.kind=imagefolder, the VAE "
+                          "encodes on the fly) or set repa.encoder=null")
 
 
 def configs_dir() -> Path:

@@ -17,8 +17,8 @@ Encoders (``repa.encoder``):
 * ``digits``: ``fid.digits``' feature network (trained here, deterministic), for the digits proxy:
   its 64-channel ReLU conv2 map before (8×8) or after (4×4) its last max-pool, whichever is the
   model's patch grid; it sees the [-1, 1] images as they are;
-* ``timm:NAME`` (or a bare timm name): ``timm.create_model(NAME, pretrained=True)``, weights from the
-  Hugging Face hub (or ``repa.weights``, a local state-dict file, with pretrained off); needs timm;
+* ``timm:NAME`` (or a bare timm name): ``timm.create_model(NAME, pretrained=True)``, weights from
+  the Hugging Face hub (or ``repa.weights``, a local state-dict file, instead); needs timm;
 * ``hub:REPO:ENTRY``: ``torch.hub.load(REPO, ENTRY)`` (REPO = ``owner/name`` or a local checkout),
   e.g. ``hub:facebookresearch/dinov2:dinov2_vitb14``, REPA's own encoder;
 * a local folder in timm's Hugging Face layout (``config.json`` + ``model.safetensors``, as
@@ -204,15 +204,16 @@ class FrozenEncoder(nn.Module):
         return self.tokens(self.net_output(self.preprocess(images)))
 
     def net_output(self, x: Tensor) -> Any:
-        return self.net.forward_features(x) if hasattr(self.net, "forward_features") else self.net(x)
+        net = self.net
+        return net.forward_features(x) if hasattr(net, "forward_features") else net(x)
 
     def tokens(self, out: Any) -> Tensor:
         """The encoder's output as patch tokens (B, T, E): DINOv2's ``x_norm_patchtokens``, a token
         sequence without its prefix tokens, or a feature map (B, E, h, w) flattened row by row."""
         if isinstance(out, dict):
             if "x_norm_patchtokens" not in out:
-                raise RepaError(f"repa.encoder={self.name}: forward_features returned a dict without "
-                                f"'x_norm_patchtokens' (keys: {', '.join(map(str, out))})")
+                raise RepaError(f"repa.encoder={self.name}: forward_features returned a dict "
+                                f"without 'x_norm_patchtokens' (keys: {', '.join(map(str, out))})")
             return out["x_norm_patchtokens"]  # DINOv2: patch tokens only, after its final norm
         if out.ndim == 4:
             return out.flatten(2).transpose(1, 2)
@@ -240,7 +241,7 @@ class FrozenEncoder(nn.Module):
         return int(patch) if isinstance(patch, int) else None
 
     def weights_sha256(self) -> str:
-        """SHA-256 of the encoder's weights (names, dtypes, shapes, bytes): a resumed run checks it."""
+        """SHA-256 of the encoder's weights (names, dtypes, shapes, bytes), checked on resume."""
         digest = hashlib.sha256()
         for name, tensor in sorted(self.net.state_dict().items()):
             t = tensor.detach().cpu().contiguous()
@@ -294,7 +295,8 @@ def _timm_encoder(spec: str, name: str, weights: str | None) -> tuple[nn.Module,
             "repa.weights") from err
     if weights is not None:  # every weight of the network; only a classifier head may be left over
         found = net.load_state_dict(_read_state_dict(weights, spec), strict=False)
-        extra = [k for k in found.unexpected_keys if not k.startswith(("head.", "fc.", "classifier."))]
+        heads = ("head.", "fc.", "classifier.")
+        extra = [k for k in found.unexpected_keys if not k.startswith(heads)]
         if found.missing_keys or extra:
             bad = found.missing_keys[:3] or extra[:3]
             raise RepaError(f"repa.weights={weights} does not fit repa.encoder={spec}: "
@@ -427,7 +429,7 @@ def load_encoder(cfg_repa: dict[str, Any], image_size: int, grid: tuple[int, int
             _resample_pos_embed(net, (size[0] // patch, size[1] // patch), spec)
         encoder.resolution = size
     encoder = encoder.to(device)
-    tokens, width, side = encoder.token_grid(channels, (image_size, image_size), torch.device(device))
+    tokens, width, side = encoder.token_grid(channels, (image_size,) * 2, torch.device(device))
     if tokens != grid[0] * grid[1]:
         at = f" at {encoder.resolution[0]}×{encoder.resolution[1]} px" if encoder.resolution else ""
         shape = f"{side}×{side}" if side else "not square"

@@ -43,10 +43,11 @@ def test_every_xl_config_runs_the_cluster_path_at_reduced_size(tmp_path):
 
 @pytest.mark.slow
 def test_the_repa_xl_configs_run_the_cluster_path_at_reduced_size(tmp_path):
-    """From the ImageFolder (the encoder sees the images), with DINOv2-B/14's architecture as a local timm
-    folder; checkpoint, resume, sample.py, export and pipeline as for the other XL configs (~2.5 min)."""
-    rows = cluster_paths.main(["--configs", *cluster_paths.REPA_CONFIGS, "--depth", "1", "--image-size", "32",
-                               "--work", str(tmp_path / "work")])
+    """From the ImageFolder (the encoder sees the images), with DINOv2-B/14's architecture as a
+    local timm folder; checkpoint, resume, sample.py, export and pipeline as for the other XL
+    configs (~2.5 min)."""
+    rows = cluster_paths.main(["--configs", *cluster_paths.REPA_CONFIGS, "--depth", "1",
+                               "--image-size", "32", "--work", str(tmp_path / "work")])
     assert [(r["config"], r["stage"]) for r in rows] == [("(all)", "cache_latents")] + [
         (c, s) for c in cluster_paths.REPA_CONFIGS for s in STAGES]
     for config in cluster_paths.REPA_CONFIGS:

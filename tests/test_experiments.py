@@ -21,7 +21,8 @@ from tests.digits_study import digits
 
 REPO = Path(__file__).resolve().parents[1]
 # the REPA files (*-repa.yaml, REPA's recipe in fp16, a torch.hub encoder): tests/test_repa.py
-IMAGENET_CONFIGS = sorted(p for p in (REPO / "configs" / "imagenet").glob("*.yaml") if not p.stem.endswith("-repa"))
+IMAGENET_CONFIGS = sorted(p for p in (REPO / "configs" / "imagenet").glob("*.yaml")
+                          if not p.stem.endswith("-repa"))
 PROTOCOLS = sorted((REPO / "configs" / "eval").glob("*.yaml"))
 TINY_MODEL = ["model.depth=1", "model.hidden_size=32", "model.num_heads=2", "model.input_size=null",
               "model.in_channels=null", "model.num_classes=null"]

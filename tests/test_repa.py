@@ -20,12 +20,28 @@ from sit_vit5.training.build import build
 from sit_vit5.training.loop import train_step
 from tests.helpers import run_train
 
-#: A tiny ViT5 (registers on) on the 8×8 digits, REPA on with the digits encoder and a small projector.
-TINY = ["model.name=ViT5-S/2", "model.depth=2", "model.hidden_size=32", "model.num_heads=2",
-        "model.learn_sigma=false", "data.kind=digits", "data.image_size=8", "data.random_flip=false",
-        "data.num_workers=0", "vae.name=none", "optim.lr=1e-3", "optim.ema_decay=0.9",
-        "optim.grad_clip=1.0", "train.tensorboard=false", "train.sample_every=0", "train.log_every=1",
-        "train.milestone_every=0", "train.keep_last=5", "data.global_batch_size=16"]
+#: A tiny ViT5 (registers on) on the 8×8 digits; REPA: the digits encoder, a small projector.
+TINY = [
+    "model.name=ViT5-S/2",
+    "model.depth=2",
+    "model.hidden_size=32",
+    "model.num_heads=2",
+    "model.learn_sigma=false",
+    "data.kind=digits",
+    "data.image_size=8",
+    "data.random_flip=false",
+    "data.num_workers=0",
+    "vae.name=none",
+    "optim.lr=1e-3",
+    "optim.ema_decay=0.9",
+    "optim.grad_clip=1.0",
+    "train.tensorboard=false",
+    "train.sample_every=0",
+    "train.log_every=1",
+    "train.milestone_every=0",
+    "train.keep_last=5",
+    "data.global_batch_size=16",
+]
 REPA = ["repa.encoder=digits", "repa.depth=1", "repa.projector_dim=32"]
 
 
@@ -54,13 +70,21 @@ def assert_equal_states(a, b, where=""):
 
 @pytest.fixture(scope="module")
 def tiny_vit(tmp_path_factory):
-    """A random timm ViT saved as a local folder (timm's HF layout): 16 px, patch 4 -> 4×4 tokens."""
+    """A random timm ViT saved as a local folder (timm's HF layout): 16 px, patch 4: 4×4 tokens."""
     timm = pytest.importorskip("timm")
     from timm.models import save_for_hf
 
     torch.manual_seed(0)
-    net = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=16, patch_size=4,
-                            embed_dim=24, depth=1, num_heads=2, num_classes=0)
+    net = timm.create_model(
+        "vit_tiny_patch16_224",
+        pretrained=False,
+        img_size=16,
+        patch_size=4,
+        embed_dim=24,
+        depth=1,
+        num_heads=2,
+        num_classes=0,
+    )
     path = tmp_path_factory.mktemp("tiny_vit")
     save_for_hf(net, str(path), safe_serialization=True)
     return path
@@ -74,7 +98,10 @@ def test_projector_is_reprs_three_linear_silu_mlp():
     kinds = [type(m).__name__ for m in proj]
     assert kinds == ["Linear", "SiLU", "Linear", "SiLU", "Linear"]
     assert [(m.in_features, m.out_features) for m in proj if isinstance(m, torch.nn.Linear)] == [
-        (32, 64), (64, 64), (64, 24)]
+        (32, 64),
+        (64, 64),
+        (64, 24),
+    ]
     assert all(torch.count_nonzero(m.bias) == 0 for m in proj if isinstance(m, torch.nn.Linear))
     bound = (6 / (32 + 64)) ** 0.5  # xavier-uniform
     assert 0.9 * bound < proj[0].weight.abs().max() <= bound
@@ -96,8 +123,16 @@ def test_alignment_loss_is_the_mean_negative_cosine_similarity():
 def test_capture_takes_the_patch_tokens_of_the_forward_without_the_registers():
     from sit_vit5.models import create_model
 
-    model = create_model("ViT5-S/2", input_size=8, in_channels=1, num_classes=10, depth=3,
-                         hidden_size=32, num_heads=2, learn_sigma=False)
+    model = create_model(
+        "ViT5-S/2",
+        input_size=8,
+        in_channels=1,
+        num_classes=10,
+        depth=3,
+        hidden_size=32,
+        num_heads=2,
+        learn_sigma=False,
+    )
     assert model.num_registers == 4
     seen = []
     model.blocks[1].register_forward_hook(lambda m, a, out: seen.append(out.detach()))
@@ -130,8 +165,9 @@ def test_timm_folder_encoder_resizes_to_the_model_grid(tiny_vit):
     enc = R.load_encoder({"encoder": str(tiny_vit)}, 8, (4, 4), 1)
     assert enc.resolution == (16, 16) and enc.prefix_tokens == 1 and enc.feature_dim == 24
     x = torch.rand(2, 1, 8, 8) * 2 - 1
-    expected_input = F.interpolate(((x.expand(-1, 3, -1, -1) + 1) / 2 - 0.5) / 0.5, size=(16, 16),
-                                   mode="bicubic")  # the folder's cfg: mean = std = 0.5
+    expected_input = F.interpolate(
+        ((x.expand(-1, 3, -1, -1) + 1) / 2 - 0.5) / 0.5, size=(16, 16), mode="bicubic"
+    )  # the folder's cfg: mean = std = 0.5
     torch.testing.assert_close(enc.preprocess(x), expected_input)
     assert enc(x).shape == (2, 16, 24)
     enc8 = R.load_encoder({"encoder": str(tiny_vit)}, 8, (2, 2), 1)  # 8 px: 2×2 patches of 4
@@ -142,7 +178,8 @@ def test_hub_encoder_from_a_local_checkout(tmp_path):
     """torch.hub's path with a local repository: DINOv2's layout (dict of x_norm_patchtokens, a
     class-token position table resampled once to the grid, registers dropped)."""
     pytest.importorskip("timm")
-    (tmp_path / "hubconf.py").write_text(textwrap.dedent('''
+    (tmp_path / "hubconf.py").write_text(
+        textwrap.dedent("""
         import torch
         from torch import nn
 
@@ -164,7 +201,8 @@ def test_hub_encoder_from_a_local_checkout(tmp_path):
         def tiny():
             torch.manual_seed(0)
             return Tiny()
-    '''))
+    """)
+    )
     enc = R.load_encoder({"encoder": f"hub:{tmp_path}:tiny"}, 8, (4, 4), 3)
     assert enc.resolution == (8, 8) and enc.net.pos_embed.shape == (1, 17, 8)
     assert enc(torch.zeros(2, 3, 8, 8)).shape == (2, 16, 8) and enc.prefix_tokens == 3
@@ -187,11 +225,16 @@ def test_offline_timm_encoder_names_what_to_download(monkeypatch):
         R.load_encoder({"encoder": "/no/such/encoder"}, 8, (4, 4), 1)
 
 
-@pytest.mark.parametrize("override, words", [
-    ("repa.coeff=-1", "repa.coeff=-1"), ("repa.depth=0", "repa.depth=0"),
-    ("repa.std=[0.5,0]", "repa.std"), ("repa.interpolation=lanczos", "repa.interpolation"),
-    ("repa.weights=/x.pt", "repa.weights"),
-])
+@pytest.mark.parametrize(
+    "override, words",
+    [
+        ("repa.coeff=-1", "repa.coeff=-1"),
+        ("repa.depth=0", "repa.depth=0"),
+        ("repa.std=[0.5,0]", "repa.std"),
+        ("repa.interpolation=lanczos", "repa.interpolation"),
+        ("repa.weights=/x.pt", "repa.weights"),
+    ],
+)
 def test_bad_repa_keys_are_config_errors(override, words):
     with pytest.raises(ConfigError, match=words.replace("[", r"\[")):
         load_config(None, [*TINY, *REPA, override])
@@ -255,13 +298,16 @@ def test_logged_alignment_loss_equals_an_independent_computation(tmp_path):
 def test_coeff_zero_trains_bit_identically_to_no_repa(tmp_path):
     """With clipping on (grad_clip 1.0: the joint norm must reduce to the model's exactly)."""
     plain = train(cfg_of(tmp_path, "plain", "train.steps=3", "optim.grad_clip=0.05"))
-    zero = train(cfg_of(tmp_path, "zero", *REPA, "repa.coeff=0", "train.steps=3",
-                        "optim.grad_clip=0.05"))
+    zero = train(
+        cfg_of(tmp_path, "zero", *REPA, "repa.coeff=0", "train.steps=3", "optim.grad_clip=0.05")
+    )
     assert plain.losses == zero.losses
     a, b = read_checkpoint(plain.checkpoint), read_checkpoint(zero.checkpoint)
     for key in ("model", "ema", "opt"):
         assert_equal_states(a[key], b[key], key)
-    assert [r["grad_norm"] for r in rows(plain.run_dir)] == [r["grad_norm"] for r in rows(zero.run_dir)]
+    assert [r["grad_norm"] for r in rows(plain.run_dir)] == [
+        r["grad_norm"] for r in rows(zero.run_dir)
+    ]
     assert "repa" in b and "repa" not in a
     assert all(r["loss_diffusion"] == r["loss"] for r in rows(zero.run_dir))
 
@@ -269,14 +315,17 @@ def test_coeff_zero_trains_bit_identically_to_no_repa(tmp_path):
 def test_repa_changes_training_and_resumes_exactly(tmp_path):
     straight = train(cfg_of(tmp_path, "straight", *REPA, "train.steps=4", "train.ckpt_every=2"))
     first = train(cfg_of(tmp_path, "resumed", *REPA, "train.steps=2", "train.ckpt_every=2"))
-    resumed = train(cfg_of(tmp_path, "resumed", *REPA, "train.steps=4", "train.ckpt_every=2"),
-                    resume="latest")
+    resumed = train(
+        cfg_of(tmp_path, "resumed", *REPA, "train.steps=4", "train.ckpt_every=2"), resume="latest"
+    )
     assert first.losses + resumed.losses == straight.losses
     a, b = read_checkpoint(straight.checkpoint), read_checkpoint(resumed.checkpoint)
     for key in ("model", "ema", "opt", "repa"):
         assert_equal_states(a[key], b[key], key)
-    assert rows(straight.run_dir) == [{**r, **{k: s[k] for k in ("time_s", "steps_per_s", "img_per_s")}}
-                                      for r, s in zip(rows(tmp_path / "resumed"), rows(straight.run_dir))]
+    assert rows(straight.run_dir) == [
+        {**r, **{k: s[k] for k in ("time_s", "steps_per_s", "img_per_s")}}
+        for r, s in zip(rows(tmp_path / "resumed"), rows(straight.run_dir))
+    ]
     plain = train(cfg_of(tmp_path, "plain", "train.steps=4"))
     assert plain.losses[0] != straight.losses[0]  # the loss holds the alignment term
     loaded = load_model(straight.checkpoint)  # the pipeline's loader: no projector needed
@@ -289,27 +338,63 @@ def test_grad_checkpointing_and_dit_objective_work_with_repa(tmp_path):
     base = train(cfg_of(tmp_path, "a", *REPA, "train.steps=2"))
     gc = train(cfg_of(tmp_path, "b", *REPA, "train.steps=2", "train.grad_checkpointing=true"))
     assert gc.losses == pytest.approx(base.losses, abs=1e-6)
-    dit = train(cfg_of(tmp_path, "c", *REPA, "train.steps=2", "model.name=DiT-S/2",
-                       "model.learn_sigma=true", "transport.objective=ddpm", "sample.method=ddim"))
+    dit = train(
+        cfg_of(
+            tmp_path,
+            "c",
+            *REPA,
+            "train.steps=2",
+            "model.name=DiT-S/2",
+            "model.learn_sigma=true",
+            "transport.objective=ddpm",
+            "sample.method=ddim",
+        )
+    )
     assert all(torch.isfinite(torch.tensor(dit.losses)))
     assert "loss_repa" in rows(dit.run_dir)[-1]
 
 
 def test_timm_encoder_trains_and_a_grid_mismatch_is_one_line(tiny_vit, tmp_path, capsys):
-    status, err = run_train([*TINY, f"repa.encoder={tiny_vit}", "repa.depth=2", "repa.projector_dim=16",
-                             "train.steps=2", f"train.out_dir={tmp_path / 'ok'}"], capsys)
+    status, err = run_train(
+        [
+            *TINY,
+            f"repa.encoder={tiny_vit}",
+            "repa.depth=2",
+            "repa.projector_dim=16",
+            "train.steps=2",
+            f"train.out_dir={tmp_path / 'ok'}",
+        ],
+        capsys,
+    )
     assert status == 0, err
     row = rows(tmp_path / "ok")[-1]
     assert {"loss_diffusion", "loss_repa"} <= set(row)
     header = (tmp_path / "ok" / "metrics.csv").read_text().splitlines()[0].split(",")
     assert header[8:10] == ["loss_diffusion", "loss_repa"]
-    status, err = run_train([*TINY, f"repa.encoder={tiny_vit}", "repa.depth=1", "repa.resolution=32",
-                             "train.steps=1", f"train.out_dir={tmp_path / 'bad'}"], capsys)
+    status, err = run_train(
+        [
+            *TINY,
+            f"repa.encoder={tiny_vit}",
+            "repa.depth=1",
+            "repa.resolution=32",
+            "train.steps=1",
+            f"train.out_dir={tmp_path / 'bad'}",
+        ],
+        capsys,
+    )
     assert status == 2
     assert "64 patch tokens (8×8) at 32×32 px but the model has 16 (4×4)" in err
     assert "repa.resolution=16" in err
-    status, err = run_train([*TINY, "repa.encoder=digits", "repa.depth=3", "train.steps=1",
-                             f"train.out_dir={tmp_path / 'deep'}"], capsys)
+    status, err = run_train(
+        [
+            *TINY,
+            "repa.encoder=digits",
+            "repa.depth=3",
+            "train.steps=1",
+            f"train.out_dir={tmp_path / 'deep'}",
+        ],
+        capsys,
+    )
     assert status == 2 and "repa.depth=3: the model has 2 blocks" in err
 
 
@@ -320,11 +405,26 @@ def test_xl_repa_configs_hold_repas_recipe():
     for name, backbone in (("sit-xl-2-repa", "SiT-XL/2"), ("vit5-xl-2-repa", "ViT5-XL/2")):
         cfg = load_config(f"imagenet/{name}")
         assert cfg["model"]["name"] == backbone and cfg["model"]["learn_sigma"] is False
-        assert cfg["repa"] == {"encoder": "hub:facebookresearch/dinov2:dinov2_vitb14", "weights": None,
-                               "depth": 8, "projector_dim": 2048, "coeff": 0.5, "resolution": 224,
-                               "mean": None, "std": None, "interpolation": "bicubic"}
-        assert (cfg["optim"]["lr"], cfg["optim"]["grad_clip"], cfg["data"]["global_batch_size"]) == (1e-4, 1.0, 256)
-        assert cfg["train"]["precision"] == "fp16" and cfg["vae"]["name"] == "stabilityai/sd-vae-ft-mse"
+        assert cfg["repa"] == {
+            "encoder": "hub:facebookresearch/dinov2:dinov2_vitb14",
+            "weights": None,
+            "depth": 8,
+            "projector_dim": 2048,
+            "coeff": 0.5,
+            "resolution": 224,
+            "mean": None,
+            "std": None,
+            "interpolation": "bicubic",
+        }
+        assert (
+            cfg["optim"]["lr"],
+            cfg["optim"]["grad_clip"],
+            cfg["data"]["global_batch_size"],
+        ) == (1e-4, 1.0, 256)
+        assert (
+            cfg["train"]["precision"] == "fp16"
+            and cfg["vae"]["name"] == "stabilityai/sd-vae-ft-mse"
+        )
         assert cfg["data"]["kind"] == "imagefolder"  # the encoder needs the images
 
 
@@ -334,7 +434,12 @@ def test_repa_eval_protocol_is_repas_sampler():
 
     p = imagenet.load_protocol(configs_dir() / "eval" / "repa.yaml")
     spec = imagenet.sample_spec(p["sample"])
-    assert (spec.method, spec.sampling_method, spec.diffusion_form, spec.num_steps) == ("sde", "Euler", "sigma", 250)
+    assert (spec.method, spec.sampling_method, spec.diffusion_form, spec.num_steps) == (
+        "sde",
+        "Euler",
+        "sigma",
+        250,
+    )
     assert (spec.last_step, spec.last_step_size) == ("Mean", 0.04)
     assert (spec.cfg_scale, spec.cfg_channels, spec.cfg_interval) == (1.8, None, (0.3, 1.0))
     assert p["paper"] == {"SiT-XL/2": 1.42}
@@ -345,55 +450,106 @@ def test_repa_eval_protocol_is_repas_sampler():
 
 @pytest.mark.slow
 def test_repa_under_ddp_and_fsdp_equals_one_process(tmp_path):
-    """2-process torchrun (gloo): DDP for 2 steps, FSDP2 for 1 step then resumed for the 2nd; both equal
+    """2-process torchrun (gloo): DDP for 2 steps, FSDP2 for 1 step then resumed for the 2nd; both
+    equal
     one process x 2 accumulated micro-batches (the projector's gradients averaged, clipped with the
     model's), and the checkpoints hold the same projector and AdamW state."""
     from sit_vit5.config import save_config
     from tests.test_distributed import assert_close_states, launch
 
     config = tmp_path / "tiny.yaml"
-    save_config(load_config(None, [*TINY, *REPA, f"train.out_dir={tmp_path / 'unused'}",
-                                   "train.ckpt_every=1"]), config)
-    for name, extra in (("ddp", ["train.steps=2"]), ("fsdp", ["train.steps=1", "train.distributed=fsdp"]),
-                        ("fsdp", ["train.steps=2", "train.distributed=fsdp", "--resume", "latest"])):
-        run = launch(["train.py", "--config", str(config), f"train.out_dir={tmp_path / name}", *extra])
+    save_config(
+        load_config(
+            None, [*TINY, *REPA, f"train.out_dir={tmp_path / 'unused'}", "train.ckpt_every=1"]
+        ),
+        config,
+    )
+    for name, extra in (
+        ("ddp", ["train.steps=2"]),
+        ("fsdp", ["train.steps=1", "train.distributed=fsdp"]),
+        ("fsdp", ["train.steps=2", "train.distributed=fsdp", "--resume", "latest"]),
+    ):
+        run = launch(
+            ["train.py", "--config", str(config), f"train.out_dir={tmp_path / name}", *extra]
+        )
         assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
-    one = train(load_config(config, [f"train.out_dir={tmp_path / 'one'}", "train.steps=2", "train.grad_accum=2"]))
+    one = train(
+        load_config(
+            config, [f"train.out_dir={tmp_path / 'one'}", "train.steps=2", "train.grad_accum=2"]
+        )
+    )
     for name in ("ddp", "fsdp"):
         logged = rows(tmp_path / name)
         assert [r["loss"] for r in logged] == pytest.approx(one.losses, abs=1e-5), name
-        assert [r["loss_repa"] for r in logged] == pytest.approx([r["loss_repa"] for r in rows(one.run_dir)],
-                                                                 abs=1e-5)
-        a, b = read_checkpoint(tmp_path / name / "checkpoints" / "0000002.pt"), read_checkpoint(one.checkpoint)
+        assert [r["loss_repa"] for r in logged] == pytest.approx(
+            [r["loss_repa"] for r in rows(one.run_dir)], abs=1e-5
+        )
+        a, b = (
+            read_checkpoint(tmp_path / name / "checkpoints" / "0000002.pt"),
+            read_checkpoint(one.checkpoint),
+        )
         for key in ("model", "ema", "opt", "repa"):
             assert_close_states(a[key], b[key], 1e-5, f"{name}.{key}")
 
 
 def test_repa_configs_are_the_xl_configs_plus_repas_changes():
-    """Against configs/imagenet/{sit,vit5}-xl-2.yaml only REPA's recipe differs, and the two REPA files
+    """Against configs/imagenet/{sit,vit5}-xl-2.yaml only REPA's recipe differs, and the two REPA
+    files
     differ only in the backbone (and ViT-5's pinned layer_scale_init)."""
     from sit_vit5.config import flatten
 
-    changed = {"model.learn_sigma", "data.random_flip", "vae.name", "optim.grad_clip", "train.precision",
-               "train.out_dir", "repa.encoder", "repa.resolution"}
+    changed = {
+        "model.learn_sigma",
+        "data.random_flip",
+        "vae.name",
+        "optim.grad_clip",
+        "train.precision",
+        "train.out_dir",
+        "repa.encoder",
+        "repa.resolution",
+    }
     for backbone in ("sit", "vit5"):
-        base, with_repa = (flatten(load_config(f"imagenet/{backbone}-xl-2{s}")) for s in ("", "-repa"))
+        base, with_repa = (
+            flatten(load_config(f"imagenet/{backbone}-xl-2{s}")) for s in ("", "-repa")
+        )
         assert {k for k in base if base[k] != with_repa[k]} == changed, backbone
     sit, vit5 = (flatten(load_config(f"imagenet/{b}-xl-2-repa")) for b in ("sit", "vit5"))
     assert {k for k in sit if sit[k] != vit5.get(k)} | (vit5.keys() - sit.keys()) == {
-        "model.name", "model.layer_scale_init", "train.out_dir"}
+        "model.name",
+        "model.layer_scale_init",
+        "train.out_dir",
+    }
     assert "generative setting" in (configs_dir() / "imagenet" / "vit5-xl-2-repa.yaml").read_text()
 
 
 def test_the_demo_with_repa_trains_and_resumes_exactly_from_the_command_line(tmp_path, capsys):
-    """The README's `python train.py --config demo repa.encoder=digits ...`, 4 steps straight and 2 + 2
+    """The README's `python train.py --config demo repa.encoder=digits ...`, 4 steps straight and
+    2 + 2
     resumed with --resume latest: the same checkpoint, bit for bit."""
-    argv = ["--config", "demo", "repa.encoder=digits", "repa.depth=1", "repa.projector_dim=128",
-            "train.ckpt_every=2", "train.sample_every=0", "train.log_every=1", "train.tensorboard=false"]
-    for out, steps, extra in (("straight", 4, []), ("resumed", 2, []), ("resumed", 4, ["--resume", "latest"])):
-        status, err = run_train([*argv, f"train.steps={steps}", f"train.out_dir={tmp_path / out}", *extra], capsys)
+    argv = [
+        "--config",
+        "demo",
+        "repa.encoder=digits",
+        "repa.depth=1",
+        "repa.projector_dim=128",
+        "train.ckpt_every=2",
+        "train.sample_every=0",
+        "train.log_every=1",
+        "train.tensorboard=false",
+    ]
+    for out, steps, extra in (
+        ("straight", 4, []),
+        ("resumed", 2, []),
+        ("resumed", 4, ["--resume", "latest"]),
+    ):
+        status, err = run_train(
+            [*argv, f"train.steps={steps}", f"train.out_dir={tmp_path / out}", *extra], capsys
+        )
         assert status == 0, err
-    a, b = (read_checkpoint(tmp_path / out / "checkpoints" / "0000004.pt") for out in ("straight", "resumed"))
+    a, b = (
+        read_checkpoint(tmp_path / out / "checkpoints" / "0000004.pt")
+        for out in ("straight", "resumed")
+    )
     for key in ("model", "ema", "opt", "repa", "rng"):
         assert_equal_states(a[key], b[key], key)
     assert a["args"]["repa"]["encoder"] == "digits"
@@ -407,17 +563,24 @@ def test_compiled_training_reads_the_hidden_state_too(tmp_path):
     compiled = train(cfg_of(tmp_path, "compiled", *REPA, "train.steps=3", "train.compile=true"))
     assert compiled.losses == pytest.approx(eager.losses, rel=1e-5)
     for key in ("loss_repa", "grad_norm"):
-        assert [r[key] for r in rows(compiled.run_dir)] == pytest.approx([r[key] for r in rows(eager.run_dir)],
-                                                                         rel=1e-4, abs=1e-5), key
+        assert [r[key] for r in rows(compiled.run_dir)] == pytest.approx(
+            [r[key] for r in rows(eager.run_dir)], rel=1e-4, abs=1e-5
+        ), key
 
 
 def test_a_timm_architecture_with_local_weights(tiny_vit, tmp_path, monkeypatch):
-    """repa.encoder=timm:ARCH + repa.weights=FILE: no download; a file that does not fit is refused."""
+    """repa.encoder=timm:ARCH + repa.weights=FILE: no download; a file that does not fit is an
+    error."""
     from safetensors.torch import load_file, save_file
 
     timm = pytest.importorskip("timm")
-    real, sizes = timm.create_model, dict(img_size=16, patch_size=4, embed_dim=24, depth=1, num_heads=2)
-    monkeypatch.setattr(timm, "create_model", lambda n, **kw: real(n, **{**kw, **sizes}))  # the tiny ViT
+    real, sizes = (
+        timm.create_model,
+        dict(img_size=16, patch_size=4, embed_dim=24, depth=1, num_heads=2),
+    )
+    monkeypatch.setattr(
+        timm, "create_model", lambda n, **kw: real(n, **{**kw, **sizes})
+    )  # the tiny ViT
     name, weights = "timm:vit_tiny_patch16_224", tiny_vit / "model.safetensors"
     enc = R.load_encoder({"encoder": name, "weights": str(weights)}, 8, (4, 4), 1)
     folder = R.load_encoder({"encoder": str(tiny_vit)}, 8, (4, 4), 1)
@@ -426,4 +589,6 @@ def test_a_timm_architecture_with_local_weights(tiny_vit, tmp_path, monkeypatch)
     part = {k: v for k, v in load_file(str(weights)).items() if not k.startswith("blocks.")}
     save_file(part, str(tmp_path / "part.safetensors"))
     with pytest.raises(R.RepaError, match="missing"):
-        R.load_encoder({"encoder": name, "weights": str(tmp_path / "part.safetensors")}, 8, (4, 4), 1)
+        R.load_encoder(
+            {"encoder": name, "weights": str(tmp_path / "part.safetensors")}, 8, (4, 4), 1
+        )

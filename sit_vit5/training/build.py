@@ -116,7 +116,7 @@ class Run:
     ema_shards: fsdp.ShardedEMA | None = None
     scaler: torch.amp.GradScaler | None = None  # fp16's loss scaler (None in fp32 / bf16)
     loss_fn: LossFn = objective_loss
-    repa: RepaTraining | None = None  # encoder, projector, hook (repa.encoder set; training/repa.py)
+    repa: RepaTraining | None = None  # encoder, projector, hook when repa.encoder is set
 
     @property
     def sharded(self) -> bool:

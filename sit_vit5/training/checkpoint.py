@@ -4,8 +4,8 @@ A checkpoint is one ``torch.save`` file holding only tensors and plain container
 ``torch.load(weights_only=True)``. Keys (``model, ema, opt, args`` follow the DiT/SiT layout):
 ``model``, ``ema`` (state dicts, DiT key names), ``opt`` (AdamW state dict), ``args`` (the resolved config),
 ``step``, ``epoch``, ``batch_in_epoch`` (data position), ``rng`` (python / numpy / torch / cuda states),
-``versions`` (package versions), ``model_name``, ``scaler`` (the fp16 loss scaler's state) in fp16 runs, and
-``repa`` (the REPA projector, its AdamW state and the encoder's SHA-256) in REPA runs.
+``versions`` (package versions), ``model_name``, ``scaler`` (the fp16 loss scaler's state) in fp16
+runs, and ``repa`` (the REPA projector, its AdamW state and the encoder's SHA-256) in REPA runs.
 
 Layout of ``<out_dir>/checkpoints``::
 
@@ -57,9 +57,9 @@ LATEST = "latest.json"
 _CKPT_NAME = re.compile(r"^(\d+)(-milestone)?\.pt$")
 
 #: Config keys that must match to resume (besides these, anything may change: steps, lr, logging, ...).
-RESUME_FIXED = ("model", "transport", "vae", "data.image_size", "data.global_batch_size", "train.seed",
-                "repa.encoder", "repa.weights", "repa.depth", "repa.projector_dim", "repa.resolution",
-                "repa.mean", "repa.std", "repa.interpolation")  # REPA's coeff may change
+RESUME_FIXED = ("model", "transport", "vae", "data.image_size", "data.global_batch_size",
+                "train.seed", "repa.encoder", "repa.weights", "repa.depth", "repa.projector_dim",
+                "repa.resolution", "repa.mean", "repa.std", "repa.interpolation")  # not repa.coeff
 #: Model keys that do not change the architecture or the function it computes.
 RESUME_FREE_MODEL_KEYS = ("grad_checkpointing",)
 

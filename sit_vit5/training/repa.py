@@ -110,7 +110,7 @@ class RepaTraining:
         gradient it is ``model_norm`` exactly, and the model's update is unchanged."""
         grads = [p.grad for p in self.parameters() if p.grad is not None]
         own = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
-        total = math.sqrt(model_norm * model_norm + own * own)  # float64: sqrt(m * m) == m for fp32 m
+        total = math.sqrt(model_norm * model_norm + own * own)  # float64: sqrt(m*m) == m, fp32 m
         total_t = torch.tensor(total, dtype=torch.float32, device=self.device)
         coef = torch.clamp(max_norm / (total_t + 1e-6), max=1.0)  # clip_grads_with_norm_'s formula
         if model_grads:

@@ -1,7 +1,8 @@
 """The digits study: ViT-5 vs SiT on scikit-learn's digits (CPU), kept beside its results.
 
-Run from the repository root: ``python results/digits/study [--claims | --repa] [--report-only] ...`` (see
-``--help``). Not part of the installed ``sit_vit5`` package: a finished study that uses the library.
+Run from the repository root: ``python results/digits/study [--claims | --repa] [--report-only]
+...`` (see ``--help``). Not part of the installed ``sit_vit5`` package: a finished study that uses
+the library.
 
 * ``digits``: the variants, one resumable cached run each
   (``runs/<dataset>/<variant>-seed<k>.json``), the sweep and the original report (``README.md``,

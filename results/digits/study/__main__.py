@@ -43,8 +43,8 @@ def parser() -> argparse.ArgumentParser:
                    help="run the claims addition of PROTOCOL.md (2026-12-01) in its order, within "
                         "its core-hour budget (use --jobs 1), instead of the original sweep")
     d.add_argument("--repa", action="store_true",
-                   help="run the REPA addition of PROTOCOL.md (2026-12-02) in its order, within its "
-                        "core-hour budget (use --jobs 1), instead of the original sweep")
+                   help="run the REPA addition of PROTOCOL.md (2026-12-02) in its order, within "
+                        "its core-hour budget (use --jobs 1), instead of the original sweep")
     d.add_argument("overrides", nargs="*", metavar="section.key=value",
                    help="extra config overrides for every run")
     return d

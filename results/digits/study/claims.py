@@ -492,7 +492,7 @@ def write_claims(
     extra: tuple[list[dict[str, Any]], list[str]] = ([], []),
 ) -> Path:
     """``CLAIMS.md`` (one row per claim, then every test of the family) and its plots, from cached
-    runs; ``extra``: rows for the claim table and sections of later additions (REPA: ``repa.py``)."""
+    runs; ``extra``: claim-table rows and sections of later additions (REPA: ``repa.py``)."""
     out = Path(out_dir)
     rows = evaluate_family(results)
     by_claim: dict[str, list[dict[str, Any]]] = {}
@@ -504,8 +504,8 @@ def write_claims(
         "runs. "
         f"Generated from the cached runs by `{command}`; commit `{_git_commit()}`; "
         f"{sum(1 for r in results if r.get('complete'))} complete runs; "
-        f"{core_hours_spent(out, exclude=tuple(REPA_VARIANTS)):.1f} of {BUDGET_CORE_HOURS:g} core-hours of the "
-        "addition spent.\n",
+        f"{core_hours_spent(out, exclude=tuple(REPA_VARIANTS)):.1f} of {BUDGET_CORE_HOURS:g} "
+        "core-hours of the addition spent.\n",
         "Verdicts use one Holm correction over the whole family of "
         f"{len(rows)} tests (a pending test counts as p = 1). *reproduced* = the paper's "
         "direction with "

@@ -119,10 +119,11 @@ CLAIM_VARIANTS: dict[str, dict[str, Any]] = {
 # C5: trained like the main pair; their final checkpoints are also scored at other image sizes
 CLAIM_VARIANTS.update({"SiT (resolution)": _SIT_ALL, "ViT-5 (γ0=1) (resolution)": _VIT5_ALL})
 EVAL_SIZES: dict[str, tuple[int, ...]] = {v: (6, 12, 16) for v in ("SiT (resolution)", "ViT-5 (γ0=1) (resolution)")}
-# The REPA addition (PROTOCOL.md, 2026-12-02): the digits feature network as the target, every key spelled out
-REPA_SETTINGS = {"repa.encoder": "digits", "repa.weights": None, "repa.depth": 1, "repa.projector_dim": 128,
-                 "repa.coeff": 0.5, "repa.resolution": None, "repa.mean": None, "repa.std": None,
-                 "repa.interpolation": "bicubic"}
+# The REPA addition (PROTOCOL.md, 2026-12-02): the digits feature network as the target, every key
+# spelled out
+REPA_SETTINGS = {"repa.encoder": "digits", "repa.weights": None, "repa.depth": 1,
+                 "repa.projector_dim": 128, "repa.coeff": 0.5, "repa.resolution": None,
+                 "repa.mean": None, "repa.std": None, "repa.interpolation": "bicubic"}
 REPA_VARIANTS: dict[str, dict[str, Any]] = {"SiT + REPA": {**_SIT_ALL, **REPA_SETTINGS},
                                             "ViT-5 (γ0=1) + REPA": {**_VIT5_ALL, **REPA_SETTINGS}}
 VARIANTS: dict[str, dict[str, Any]] = {**PROXY_VARIANTS, **CLAIM_VARIANTS, **REPA_VARIANTS}
@@ -354,7 +355,8 @@ def run_one(spec: RunSpec, threads: int | None = None,
         "config": requested,
         "params": count_params(model), "mflops": flops(model) * 1e3,
         "loss_spikes": count_spikes(losses), "final_loss": statistics.fmean(losses[-100:]) if losses else math.nan,
-        "loss_curve": _curve(rows, "loss_diffusion" if any("loss_diffusion" in r for r in rows[:1]) else "loss"),
+        "loss_curve": _curve(rows, "loss_diffusion" if rows and "loss_diffusion" in rows[0]
+                             else "loss"),
         "repa_loss_curve": _curve(rows, "loss_repa"),  # REPA's alignment loss ([] without REPA)
         "gate_attn_curve": _curve(rows, "gate/attn/mean"),
         "gate_mlp_curve": _curve(rows, "gate/mlp/mean"),
@@ -399,12 +401,13 @@ def cached_runs(results_dir: str | os.PathLike = RESULTS) -> list[dict[str, Any]
     return [json.loads(p.read_text()) for p in paths if not p.name.startswith(TMP_PREFIX)]
 
 
-def core_hours_spent(results_dir: str | os.PathLike = RESULTS, variants: Sequence[str] | None = None,
-                     exclude: Sequence[str] = ()) -> float:
-    """Core-hours of the runs that record their evaluation time (those of the claims and REPA additions, one
-    thread each), of ``variants`` only (None: all) and not of ``exclude``: training + evaluation seconds / 3600."""
-    runs = [r for r in cached_runs(results_dir) if "eval_seconds" in r and r["variant"] not in exclude
-            and (variants is None or r["variant"] in variants)]
+def core_hours_spent(results_dir: str | os.PathLike = RESULTS,
+                     variants: Sequence[str] | None = None, exclude: Sequence[str] = ()) -> float:
+    """Core-hours of the runs that record their evaluation time (those of the claims and REPA
+    additions, one thread each), of ``variants`` only (None: all) and not of ``exclude``: training +
+    evaluation seconds / 3600."""
+    runs = [r for r in cached_runs(results_dir) if "eval_seconds" in r
+            and r["variant"] not in exclude and (variants is None or r["variant"] in variants)]
     return sum(r.get("train_seconds", 0.0) + r["eval_seconds"] for r in runs) / 3600
 
 
@@ -415,9 +418,9 @@ def _is_cached(spec: RunSpec) -> bool:
 def sweep(specs: Sequence[RunSpec], jobs: int = 1, budget_core_hours: float | None = None,
           spent: Callable[[str], float] | None = None) -> list[dict[str, Any]]:
     """Run every spec in ``jobs`` processes of one thread each (tiny models: more threads only spin).
-    With ``budget_core_hours`` (one job only), no new run starts once ``spent(results_dir)`` (default: the
-    claims addition's ``core_hours_spent``, REPA runs left out) reaches it; the runs not started are left out
-    of the returned list."""
+    With ``budget_core_hours`` (one job only), no new run starts once ``spent(results_dir)``
+    (default: the claims addition's ``core_hours_spent``, REPA runs left out) reaches it; the runs
+    not started are left out of the returned list."""
     spent = spent or (lambda d: core_hours_spent(d, exclude=tuple(REPA_VARIANTS)))
     if budget_core_hours is not None and jobs > 1:
         raise ValueError("a core-hour budget needs jobs=1 (runs start one after another)")

@@ -27,8 +27,9 @@ DATASETS = ("digits8", "digits16")
 assert set(PAIRS.values()) == set(REPA_VARIANTS)
 
 
-def plan_repa(datasets: Sequence[str] = DATASETS, results_dir: str | os.PathLike = RESULTS,
-              **common: Any) -> list[RunSpec]:
+def plan_repa(
+    datasets: Sequence[str] = DATASETS, results_dir: str | os.PathLike = RESULTS, **common: Any
+) -> list[RunSpec]:
     """digits8 then digits16; per dataset the references (cached: free) then the REPA runs seed by
     seed, SiT before ViT-5."""
     specs = []
@@ -46,7 +47,8 @@ def spent(results_dir: str | os.PathLike) -> float:
 
 @dataclass(frozen=True)
 class RepaTest:
-    """``kind``: R (REPA vs reference, paired convergence score; ``metric`` loss | fid), G (ViT-5 + REPA
+    """``kind``: R (REPA vs reference, paired convergence score; ``metric`` loss | fid), G
+    (ViT-5 + REPA
     vs SiT + REPA, final log loss) or I (interaction contrast of final log loss)."""
 
     kind: str
@@ -65,7 +67,7 @@ class RepaTest:
 
 
 def family() -> list[RepaTest]:
-    """The 12 tests of the addition: R (2 backbones × 2 metrics × 2 datasets), G and I per dataset."""
+    """The addition's 12 tests: R (2 backbones × 2 metrics × 2 datasets), G and I per dataset."""
     tests = [RepaTest("R", d, b, m) for m in ("loss", "fid") for d in DATASETS for b in PAIRS]
     return tests + [RepaTest(k, d) for k in ("G", "I") for d in DATASETS]
 
@@ -81,7 +83,9 @@ def convergence_score(run: dict[str, Any], metric: str) -> float | None:
     return statistics.fmean(math.log(v) for v in values)
 
 
-def _paired(results, dataset: str, backbone: str, metric: str) -> tuple[list[float], list[float], int]:
+def _paired(
+    results, dataset: str, backbone: str, metric: str
+) -> tuple[list[float], list[float], int]:
     """Convergence scores of the REPA runs and of their references, over the seeds both have (same
     order); the count of runs found (of 6 planned)."""
     ref = {r["seed"]: r for r in _runs(results, dataset, backbone) if r["seed"] in SEEDS}
@@ -117,7 +121,9 @@ def evaluate_test(test: RepaTest, results: Sequence[dict[str, Any]]) -> dict[str
                 half = float(stats.t.ppf(0.975, len(diffs) - 1)) * sd / math.sqrt(len(diffs))
             out.update(effect=100 * mean, ci=(100 * (mean - half), 100 * (mean + half)), p=p)
         return out
-    names = [PAIRS["ViT-5 (γ0=1)"], PAIRS["SiT"]] + (["ViT-5 (γ0=1)", "SiT"] if test.kind == "I" else [])
+    names = [PAIRS["ViT-5 (γ0=1)"], PAIRS["SiT"]] + (
+        ["ViT-5 (γ0=1)", "SiT"] if test.kind == "I" else []
+    )
     groups, found = zip(*(_final_logs(results, test.dataset, v) for v in names))
     out = {"n": sum(found), "planned": len(names) * len(SEEDS), "groups": [len(g) for g in groups]}
     if min(len(g) for g in groups) >= 2:
@@ -143,7 +149,9 @@ def verdict_of(test: RepaTest, out: dict[str, Any], adjusted: float) -> str:
     if test.kind == "G":
         if significant:
             return "ViT-5 lower" if out["effect"] < 0 else "SiT lower"
-        return "equivalent" if max(abs(x) for x in out["ci"]) < EQUIVALENCE_PCT else "not significant"
+        return (
+            "equivalent" if max(abs(x) for x in out["ci"]) < EQUIVALENCE_PCT else "not significant"
+        )
     if significant:
         return "gap grows" if out["effect"] < 0 else "gap shrinks"
     return "no change detected"
@@ -168,8 +176,10 @@ def evaluate_repa(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     outs = [evaluate_test(t, results) for t in tests]
     pending = [o["n"] < o["planned"] for o in outs]
     adjusted = holm([1.0 if pend else o.get("p", 1.0) for o, pend in zip(outs, pending)])
-    return [{"test": t, **o, "p_holm": a, "verdict": verdict_of(t, o, a)}
-            for t, o, a in zip(tests, outs, adjusted)]
+    return [
+        {"test": t, **o, "p_holm": a, "verdict": verdict_of(t, o, a)}
+        for t, o, a in zip(tests, outs, adjusted)
+    ]
 
 
 def speedup_verdict(verdicts: Sequence[str]) -> str:
@@ -192,8 +202,10 @@ def _effect(row: dict[str, Any]) -> str:
 
 def _line(row: dict[str, Any]) -> str:
     t = row["test"]
-    return (f"{t.dataset} {t.name}: {_effect(row)}, p={_p(row.get('p'))}, Holm {_p(row['p_holm'])} "
-            f"→ {row['verdict']}")
+    return (
+        f"{t.dataset} {t.name}: {_effect(row)}, p={_p(row.get('p'))}, Holm {_p(row['p_holm'])} "
+        f"→ {row['verdict']}"
+    )
 
 
 def _curve_rows(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -217,8 +229,9 @@ def _curve_rows(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def repa_report(results: Sequence[dict[str, Any]], out_dir: str | os.PathLike = RESULTS
-                ) -> tuple[list[dict[str, Any]], list[str]]:
+def repa_report(
+    results: Sequence[dict[str, Any]], out_dir: str | os.PathLike = RESULTS
+) -> tuple[list[dict[str, Any]], list[str]]:
     """(the claim rows C8a and C8b for CLAIMS.md's table, the REPA section's markdown lines)."""
     from sit_vit5.experiments import report
 
@@ -226,40 +239,68 @@ def repa_report(results: Sequence[dict[str, Any]], out_dir: str | os.PathLike = 
     r_loss = [r for r in rows if r["test"].kind == "R" and r["test"].metric == "loss"]
     r_fid = [r for r in rows if r["test"].kind == "R" and r["test"].metric == "fid"]
     gi = {(r["test"].kind, r["test"].dataset): r for r in rows if r["test"].kind in "GI"}
-    done = sum(len([x for x in _runs(results, d, v) if x["seed"] in SEEDS])
-               for d in DATASETS for v in (*PAIRS, *PAIRS.values()))
-    setting = (f"digits feature network as the target (repa.encoder=digits), depth "
-               f"{REPA_SETTINGS['repa.depth']}, projector {REPA_SETTINGS['repa.projector_dim']}, coeff "
-               f"{REPA_SETTINGS['repa.coeff']}; seeds 0–2, both datasets; own Holm family (m = 12)")
+    done = sum(
+        len([x for x in _runs(results, d, v) if x["seed"] in SEEDS])
+        for d in DATASETS
+        for v in (*PAIRS, *PAIRS.values())
+    )
+    setting = (
+        f"digits feature network as the target (repa.encoder=digits), depth "
+        f"{REPA_SETTINGS['repa.depth']}, projector {REPA_SETTINGS['repa.projector_dim']}, coeff "
+        f"{REPA_SETTINGS['repa.coeff']}; seeds 0–2, both datasets; own Holm family (m = 12)"
+    )
     gaps = {d: gap_verdict(gi[("G", d)]["verdict"], gi[("I", d)]["verdict"]) for d in DATASETS}
     claim_rows = [
-        {"claim": "C8a REPA speeds up convergence (added 2026-12-02)",
-         "paper": "REPA (Yu et al. 2025): SiT-XL/2 reaches SiT's 7M-step FID in ~400K steps (17.5×)",
-         "our setting": setting + "; paired by seed; score = mean log held-out loss over the checkpoints",
-         "runs done / planned": f"{done} / {4 * len(SEEDS) * len(DATASETS)}",
-         "effect [95 % CI], p, Holm p → test verdict": "; ".join(map(_line, r_loss + r_fid)),
-         "verdict": speedup_verdict([r["verdict"] for r in r_loss])},
-        {"claim": "C8b ViT-5's advantage under REPA (added 2026-12-02)",
-         "paper": "(no published ViT-5 + REPA number)",
-         "our setting": setting + "; G: ViT-5 + REPA vs SiT + REPA, I: gap with minus gap without REPA",
-         "runs done / planned": f"{done} / {4 * len(SEEDS) * len(DATASETS)}",
-         "effect [95 % CI], p, Holm p → test verdict": "; ".join(
-             _line(gi[(k, d)]) for d in DATASETS for k in "GI"),
-         "verdict": "; ".join(f"{d}: {v}" for d, v in gaps.items())},
+        {
+            "claim": "C8a REPA speeds up convergence (added 2026-12-02)",
+            "paper": "REPA (Yu et al. 2025): SiT-XL/2 reaches SiT's 7M-step FID in ~400K steps "
+            "(17.5×)",
+            "our setting": setting
+            + "; paired by seed; score = mean log held-out loss over the checkpoints",
+            "runs done / planned": f"{done} / {4 * len(SEEDS) * len(DATASETS)}",
+            "effect [95 % CI], p, Holm p → test verdict": "; ".join(map(_line, r_loss + r_fid)),
+            "verdict": speedup_verdict([r["verdict"] for r in r_loss]),
+        },
+        {
+            "claim": "C8b ViT-5's advantage under REPA (added 2026-12-02)",
+            "paper": "(no published ViT-5 + REPA number)",
+            "our setting": setting
+            + "; G: ViT-5 + REPA vs SiT + REPA, I: gap with minus gap without REPA",
+            "runs done / planned": f"{done} / {4 * len(SEEDS) * len(DATASETS)}",
+            "effect [95 % CI], p, Holm p → test verdict": "; ".join(
+                _line(gi[(k, d)]) for d in DATASETS for k in "GI"
+            ),
+            "verdict": "; ".join(f"{d}: {v}" for d, v in gaps.items()),
+        },
     ]
-    table = [{"test": r["test"].kind, "dataset": r["test"].dataset, "comparison": r["test"].name,
-              "runs": f"{r['n']} / {r['planned']}", "effect [95 % CI]": _effect(r), "p": _p(r.get("p")),
-              "Holm p": _p(r["p_holm"]), "verdict": r["verdict"]} for r in rows]
-    lines = ["## C8: REPA (addition of 2026-12-02)\n",
-             f"Pre-registered in PROTOCOL.md (addition of 2026-12-02); its own Holm family of {len(rows)} "
-             f"tests (pending = p 1); {spent(out_dir):.2f} of {REPA_BUDGET_CORE_HOURS:g} core-hours spent. "
-             "R: REPA − reference, paired by seed, on the mean log metric over the checkpoints (× 100 ≈ %); "
-             "G, I: final log held-out loss (Welch). Caveat: digits-FID is scored by the REPA target network "
-             "on digits8; the held-out loss decides.\n",
-             report.markdown_table(table, list(table[0]))]
+    table = [
+        {
+            "test": r["test"].kind,
+            "dataset": r["test"].dataset,
+            "comparison": r["test"].name,
+            "runs": f"{r['n']} / {r['planned']}",
+            "effect [95 % CI]": _effect(r),
+            "p": _p(r.get("p")),
+            "Holm p": _p(r["p_holm"]),
+            "verdict": r["verdict"],
+        }
+        for r in rows
+    ]
+    lines = [
+        "## C8: REPA (addition of 2026-12-02)\n",
+        f"Pre-registered in PROTOCOL.md (addition of 2026-12-02); its own Holm family of "
+        f"{len(rows)} tests (pending = p 1); {spent(out_dir):.2f} of {REPA_BUDGET_CORE_HOURS:g} "
+        "core-hours spent. R: REPA − reference, paired by seed, on the mean log metric over the "
+        "checkpoints (× 100 ≈ %); G, I: final log held-out loss (Welch). Caveat: digits-FID is "
+        "scored by the REPA target network "
+        "on digits8; the held-out loss decides.\n",
+        report.markdown_table(table, list(table[0])),
+    ]
     curves = _curve_rows(results)
     if curves:
-        lines += ["Means over seeds 0–2 at every checkpoint (the alignment loss: training log, last "
-                  "20-step mean; −1 = perfectly aligned):\n",
-                  report.markdown_table(curves, list(dict.fromkeys(k for r in curves for k in r)))]
+        lines += [
+            "Means over seeds 0–2 at every checkpoint (the alignment loss: training log, last "
+            "20-step mean; −1 = perfectly aligned):\n",
+            report.markdown_table(curves, list(dict.fromkeys(k for r in curves for k in r))),
+        ]
     return claim_rows, lines
