@@ -10,6 +10,7 @@ diffusers is imported on first load, so asking the facts costs no heavy import.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -86,15 +87,20 @@ def load_vae(name_or_path: str | os.PathLike, device: str | torch.device = "cpu"
         cache = Path(cache_dir) if cache_dir is not None else Path(constants.HF_HUB_CACHE)
         offline = constants.HF_HUB_OFFLINE if local_files_only is None else local_files_only
         try:
-            vae = AutoencoderKL.from_pretrained(name, subfolder=subfolder, cache_dir=cache_dir,
-                                                local_files_only=True, torch_dtype=dtype)
+            with warnings.catch_warnings():  # diffusers passes an argument the hub deprecated: noise
+                warnings.filterwarnings("ignore", message=".*local_dir_use_symlinks", category=UserWarning)
+                vae = AutoencoderKL.from_pretrained(name, subfolder=subfolder, cache_dir=cache_dir,
+                                                    local_files_only=True, torch_dtype=dtype)
         except (OSError, ValueError) as local_err:
             if offline:
                 raise OSError(f"VAE {name!r} is not in the local Hugging Face cache {cache} and downloads "
                               "are disabled (offline); " + _fetch_hint(name)) from local_err
             try:
-                vae = AutoencoderKL.from_pretrained(name, subfolder=subfolder, cache_dir=cache_dir,
-                                                    torch_dtype=dtype)
+                with warnings.catch_warnings():
+                    warnings.filterwarnings("ignore", message=".*local_dir_use_symlinks",
+                                            category=UserWarning)
+                    vae = AutoencoderKL.from_pretrained(name, subfolder=subfolder, cache_dir=cache_dir,
+                                                        torch_dtype=dtype)
             except (OSError, ValueError) as err:
                 raise OSError(f"VAE {name!r} is not in the local Hugging Face cache {cache} and downloading "
                               f"it failed ({type(err).__name__}: {err}); " + _fetch_hint(name)) from err
