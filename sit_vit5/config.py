@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 
 import yaml
 
+from .errors import SitVit5Error
 from .models import list_models, valid_overrides
 from .models.layers import MLP_ACTS, MLPS, NORMS
 from .models.registry import _NAME, DATA_DERIVED_KEYS, SIZES
@@ -139,7 +140,7 @@ def _load_yaml(text) -> Any:
     return yaml.load(text, Loader=_Loader)  # a SafeLoader subclass: no arbitrary objects
 
 
-class ConfigError(ValueError):
+class ConfigError(SitVit5Error, ValueError):
     """A config file or override that names an unknown key or holds a value of the wrong type."""
 
 
@@ -428,7 +429,14 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | No
     if path is not None:
         path = find_config(path)
         with open(path) as f:
-            cfg = merge(cfg, _load_yaml(f) or {}, str(path))
+            try:
+                loaded = _load_yaml(f)
+            except yaml.YAMLError as err:  # ParserError, ScannerError, ...: name the file and line
+                mark = getattr(err, "problem_mark", None)
+                where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+                raise ConfigError(f"{path}{where}: not valid YAML "
+                                  f"({getattr(err, 'problem', None) or err})") from None
+        cfg = merge(cfg, loaded or {}, str(path))
     cfg = merge(cfg, parse_overrides(list(overrides or [])), "command line")
     validate(cfg)
     return cfg

@@ -27,6 +27,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .errors import KNOWN_ERRORS, SitVit5Error, one_line, run_cli
+from .io import unwritable_dir_reason
 from .models import CheckpointError, load_model, resolve_checkpoint
 from .models.official import OfficialWeights
 from .objective import SAMPLE_METHODS
@@ -36,8 +38,10 @@ from .sampling import SampleSpec
 from .training.checkpoint import latest_checkpoint
 from .vae import SD_VAE_SCALING_FACTOR, load_vae, vae_enabled
 
+PROG = "python -m sit_vit5.export"
 
-class ExportError(ValueError):
+
+class ExportError(SitVit5Error, ValueError):
     """A source or destination the exporter refuses (exit status 2)."""
 
 
@@ -97,6 +101,9 @@ def export(
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ExportError(f"{out} exists and is not empty; choose a new output folder")
+    reason = unwritable_dir_reason(out.parent)  # before the work, not a bare [Errno 17] after it
+    if reason is not None:
+        raise ExportError(f"{out}: cannot create the folder ({reason}); choose another output folder")
     weights_dtype = PRECISIONS[check_precision(dtype, "dtype")]
     pipe = build_pipeline(run_or_ckpt, which, model_name, vae_name)
     if weights_dtype is not None:
@@ -111,7 +118,12 @@ def export(
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     if push_to_hub:
-        pipe.push_to_hub(push_to_hub)
+        try:
+            pipe.push_to_hub(push_to_hub)
+        except Exception as err:  # noqa: BLE001 - the hub client raises its HTTP library's own errors
+            raise ExportError(f"wrote {out}, but pushing it to {push_to_hub} failed ({type(err).__name__}: "
+                              f"{one_line(err)}); once online and logged in (`hf auth login`): "
+                              f"`hf upload {push_to_hub} {out}`") from err
     return out
 
 
@@ -143,14 +155,15 @@ def main(argv: list[str] | None = None) -> int:
         "torch_dtype=torch.bfloat16 / float16 to run in it, else diffusers upcasts to float32)",
     )
     args = parser.parse_args(argv)
-    try:
+
+    def run() -> int:
         out = export(args.source, args.out, args.which, args.model, args.vae, args.push_to_hub,
                      args.dtype)
-    except (ExportError, CheckpointError, ValueError, OSError) as err:
-        print(f"export: error: {err}", file=sys.stderr)
-        return 2
-    print(f"wrote {out} (load with SiTPipeline.from_pretrained({str(out)!r}))")
-    return 0
+        print(f"wrote {out} (load with SiTPipeline.from_pretrained({str(out)!r}))")
+        return 0
+
+    # a crash leaves no half export (staging folder), so Ctrl-C only says it was interrupted
+    return run_cli(PROG, run, errors=(*KNOWN_ERRORS, CheckpointError, ValueError))
 
 
 if __name__ == "__main__":
