@@ -11,10 +11,10 @@ Prints a table and writes the results as JSON (default: next to SAMPLES, `<name>
 SAMPLES must have the reference's image size (digits: 8×8, gray as 1 or 3 equal channels) unless
 --resize-samples is given: a number across sizes is not comparable to the reference's.
 
-Exit status: 0 done; 2 bad input, one line `python -m fid: error: ...` naming the file and what is wrong;
-130 interrupted (nothing is written until the end). SIT_VIT5_DEBUG=1 shows the traceback. (The same
-contract as the sit_vit5 commands' `sit_vit5.errors.run_cli`, in a few lines of its own: fid/ imports
-nothing of sit_vit5.)
+Exit status: 0 done; 2 bad input, one line `python -m fid: error: ...` naming the file and what is
+wrong; 130 interrupted (nothing is written until the end). SIT_VIT5_DEBUG=1 shows the traceback.
+(The contract of the sit_vit5 commands' `sit_vit5.errors.run_cli`, in a few lines of its own: fid/
+imports nothing of sit_vit5.)
 """
 
 from __future__ import annotations
@@ -95,8 +95,8 @@ def eval_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--resize-samples",
         action="store_true",
-        help="evaluate samples of another image size than the reference's (the network resizes them: "
-        "Inception to 299x299, digits area-resized to 8x8); such numbers are not comparable",
+        help="evaluate samples of another image size than the reference's (the network resizes "
+        "them: Inception to 299x299, digits area-resized to 8x8); such numbers are not comparable",
     )
     _common_args(p)
     return p
@@ -121,7 +121,8 @@ def reference_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command line; bad input is one stderr line ``<prog>: error: ...`` and exit 2, Ctrl-C exit 130."""
+    """The command line; bad input is one stderr line ``<prog>: error: ...`` and exit 2, Ctrl-C
+    exit 130."""
     argv = sys.argv[1:] if argv is None else list(argv)
     reference = bool(argv) and argv[0] == "make-reference"
     prog = f"{PROG} make-reference" if reference else PROG
@@ -217,9 +218,10 @@ def _evaluate_digits(args: argparse.Namespace) -> dict[str, float]:
         raise InputError(f"{samples.name}: --num-samples {n} requested but it holds only {len(samples)} images")
     _, height, width, _ = samples.shape
     if (height, width) != (DIGITS_SIDE, DIGITS_SIDE) and not args.resize_samples:
+        side = f"{DIGITS_SIDE}x{DIGITS_SIDE}"
         raise InputError(f"{samples.name}: images are {width}x{height}, the digits reference is "
-                         f"{DIGITS_SIDE}x{DIGITS_SIDE}; sample at {DIGITS_SIDE}x{DIGITS_SIDE}, or pass "
-                         "--resize-samples to area-resize them (the number is then not comparable)")
+                         f"{side}; sample at {side}, or pass --resize-samples to area-resize them "
+                         "(the number is then not comparable)")
     array = np.concatenate(list(samples.batches(4096, n)))
     check_gray(samples.name, array)
     images = uint8_to_digits_input(array)
@@ -235,30 +237,31 @@ def _evaluate_digits(args: argparse.Namespace) -> dict[str, float]:
 
 
 def check_sample_size(samples: ImageSource, reference: Reference, resize: bool = False) -> None:
-    """Raise InputError unless the samples have the reference images' size and channels [H, W, C] (or
-    ``resize``): Inception resizes both to 299x299, so a 16x16 set against a 256x256 reference gives a
-    number, but not one that means anything. A reference of statistics only cannot be checked: noted."""
+    """Raise InputError unless the samples have the reference images' size and channels [H, W, C]
+    (or ``resize``): Inception resizes both to 299x299, so a 16x16 set against a 256x256 reference
+    gives a number, but not one that means anything. A reference of statistics only cannot be
+    checked: noted on stderr."""
     if reference.images is None:
         print(f"note: {reference.path} holds statistics only; the samples' size "
               f"{samples.shape[2]}x{samples.shape[1]} is not checked against it", file=sys.stderr)
         return
     if samples.shape[1:] != reference.images.shape[1:] and not resize:
         (_, h, w, c), (_, rh, rw, rc) = samples.shape, reference.images.shape
-        raise InputError(f"{samples.name}: images are {w}x{h}x{c}, the reference {reference.path} holds "
-                         f"{rw}x{rh}x{rc}; sample at the reference's size, or pass --resize-samples to "
-                         "evaluate anyway (the number is then not comparable)")
+        raise InputError(f"{samples.name}: images are {w}x{h}x{c}, the reference {reference.path} "
+                         f"holds {rw}x{rh}x{rc}; sample at the reference's size, or pass "
+                         "--resize-samples to evaluate anyway (the number is then not comparable)")
 
 
 def check_gray(name: str, images: np.ndarray) -> None:
-    """Raise InputError unless uint8 images [N, H, W, C] are gray (C = 1, or C = 3 equal channels, as
-    sample.py writes a 1-channel model's output): the digits network would average colours away."""
-    if images.shape[-1] == 3 and not (
-        np.array_equal(images[..., 0], images[..., 1]) and np.array_equal(images[..., 0], images[..., 2])
-    ):
-        first = int(np.flatnonzero((images[..., 0] != images[..., 1]) | (images[..., 0] != images[..., 2]))
-                    .min() // (images.shape[1] * images.shape[2]))
-        raise InputError(f"{name}: colour images (image {first} has unequal R, G, B), but the digits "
-                         "reference is gray; pass gray samples (1 channel, or 3 equal ones)")
+    """Raise InputError unless uint8 images [N, H, W, C] are gray (C = 1, or C = 3 equal channels,
+    as sample.py writes a 1-channel model's output): the digits network would average colours."""
+    if images.shape[-1] != 3:
+        return
+    colour = (images[..., 0] != images[..., 1]) | (images[..., 0] != images[..., 2])  # [N, H, W]
+    if colour.any():
+        first = int(np.flatnonzero(colour.reshape(len(images), -1).any(axis=1))[0])
+        raise InputError(f"{name}: colour images (image {first} has unequal R, G, B), but the "
+                         "digits reference is gray; pass gray samples (1 channel, or 3 equal ones)")
 
 
 def read_labels(path: Path, n: int, num_classes: int = DIGITS_CLASSES) -> np.ndarray | None:

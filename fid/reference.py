@@ -84,7 +84,7 @@ def save_reference(path: str | os.PathLike, stats: FeatureStats, images: np.ndar
     path = Path(path)
     tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
     try:  # renamed into place: a crash or a full disk never leaves half a reference
-        with open(tmp, "wb") as f:  # a file object: np.savez must not append ".npz" to the caller's name
+        with open(tmp, "wb") as f:  # a file object: np.savez must not append ".npz" to the name
             np.savez(f, **arrays)
         os.replace(tmp, path)
     except BaseException:

@@ -103,7 +103,8 @@ def export(
         raise ExportError(f"{out} exists and is not empty; choose a new output folder")
     reason = unwritable_dir_reason(out.parent)  # before the work, not a bare [Errno 17] after it
     if reason is not None:
-        raise ExportError(f"{out}: cannot create the folder ({reason}); choose another output folder")
+        raise ExportError(f"{out}: cannot create the folder ({reason}); choose another output "
+                          "folder")
     weights_dtype = PRECISIONS[check_precision(dtype, "dtype")]
     pipe = build_pipeline(run_or_ckpt, which, model_name, vae_name)
     if weights_dtype is not None:
@@ -120,10 +121,10 @@ def export(
     if push_to_hub:
         try:
             pipe.push_to_hub(push_to_hub)
-        except Exception as err:  # noqa: BLE001 - the hub client raises its HTTP library's own errors
-            raise ExportError(f"wrote {out}, but pushing it to {push_to_hub} failed ({type(err).__name__}: "
-                              f"{one_line(err)}); once online and logged in (`hf auth login`): "
-                              f"`hf upload {push_to_hub} {out}`") from err
+        except Exception as err:  # noqa: BLE001 - the hub client raises its HTTP library's errors
+            raise ExportError(f"wrote {out}, but pushing it to {push_to_hub} failed "
+                              f"({type(err).__name__}: {one_line(err)}); once online and logged in "
+                              f"(`hf auth login`): `hf upload {push_to_hub} {out}`") from err
     return out
 
 

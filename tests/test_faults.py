@@ -42,10 +42,10 @@ def load_cli():
 
 
 def one_error_line(capsys) -> str:
-    """The single stderr line of a refused command (asserting there is exactly one, starting 'error: ' or
-    '<prog>: error: ')."""
+    """The single stderr line of a refused command (asserting there is exactly one, starting
+    'error: ' or 'python -m fid: error: ')."""
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    errors = [line for line in lines if line.startswith("error: ") or line.startswith("python -m fid: error: ")]
+    errors = [line for line in lines if line.startswith(("error: ", "python -m fid: error: "))]
     assert len(errors) == 1 and "Traceback" not in "\n".join(lines), lines
     return errors[0]
 
