@@ -437,7 +437,14 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | No
     if path is not None:
         path = find_config(path)
         with open(path) as f:
-            cfg = merge(cfg, _load_yaml(f) or {}, str(path))
+            try:
+                loaded = _load_yaml(f)
+            except yaml.YAMLError as err:  # ParserError, ScannerError, ...: name the file and line
+                mark = getattr(err, "problem_mark", None)
+                where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+                raise ConfigError(f"{path}{where}: not valid YAML "
+                                  f"({getattr(err, 'problem', None) or err})") from None
+        cfg = merge(cfg, loaded or {}, str(path))
     cfg = merge(cfg, parse_overrides(list(overrides or [])), "command line")
     validate(cfg)
     return cfg
