@@ -32,10 +32,10 @@ import scipy
 import torch
 import torch_fidelity
 
-from fid.data import ImageSource, InputError, load_plain_array, npz_keys, open_images
-from fid.evaluate import METRICS, check_metrics, evaluate
+from fid.data import InputError, load_plain_array, npz_keys, open_images
+from fid.evaluate import METRICS, check_metrics, check_sample_size, evaluate
 from fid.inception import INCEPTION_SHA256, InceptionWeightsError, default_weights_path, load_inception
-from fid.reference import PR_IMAGES, Reference, make_reference, read_reference
+from fid.reference import PR_IMAGES, make_reference, read_reference
 
 PROG = "python -m fid"
 DEBUG_ENV = "SIT_VIT5_DEBUG"  # the project's switch for tracebacks, read by name
@@ -234,22 +234,6 @@ def _evaluate_digits(args: argparse.Namespace) -> dict[str, float]:
     if n < 2:
         raise InputError(f"{samples.name}: digits FID needs at least 2 images, got {n}")
     return digits_metrics(images, None if labels is None else torch.from_numpy(labels.astype(np.int64)))
-
-
-def check_sample_size(samples: ImageSource, reference: Reference, resize: bool = False) -> None:
-    """Raise InputError unless the samples have the reference images' size and channels [H, W, C]
-    (or ``resize``): Inception resizes both to 299x299, so a 16x16 set against a 256x256 reference
-    gives a number, but not one that means anything. A reference of statistics only cannot be
-    checked: noted on stderr."""
-    if reference.images is None:
-        print(f"note: {reference.path} holds statistics only; the samples' size "
-              f"{samples.shape[2]}x{samples.shape[1]} is not checked against it", file=sys.stderr)
-        return
-    if samples.shape[1:] != reference.images.shape[1:] and not resize:
-        (_, h, w, c), (_, rh, rw, rc) = samples.shape, reference.images.shape
-        raise InputError(f"{samples.name}: images are {w}x{h}x{c}, the reference {reference.path} "
-                         f"holds {rw}x{rh}x{rc}; sample at the reference's size, or pass "
-                         "--resize-samples to evaluate anyway (the number is then not comparable)")
 
 
 def check_gray(name: str, images: np.ndarray) -> None:

@@ -65,6 +65,7 @@ DEFAULTS: Config = {
         "image_size": 256,  # pixel side after the ADM center crop (digits: 8)
         "random_flip": True,  # horizontal flip with probability 1/2, decided per (seed, epoch, item)
         "skip_bad": False,  # imagefolder: skip unreadable images with a warning instead of failing
+        "min_image_side": 8,  # imagefolder: a shorter image side is refused (skipped with skip_bad)
         "split": "all",  # digits only: all | train | test
         "resize_mode": "bilinear",  # digits only, when image_size != 8: bilinear | bicubic
         "global_batch_size": 256,  # images per optimizer step over all processes and accumulation steps
@@ -240,6 +241,7 @@ RANGES: dict[str, Range] = {
     "data.image_size": _COUNT,
     "data.global_batch_size": _COUNT,
     "data.num_workers": _COUNT0,
+    "data.min_image_side": _COUNT0,
     "vae.scaling_factor": _POSITIVE,
     "train.steps": _COUNT,
     "train.seed": _COUNT0,

@@ -556,7 +556,7 @@ def _build_digits(cfg: dict[str, Any]) -> Dataset:
 def _build_imagefolder(cfg: dict[str, Any]) -> Dataset:
     return ImageFolderDataset(_require(cfg, "root"), _require(cfg, "image_size"),
                               random_flip=cfg.get("random_flip", True), skip_bad=cfg.get("skip_bad", False),
-                              seed=cfg.get("seed", 0))
+                              seed=cfg.get("seed", 0), min_side=cfg.get("min_image_side", 0))
 
 
 def _build_latents(cfg: dict[str, Any]) -> Dataset:
@@ -573,7 +573,7 @@ def _build_latents(cfg: dict[str, Any]) -> Dataset:
 # kind → builder; each reads only its own keys of the data config
 DATASETS: dict[str, Callable[[dict[str, Any]], Dataset]] = {
     "digits": _build_digits,  # image_size (default 8), split, random_flip (default False), resize_mode, seed
-    "imagefolder": _build_imagefolder,  # root, image_size, random_flip, skip_bad, seed
+    "imagefolder": _build_imagefolder,  # root, image_size, random_flip, skip_bad, min_image_side, seed
     "latents": _build_latents,  # root (the cache dir), random_flip, seed; image_size is checked if given
 }
 

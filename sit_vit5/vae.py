@@ -48,8 +48,8 @@ def _is_hub_id(name: str) -> bool:
 
 
 def _fetch_hint(hub_id: str) -> str:
-    return (f"fetch it on a machine with internet access with `huggingface-cli download {hub_id}` (then copy "
-            f"the Hugging Face cache here or point HF_HOME at it), or `huggingface-cli download {hub_id} "
+    return (f"fetch it on a machine with internet access with `hf download {hub_id}` (then copy "
+            f"the Hugging Face cache here or point HF_HOME at it), or `hf download {hub_id} "
             f"--local-dir <dir>` and pass <dir> instead of the hub id")
 
 
