@@ -33,12 +33,12 @@ from pathlib import Path
 from typing import Any
 
 from .errors import KNOWN_ERRORS, SitVit5Error, one_line, run_cli
+from .hub import SiTPipeline, read_id2label, scheduler_from
 from .io import unwritable_dir_reason
 from .models import CheckpointError, LoadedModel, load_model, resolve_checkpoint
 from .models.diffusers_dit import dit_folder, dit_pipeline
 from .models.official import OfficialWeights
 from .objective import ddpm_settings
-from .pipeline import SiTPipeline, read_id2label, scheduler_from
 from .precision import PRECISIONS, check_precision
 from .sample_spec import SAMPLE_METHODS, SampleSpec
 from .training.checkpoint import latest_checkpoint
