@@ -4,7 +4,7 @@ for the demo data. CLI: python -m fid SAMPLES REFERENCE (see fid/__main__.py).""
 
 from fid.data import ImageSource, InputError, images_from_array, open_images
 from fid.digits import digits_metrics, load_digits_net
-from fid.evaluate import METRICS, evaluate
+from fid.evaluate import METRICS, check_sample_size, evaluate
 from fid.inception import (
     INCEPTION_FILENAME,
     INCEPTION_SHA256,
@@ -22,6 +22,7 @@ __all__ = [
     "INCEPTION_SHA256",
     "INCEPTION_URL",
     "METRICS",
+    "check_sample_size",
     "FeatureStats",
     "ImageSource",
     "InceptionFeatures",

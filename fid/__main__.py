@@ -8,7 +8,13 @@ SAMPLES: an .npz (`arr_0`, uint8 [N, H, W, 3], as DiT/SiT/ADM write it), an .npy
 REFERENCE: an ADM reference batch (.npz with mu, sigma, mu_s, sigma_s, arr_0, e.g.
 VIRTUAL_imagenet256_labeled.npz), any image set (statistics computed from it), or the word `digits`.
 Prints a table and writes the results as JSON (default: next to SAMPLES, `<name>.metrics.json`).
-Exit status 2 on bad input, with a message naming the file and what is wrong.
+SAMPLES must have the reference's image size (digits: 8×8, gray as 1 or 3 equal channels) unless
+--resize-samples is given: a number across sizes is not comparable to the reference's.
+
+Exit status: 0 done; 2 bad input, one line `python -m fid: error: ...` naming the file and what is
+wrong; 130 interrupted (nothing is written until the end). SIT_VIT5_DEBUG=1 shows the traceback.
+(The contract of the sit_vit5 commands' `sit_vit5.errors.run_cli`, in a few lines of its own: fid/
+imports nothing of sit_vit5.)
 """
 
 from __future__ import annotations
@@ -27,11 +33,15 @@ import torch
 import torch_fidelity
 
 from fid.data import InputError, load_plain_array, npz_keys, open_images
-from fid.evaluate import METRICS, check_metrics, evaluate
+from fid.evaluate import METRICS, check_metrics, check_sample_size, evaluate
 from fid.inception import INCEPTION_SHA256, InceptionWeightsError, default_weights_path, load_inception
 from fid.reference import PR_IMAGES, make_reference, read_reference
 
+PROG = "python -m fid"
+DEBUG_ENV = "SIT_VIT5_DEBUG"  # the project's switch for tracebacks, read by name
+EXIT_BAD_INPUT, EXIT_INTERRUPTED = 2, 130
 PROTOCOL_SAMPLES = 50_000  # ADM / DiT / SiT report FID-50K
+DIGITS_SIDE = 8  # the digits reference: scikit-learn's 8×8 digits
 LABELS_KEYS = ("labels", "arr_1")  # where a digits sample npz may keep the requested class labels
 DIGITS_CLASSES = 10
 TABLE_NAMES = {
@@ -82,6 +92,12 @@ def eval_parser() -> argparse.ArgumentParser:
     p.add_argument("--samples-key", default="arr_0", help="array name inside a samples .npz (default arr_0)")
     p.add_argument("--out", type=Path, default=None, help="JSON output path (default: <SAMPLES>.metrics.json)")
     p.add_argument("--no-json", action="store_true", help="do not write the JSON file")
+    p.add_argument(
+        "--resize-samples",
+        action="store_true",
+        help="evaluate samples of another image size than the reference's (the network resizes "
+        "them: Inception to 299x299, digits area-resized to 8x8); such numbers are not comparable",
+    )
     _common_args(p)
     return p
 
@@ -105,15 +121,34 @@ def reference_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line; bad input is one stderr line ``<prog>: error: ...`` and exit 2, Ctrl-C
+    exit 130."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    reference = bool(argv) and argv[0] == "make-reference"
+    prog = f"{PROG} make-reference" if reference else PROG
     try:
-        if argv and argv[0] == "make-reference":
+        if reference:
             return _make_reference(reference_parser().parse_args(argv[1:]))
-        args = eval_parser().parse_args(argv)
-        return _evaluate(args)
-    except (InputError, InceptionWeightsError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return _evaluate(eval_parser().parse_args(argv))
+    except KeyboardInterrupt:
+        if _debug():
+            raise
+        print(f"{prog}: interrupted; nothing was written", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except (InputError, InceptionWeightsError, OSError) as e:
+        if _debug():
+            raise
+        print(f"{prog}: error: {_one_line(e)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+def _debug() -> bool:
+    return os.environ.get(DEBUG_ENV, "").strip() not in ("", "0")
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip() or type(err).__name__
+    return " ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
 def _device(name: str) -> str:
@@ -138,6 +173,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         metrics = check_metrics([m.strip() for m in args.metrics.split(",") if m.strip()])
         samples = open_images(args.samples, args.samples_key)
         reference = read_reference(args.reference)
+        check_sample_size(samples, reference, args.resize_samples)
         device = _device(args.device)
         n = len(samples) if args.num_samples is None else args.num_samples
         if n < PROTOCOL_SAMPLES:
@@ -162,9 +198,12 @@ def _evaluate(args: argparse.Namespace) -> int:
             "seconds": round(time.time() - start, 1),
             "versions": _versions(),
         }
-        try:
-            out.write_text(json.dumps(record, indent=2) + "\n")
+        tmp = out.with_name(f".tmp-{os.getpid()}-{out.name}")
+        try:  # renamed into place: a crash or a full disk never leaves half a JSON file
+            tmp.write_text(json.dumps(record, indent=2) + "\n")
+            os.replace(tmp, out)
         except OSError as e:
+            tmp.unlink(missing_ok=True)
             raise InputError(f"--out {out}: cannot write the results ({e.strerror or e})") from None
         print(f"wrote {out}", file=sys.stderr)
     return 0
@@ -177,7 +216,15 @@ def _evaluate_digits(args: argparse.Namespace) -> dict[str, float]:
     n = len(samples) if args.num_samples is None else args.num_samples
     if n > len(samples):
         raise InputError(f"{samples.name}: --num-samples {n} requested but it holds only {len(samples)} images")
-    images = uint8_to_digits_input(np.concatenate(list(samples.batches(4096, n))))
+    _, height, width, _ = samples.shape
+    if (height, width) != (DIGITS_SIDE, DIGITS_SIDE) and not args.resize_samples:
+        side = f"{DIGITS_SIDE}x{DIGITS_SIDE}"
+        raise InputError(f"{samples.name}: images are {width}x{height}, the digits reference is "
+                         f"{side}; sample at {side}, or pass --resize-samples to area-resize them "
+                         "(the number is then not comparable)")
+    array = np.concatenate(list(samples.batches(4096, n)))
+    check_gray(samples.name, array)
+    images = uint8_to_digits_input(array)
     labels = read_labels(args.samples, n) if args.samples.suffix == ".npz" else None
     if labels is None:
         print(
@@ -187,6 +234,18 @@ def _evaluate_digits(args: argparse.Namespace) -> dict[str, float]:
     if n < 2:
         raise InputError(f"{samples.name}: digits FID needs at least 2 images, got {n}")
     return digits_metrics(images, None if labels is None else torch.from_numpy(labels.astype(np.int64)))
+
+
+def check_gray(name: str, images: np.ndarray) -> None:
+    """Raise InputError unless uint8 images [N, H, W, C] are gray (C = 1, or C = 3 equal channels,
+    as sample.py writes a 1-channel model's output): the digits network would average colours."""
+    if images.shape[-1] != 3:
+        return
+    colour = (images[..., 0] != images[..., 1]) | (images[..., 0] != images[..., 2])  # [N, H, W]
+    if colour.any():
+        first = int(np.flatnonzero(colour.reshape(len(images), -1).any(axis=1))[0])
+        raise InputError(f"{name}: colour images (image {first} has unequal R, G, B), but the "
+                         "digits reference is gray; pass gray samples (1 channel, or 3 equal ones)")
 
 
 def read_labels(path: Path, n: int, num_classes: int = DIGITS_CLASSES) -> np.ndarray | None:

@@ -81,8 +81,15 @@ def save_reference(path: str | os.PathLike, stats: FeatureStats, images: np.ndar
     arrays = {k: np.asarray(getattr(stats, k), np.float64) for k in STAT_KEYS}
     if images is not None:
         arrays["arr_0"] = np.asarray(images, np.uint8)
-    with open(path, "wb") as f:  # a file object: np.savez must not append ".npz" to the caller's name
-        np.savez(f, **arrays)
+    path = Path(path)
+    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
+    try:  # renamed into place: a crash or a full disk never leaves half a reference
+        with open(tmp, "wb") as f:  # a file object: np.savez must not append ".npz" to the name
+            np.savez(f, **arrays)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def make_reference(

@@ -66,6 +66,7 @@ DEFAULTS: Config = {
         "image_size": 256,  # pixel side after the ADM center crop (digits: 8)
         "random_flip": True,  # horizontal flip with probability 1/2, decided per (seed, epoch, item)
         "skip_bad": False,  # imagefolder: skip unreadable images with a warning instead of failing
+        "min_image_side": 8,  # imagefolder: a shorter image side is refused (skipped with skip_bad)
         "split": "all",  # digits only: all | train | test
         "resize_mode": "bilinear",  # digits only, when image_size != 8: bilinear | bicubic
         "global_batch_size": 256,  # images per optimizer step over all processes and accumulation steps
@@ -256,6 +257,7 @@ RANGES: dict[str, Range] = {
     "data.image_size": _COUNT,
     "data.global_batch_size": _COUNT,
     "data.num_workers": _COUNT0,
+    "data.min_image_side": _COUNT0,
     "vae.scaling_factor": _POSITIVE,
     "train.steps": _COUNT,
     "train.seed": _COUNT0,
@@ -488,7 +490,14 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | No
     if path is not None:
         path = find_config(path)
         with open(path) as f:
-            cfg = merge(cfg, _load_yaml(f) or {}, str(path))
+            try:
+                loaded = _load_yaml(f)
+            except yaml.YAMLError as err:  # ParserError, ScannerError, ...: name the file and line
+                mark = getattr(err, "problem_mark", None)
+                where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+                raise ConfigError(f"{path}{where}: not valid YAML "
+                                  f"({getattr(err, 'problem', None) or err})") from None
+        cfg = merge(cfg, loaded or {}, str(path))
     cfg = merge(cfg, parse_overrides(list(overrides or [])), "command line")
     validate(cfg)
     return cfg

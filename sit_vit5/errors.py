@@ -1,7 +1,7 @@
 """One-line errors for the command lines, and the one base class of the errors they report.
 
 A bad input (a config key, a file, a checkpoint, a full disk) is reported as ``<prog>: error: <message>``
-on one line of stderr with exit status 2, instead of a traceback; Ctrl-C exits 130 with one line saying
+on one line of stderr with exit status 2, instead of a traceback; Ctrl-C exits 130 and SIGTERM 3, with one line saying
 whether rerunning the command continues the job. ``SIT_VIT5_DEBUG=1`` re-raises the exception so that
 the full traceback is shown. Every entry point runs its body through :func:`run_cli`.
 """
@@ -9,12 +9,23 @@ the full traceback is shown. Every entry point runs its body through :func:`run_
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator, Mapping
 
 DEBUG_ENV = "SIT_VIT5_DEBUG"
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell's convention
+EXIT_TERMINATED = 3  # SIGTERM (a scheduler's pre-emption): train.py's pre-empted status too
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived (raised by :func:`run_cli`'s handler, like KeyboardInterrupt for SIGINT)."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated
 
 
 class SitVit5Error(Exception):
@@ -85,17 +96,25 @@ def run_cli(
     render: Callable[[BaseException], str] = one_line,
 ) -> int:
     """``main()``; any of ``errors`` is printed as ``<prog>: error: <one line>`` and returns
-    ``statuses[type]`` (the first matching base, else 2); Ctrl-C returns 130 after one line that says
-    whether rerunning continues (``resumable``). ``render`` words the message (default: its one
+    ``statuses[type]`` (the first matching base, else 2); Ctrl-C returns 130 and SIGTERM 3, after one
+    line that says whether rerunning continues (``resumable``). ``render`` words the message (default: its one
     line). ``SIT_VIT5_DEBUG=1`` re-raises instead."""
+    tail = "; rerun the same command to continue" if resumable else ""
+    # SIGTERM as an exception, so that cleanups run (temporary files); not in other threads
+    own = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _raise_terminated) if own else None
     try:
         return main()
     except KeyboardInterrupt:
         if debug_enabled():
             raise
-        tail = "; rerun the same command to continue" if resumable else ""
         print(f"{prog}: interrupted{tail}", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except Terminated:
+        if debug_enabled():
+            raise
+        print(f"{prog}: terminated (SIGTERM){tail}", file=sys.stderr)
+        return EXIT_TERMINATED
     except errors as err:
         if debug_enabled():
             raise
@@ -103,3 +122,6 @@ def run_cli(
                       EXIT_BAD_INPUT)
         print(f"{prog}: error: {render(err)}", file=sys.stderr)
         return status
+    finally:
+        if own:
+            signal.signal(signal.SIGTERM, previous)

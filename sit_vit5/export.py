@@ -32,18 +32,22 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from .errors import KNOWN_ERRORS, SitVit5Error, one_line, run_cli
+from .hub import SiTPipeline, read_id2label, scheduler_from
+from .io import unwritable_dir_reason
 from .models import CheckpointError, LoadedModel, load_model, resolve_checkpoint
 from .models.diffusers_dit import dit_folder, dit_pipeline
 from .models.official import OfficialWeights
 from .objective import ddpm_settings
-from .pipeline import SiTPipeline, read_id2label, scheduler_from
 from .precision import PRECISIONS, check_precision
 from .sample_spec import SAMPLE_METHODS, SampleSpec
 from .training.checkpoint import latest_checkpoint
 from .vae import SD_VAE_SCALING_FACTOR, load_vae, vae_enabled
 
+PROG = "python -m sit_vit5.export"
 
-class ExportError(ValueError):
+
+class ExportError(SitVit5Error, ValueError):
     """A source or destination the exporter refuses (exit status 2)."""
 
 
@@ -123,6 +127,10 @@ def export(
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ExportError(f"{out} exists and is not empty; choose a new output folder")
+    reason = unwritable_dir_reason(out.parent)  # before the work, not a bare [Errno 17] after it
+    if reason is not None:
+        raise ExportError(f"{out}: cannot create the folder ({reason}); choose another output "
+                          "folder")
     weights_dtype = PRECISIONS[check_precision(dtype, "dtype")]
     if fmt == "dit":  # diffusers' own DiTPipeline layout (models/diffusers_dit.py)
         loaded = load_source(run_or_ckpt, which, model_name)
@@ -142,7 +150,12 @@ def export(
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     if push_to_hub:
-        pipe.push_to_hub(push_to_hub)
+        try:
+            pipe.push_to_hub(push_to_hub)
+        except Exception as err:  # noqa: BLE001 - the hub client raises its HTTP library's errors
+            raise ExportError(f"wrote {out}, but pushing it to {push_to_hub} failed "
+                              f"({type(err).__name__}: {one_line(err)}); once online and logged in "
+                              f"(`hf auth login`): `hf upload {push_to_hub} {out}`") from err
     return out
 
 
@@ -181,16 +194,17 @@ def main(argv: list[str] | None = None) -> int:
         "--id2label", metavar="FILE", help="class names: JSON {id: name} or list, or one name a "
         "line (default: ImageNet's for 1000 classes, else none)")
     args = parser.parse_args(argv)
-    try:
+
+    def run() -> int:
         names = read_id2label(args.id2label) if args.id2label else None
         out = export(args.source, args.out, args.which, args.model, args.vae, args.push_to_hub,
                      args.dtype, args.format, names)
-    except (ExportError, CheckpointError, ValueError, OSError) as err:
-        print(f"export: error: {err}", file=sys.stderr)
-        return 2
-    loader = "DiTPipeline" if args.format == "dit" else "SiTPipeline"
-    print(f"wrote {out} (load with {loader}.from_pretrained({str(out)!r}))")
-    return 0
+        loader = "DiTPipeline" if args.format == "dit" else "SiTPipeline"
+        print(f"wrote {out} (load with {loader}.from_pretrained({str(out)!r}))")
+        return 0
+
+    # a crash leaves no half export (staging folder), so Ctrl-C only says it was interrupted
+    return run_cli(PROG, run, errors=(*KNOWN_ERRORS, CheckpointError, ValueError))
 
 
 if __name__ == "__main__":

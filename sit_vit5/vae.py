@@ -9,8 +9,10 @@ diffusers is imported on first load, so asking the facts costs no heavy import.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -46,9 +48,18 @@ def _is_hub_id(name: str) -> bool:
 
 
 def _fetch_hint(hub_id: str) -> str:
-    return (f"fetch it on a machine with internet access with `huggingface-cli download {hub_id}` (then copy "
-            f"the Hugging Face cache here or point HF_HOME at it), or `huggingface-cli download {hub_id} "
+    return (f"fetch it on a machine with internet access with `hf download {hub_id}` (then copy "
+            f"the Hugging Face cache here or point HF_HOME at it), or `hf download {hub_id} "
             f"--local-dir <dir>` and pass <dir> instead of the hub id")
+
+
+@contextlib.contextmanager
+def _quiet_hub() -> Iterator[None]:
+    """Hide the deprecation warning diffusers triggers in huggingface_hub (an argument it still
+    passes): it is noise above the one-line error of an offline or failed download."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*local_dir_use_symlinks", category=UserWarning)
+        yield
 
 
 def load_vae(name_or_path: str | os.PathLike, device: str | torch.device = "cpu",
@@ -86,15 +97,17 @@ def load_vae(name_or_path: str | os.PathLike, device: str | torch.device = "cpu"
         cache = Path(cache_dir) if cache_dir is not None else Path(constants.HF_HUB_CACHE)
         offline = constants.HF_HUB_OFFLINE if local_files_only is None else local_files_only
         try:
-            vae = AutoencoderKL.from_pretrained(name, subfolder=subfolder, cache_dir=cache_dir,
-                                                local_files_only=True, torch_dtype=dtype)
+            with _quiet_hub():
+                vae = AutoencoderKL.from_pretrained(name, subfolder=subfolder, cache_dir=cache_dir,
+                                                    local_files_only=True, torch_dtype=dtype)
         except (OSError, ValueError) as local_err:
             if offline:
                 raise OSError(f"VAE {name!r} is not in the local Hugging Face cache {cache} and downloads "
                               "are disabled (offline); " + _fetch_hint(name)) from local_err
             try:
-                vae = AutoencoderKL.from_pretrained(name, subfolder=subfolder, cache_dir=cache_dir,
-                                                    torch_dtype=dtype)
+                with _quiet_hub():
+                    vae = AutoencoderKL.from_pretrained(name, subfolder=subfolder,
+                                                        cache_dir=cache_dir, torch_dtype=dtype)
             except (OSError, ValueError) as err:
                 raise OSError(f"VAE {name!r} is not in the local Hugging Face cache {cache} and downloading "
                               f"it failed ({type(err).__name__}: {err}); " + _fetch_hint(name)) from err

@@ -9,6 +9,7 @@ check: exit status 2, exactly one stderr line, and the culprit (key and value, o
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,8 +43,7 @@ def one_error_line(capsys) -> str:
     exactly one), from ``error: `` on."""
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     errors = [line[line.index("error: "):] for line in lines
-              if line.startswith("error: ") or line.split(" ", 1)[0].endswith(":")
-              and line.split(" ", 1)[-1].startswith("error: ")]
+              if re.match(r"(?:[\w./ -]+: )?error: ", line)]
     assert len(errors) == 1 and "Traceback" not in "\n".join(lines), lines
     return errors[0]
 

@@ -272,3 +272,23 @@ def test_corrupt_jpeg_without_skip_bad_names_the_file(tmp_path, capsys, workers)
             f"data.num_workers={workers}", f"train.out_dir={tmp_path / 'run'}", "train.steps=4"]
     status, line = run_train(argv, capsys)
     assert status == 2 and "broken.jpg" in line and "data.skip_bad=true" in line
+
+
+def test_training_refuses_a_tiny_image_unless_told(tmp_path):
+    """data.min_image_side (default 8): a 1x1 image in a training folder is refused, naming the file,
+    rather than silently upscaled to the training size; data.min_image_side=0 accepts it."""
+    from PIL import Image
+
+    from sit_vit5.config import load_config
+    from sit_vit5.data import TooSmallImageError
+    from sit_vit5.training.build import build_dataset_from_config
+
+    for name, side in (("a/big.png", 16), ("a/tiny.png", 1)):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        Image.new("RGB", (side, side), (200, 10, 10)).save(tmp_path / name)
+    base = ["data.kind=imagefolder", f"data.root={tmp_path}", "data.image_size=8"]
+    dataset = build_dataset_from_config(load_config(None, base))
+    tiny = dataset.files.index(next(f for f in dataset.files if "tiny" in str(f)))
+    with pytest.raises(TooSmallImageError, match="tiny.png is 1x1 px"):
+        dataset.read(tiny)
+    assert build_dataset_from_config(load_config(None, [*base, "data.min_image_side=0"])).read(tiny).shape == (3, 8, 8)

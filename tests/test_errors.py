@@ -23,3 +23,28 @@ def test_debug_env_shows_the_traceback(tmp_path, monkeypatch):
     monkeypatch.setenv(DEBUG_ENV, "1")
     with pytest.raises(ConfigError, match="optim.lr=-1"):
         load_train_cli().main([f"train.out_dir={tmp_path}", "optim.lr=-1"])
+
+
+def test_run_cli_turns_sigterm_into_one_line_and_status_3(capsys):
+    """SIGTERM (a scheduler's pre-emption) runs the cleanups (an exception, not a kill), prints one
+    line saying whether a rerun continues, exits 3; the previous handler is restored."""
+    import os
+    import signal
+
+    from sit_vit5.errors import run_cli
+
+    cleaned = []
+
+    def job() -> int:
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(1000):  # the handler runs between bytecodes
+                pass
+            return 0
+        finally:
+            cleaned.append(True)
+
+    before = signal.getsignal(signal.SIGTERM)
+    assert run_cli("job", job, resumable=True) == 3
+    assert capsys.readouterr().err.strip() == "job: terminated (SIGTERM); rerun the same command to continue"
+    assert cleaned == [True] and signal.getsignal(signal.SIGTERM) == before

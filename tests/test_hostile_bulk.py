@@ -29,8 +29,7 @@ FLAGS = ["--num-steps", "3", "--method", "ode", "--sampling-method", "euler", "-
 def ckpts(tmp_path_factory):
     """Two different checkpoints of the same tiny pixel model."""
     first = our_checkpoint(tmp_path_factory.mktemp("first"), in_channels=1)
-    torch.manual_seed(1)
-    second = our_checkpoint(tmp_path_factory.mktemp("second"), in_channels=1)
+    second = our_checkpoint(tmp_path_factory.mktemp("second"), in_channels=1, seed=1)
     return first, second
 
 

@@ -21,23 +21,32 @@ LAYERS: list[tuple[str, ...]] = [
     ("objective",),
     ("config", "data"),
     ("sampling", "cache_latents"),
-    ("training", "pipeline"),
-    ("experiments", "export"),
+    ("training", "hub"),
+    ("experiments", "export", "pipeline"),  # pipeline: the import path exported folders run
     ("cli",),
 ]
 RANK = {component: rank for rank, layer in enumerate(LAYERS) for component in layer}
 CLI_RANK = len(LAYERS)  # sample.py, train.py: on top of everything
 
-#: Modules of sit_vit5.training by layer, bottom first: the same rule one package down (the
+#: Modules of a sit_vit5 package by layer, bottom first: the same rule one package down (the
 #: package's __init__ re-exports from any of them).
-TRAINING_LAYERS: list[tuple[str, ...]] = [
-    ("batching", "checkpoint", "diagnostics", "ema", "fsdp", "grids", "logging", "metrics", "optim",
-     "preemption"),
-    ("repa",),
-    ("build",),
-    ("loop",),
-]
-TRAINING_RANK = {module: rank for rank, layer in enumerate(TRAINING_LAYERS) for module in layer}
+PACKAGE_LAYERS: dict[str, list[tuple[str, ...]]] = {
+    "training": [
+        ("batching", "checkpoint", "diagnostics", "ema", "fsdp", "grids", "logging", "metrics",
+         "optim", "preemption"),
+        ("repa",),
+        ("build",),
+        ("loop",),
+    ],
+    "hub": [
+        ("labels", "loader", "progress", "scheduler"),
+        ("adapters",),
+        ("pipeline",),
+    ],
+}
+PACKAGE_RANK = {package: {module: rank for rank, layer in enumerate(layers) for module in layer}
+                for package, layers in PACKAGE_LAYERS.items()}
+PACKAGE_MODULES = [(p, m) for p, ranks in sorted(PACKAGE_RANK.items()) for m in sorted(ranks)]
 
 
 def _module_name(path: Path) -> str:
@@ -95,21 +104,23 @@ def test_no_upward_or_hidden_imports(path):
         assert at_top, f"{where} inside a function: project imports belong at module top"
 
 
-def test_training_table_names_every_module():
-    on_disk = {p.stem for p in (ROOT / "sit_vit5" / "training").glob("*.py")} - {"__init__"}
-    assert on_disk == set(TRAINING_RANK)
+@pytest.mark.parametrize("package", sorted(PACKAGE_RANK))
+def test_package_table_names_every_module(package):
+    on_disk = {p.stem for p in (ROOT / "sit_vit5" / package).glob("*.py")} - {"__init__"}
+    assert on_disk == set(PACKAGE_RANK[package])
 
 
-@pytest.mark.parametrize("module", sorted(TRAINING_RANK))
-def test_training_modules_import_downwards(module):
-    path = ROOT / "sit_vit5" / "training" / f"{module}.py"
+@pytest.mark.parametrize(("package", "module"), PACKAGE_MODULES)
+def test_package_modules_import_downwards(package, module):
+    rank = PACKAGE_RANK[package]
+    path = ROOT / "sit_vit5" / package / f"{module}.py"
     for imported, line, _ in _imports(path):
         parts = imported.split(".")
-        if parts[:2] != ["sit_vit5", "training"] or len(parts) < 3:
+        if parts[:2] != ["sit_vit5", package] or len(parts) < 3:
             continue
         target = parts[2]
-        assert TRAINING_RANK[target] < TRAINING_RANK[module], (
-            f"training/{module}.py:{line} imports {imported}: upward or sideways edge")
+        assert rank[target] < rank[module], (
+            f"{package}/{module}.py:{line} imports {imported}: upward or sideways edge")
 
 
 def test_fid_imports_nothing_from_sit_vit5():

@@ -35,11 +35,11 @@ def perturbed(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
 
 
 
-def our_checkpoint(root, in_channels: int, vae: str = "none") -> str:
+def our_checkpoint(root, in_channels: int, vae: str = "none", seed: int = 0) -> str:
     """A training checkpoint as the training loop writes it (sidecar + latest.json), config in ``args``."""
     overrides = [f"model.{k}={v}" for k, v in {"name": "SiT-S/2", "in_channels": in_channels, **TINY}.items()]
     cfg = load_config("configs/demo.yaml", overrides + [f"vae.name={vae}"])
-    torch.manual_seed(0)  # the same weights whichever tests ran before
+    torch.manual_seed(seed)  # the same weights whichever tests ran before
     model = perturbed(create_model("SiT-S/2", in_channels=in_channels, **TINY))
     state = {"model": model.state_dict(), "ema": model.state_dict(), "opt": {}, "args": cfg, "step": 7}
     return str(save_checkpoint(state, root / "checkpoints", step=7))

@@ -336,3 +336,14 @@ def test_sit_and_dit_train_flags_are_aliases_of_config_keys(tmp_path, capsys):
     assert cli_train.main(["--epochs", "80"], train_fn=record) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("train.py: error: --epochs 80") and "train.steps" in err[0]
+
+
+def test_the_run_header_states_precision_compile_and_strategy(tmp_path):
+    from sit_vit5.training.build import build, describe
+
+    for extra, words in ((["train.precision=bf16"], ("bf16 autocast", "one process")),
+                         (["train.compile=true"], ("fp32", "torch.compile"))):
+        cfg = load_config(None, [*TINY, f"train.out_dir={tmp_path / extra[0]}", *extra])
+        header = describe(build(cfg, None))
+        assert all(w in header for w in words), header
+        assert ("torch.compile" in header) == ("train.compile=true" in extra)

@@ -51,7 +51,7 @@ def test_decode_divides_by_scaling_factor(vae_dir):
 def test_missing_local_dir_error_names_path(tmp_path):
     with pytest.raises(FileNotFoundError, match="nowhere") as info:
         load_vae(tmp_path / "nowhere")
-    assert "huggingface-cli download" in str(info.value)
+    assert "hf download" in str(info.value)
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="empty.*config.json"):
         load_vae(tmp_path / "empty")
@@ -63,4 +63,4 @@ def test_uncached_hub_id_error_says_where_and_how(tmp_path):
     message = str(info.value)
     assert "'stabilityai/sd-vae-ft-ema'" in message
     assert str(tmp_path / "hf") in message
-    assert "huggingface-cli download stabilityai/sd-vae-ft-ema" in message
+    assert "hf download stabilityai/sd-vae-ft-ema" in message

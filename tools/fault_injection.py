@@ -19,6 +19,12 @@ After every kill it checks:
 
 Bounded: ``--time-budget`` seconds in all (default 600); it stops killing when the budget is spent. Prints
 "N kills, N bit-identical resumes, 0 lost checkpoints" (the measured numbers) and exits 1 on any failure.
+
+``--target cache`` does the same to the latent cache writer (``python -m sit_vit5.cache_latents``
+on a tiny VAE and image folder, see ``cache_faults``): killed at random moments of its run (set-up
+after the imports, manifest, shard writes, renames, markers, completion), rerun with the same
+command, and compared with an uninterrupted run's cache byte for byte. Prints "N kills, N
+byte-identical resumed caches, 0 lost or half-written shards".
 """
 
 from __future__ import annotations
@@ -76,7 +82,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="seed of the kill moments and signals")
     p.add_argument("--time-budget", type=float, default=600.0, help="seconds in all (default 600)")
     p.add_argument("--json", type=Path, default=None, help="write the result here")
+    p.add_argument("--target", choices=("train", "cache"), default="train",
+                   help="train.py (default) or the latent cache writer")
+    p.add_argument("--images", type=int, default=40,
+                   help="cache: images in the folder (default 40)")
     args = p.parse_args(argv)
+    if args.target == "cache":
+        return cache_faults(args)
     signals = [s.strip().upper().removeprefix("SIG") for s in args.signals.split(",") if s.strip()]
     rng = random.Random(args.seed)
     began = time.perf_counter()
@@ -168,6 +180,263 @@ def main(argv: list[str] | None = None) -> int:
             "graceful_exits": graceful_ok, "failures": failures, "signals": signals, "steps": args.steps,
             "seed": args.seed}, indent=2) + "\n")
     return 1 if failures else 0
+
+
+# ------------------------------------------------------------------------ the latent cache writer
+
+#: a tiny SD-VAE-shaped AutoencoderKL (downsampling 2, 4 latent channels): encodes in milliseconds
+CACHE_VAE = dict(
+    in_channels=3,
+    out_channels=3,
+    down_block_types=("DownEncoderBlock2D",) * 2,
+    up_block_types=("UpDecoderBlock2D",) * 2,
+    block_out_channels=(8, 16),
+    latent_channels=4,
+    norm_num_groups=8,
+    sample_size=16,
+)
+CACHE_MARKER = "latent cache on "  # printed once the imports are done, before anything is written
+ENCODE_MARKER = (
+    "process 0/1: shards"  # printed after the manifest and lists, before the first shard
+)
+COMPLETE_MARKER = "latent cache complete"  # printed after the manifest is marked complete
+EXIT_INTERRUPTED = 130
+
+
+def cache_command(data_dir: Path, out: Path, vae_dir: Path) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "sit_vit5.cache_latents",
+        "--data-dir",
+        str(data_dir),
+        "--out",
+        str(out),
+        "--vae",
+        str(vae_dir),
+        "--image-size",
+        "16",
+        "--batch-size",
+        "2",
+        "--shard-size",
+        "4",
+        "--num-workers",
+        "0",
+    ]
+
+
+def cache_inputs(root: Path, images: int) -> tuple[Path, Path]:
+    """A random-weights tiny VAE folder and an image folder of ``images`` PNGs in two classes."""
+    import numpy as np
+    import torch
+    from diffusers import AutoencoderKL
+    from PIL import Image
+
+    torch.manual_seed(0)
+    AutoencoderKL(**CACHE_VAE).save_pretrained(root / "vae")
+    rng = np.random.default_rng(0)
+    for i in range(images):
+        folder = root / "images" / ("a" if i % 2 else "b")
+        folder.mkdir(parents=True, exist_ok=True)
+        h, w = rng.integers(16, 48, size=2)
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(
+            folder / f"{i:04d}.png"
+        )
+    return root / "vae", root / "images"
+
+
+def digests(folder: Path) -> dict[str, str]:
+    """SHA-256 of every file in ``folder`` (by name)."""
+    import hashlib
+
+    if not folder.is_dir():
+        return {}
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.iterdir())
+        if p.is_file()
+    }
+
+
+def cache_state_problems(
+    out: Path, reference: dict[str, str], done_before: dict[str, str], interrupted_gracefully: bool
+) -> tuple[list[str], int]:
+    """What is wrong with a killed writer's cache: a shard done before the kill lost or changed, a
+    shard file, marker or list in place that differs from the uninterrupted run's (half-written), an
+    unreadable manifest, or (after a SIGINT the writer handled) a temporary left behind. Returns
+    (problems, lost shards)."""
+    import json
+
+    from sit_vit5.io import TMP_PREFIX
+
+    held = digests(out)
+    problems: list[str] = []
+    lost = 0
+    for name, digest in done_before.items():
+        if held.get(name) != digest:
+            problems.append(
+                f"{name}, in place before the kill, is {'changed' if name in held else 'gone'}"
+            )
+            lost += 1
+    for name, digest in held.items():
+        temporary = name.startswith(TMP_PREFIX) or name.endswith(".tmp")
+        if temporary:
+            if interrupted_gracefully:
+                problems.append(f"the interrupted writer left {name}")
+        elif name == "manifest.json":
+            try:
+                json.loads((out / name).read_text())
+            except ValueError:
+                problems.append("manifest.json is not valid JSON")
+        elif reference.get(name) != digest:
+            problems.append(f"{name} differs from the uninterrupted run's (half-written?)")
+    return problems, lost
+
+
+def cache_faults(args: argparse.Namespace) -> int:
+    """``--target cache``: kill the latent cache writer at random moments, rerun it, compare (see
+    the module docstring). A chain of 1-3 kills is followed by an uninterrupted rerun whose cache
+    must equal the reference byte for byte; each kill of that chain then counts as a byte-identical
+    resume."""
+    from sit_vit5.io import TMP_PREFIX
+
+    signals = [s.strip().upper().removeprefix("SIG") for s in args.signals.split(",") if s.strip()]
+    rng = random.Random(args.seed)
+    began = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="cache-faults-") as tmp:
+        root = Path(tmp)
+        vae_dir, data_dir = cache_inputs(root, args.images)
+        log = root / "log.txt"
+        proc, ready = start(cache_command(data_dir, root / "reference", vae_dir), log, CACHE_MARKER)
+        encoding = wait_for(proc, log, ENCODE_MARKER)
+        complete = wait_for(proc, log, COMPLETE_MARKER) + 0.05  # and the manifest's last write
+        if proc.wait() != 0:
+            raise SystemExit(f"the reference run failed:\n{log.read_text()[-2000:]}")
+        # two kill windows: set-up (VAE load, lists, manifest), encoding (shards, markers, the end)
+        windows = {CACHE_MARKER: encoding - ready, ENCODE_MARKER: complete - encoding}
+        duration = sum(windows.values())
+        reference = digests(root / "reference")
+        print(
+            f"reference: {len(reference)} files; after start-up the writer sets up for "
+            f"{windows[CACHE_MARKER]:.2f} s and encodes for {windows[ENCODE_MARKER]:.2f} s",
+            flush=True,
+        )
+
+        out = root / "faulty"
+        kills = identical = lost = graceful = runs = swept = 0
+        chain: list[str] = []  # the kills since the cache was last completed
+        failures: list[str] = []
+        limit = rng.randint(1, 3)
+        while kills < args.kills and time.perf_counter() - began + 2 * duration < args.time_budget:
+            done_before = {
+                n: d
+                for n, d in digests(out).items()
+                if n.startswith("shard_")
+                and (n.endswith(".done") or (out / (n.split(".")[0] + ".done")).is_file())
+            }
+            kill = len(chain) < limit
+            proc, _ = start(cache_command(data_dir, out, vae_dir), log, CACHE_MARKER)
+            runs += 1
+            window = CACHE_MARKER if rng.random() < 0.25 else ENCODE_MARKER  # mostly while writing
+            delay, name = rng.uniform(0.0, windows[window]), rng.choice(signals)
+            killed = False
+            if kill:
+                wait_for(proc, log, window)
+                try:
+                    proc.wait(timeout=delay)
+                except subprocess.TimeoutExpired:
+                    killed = True
+                    proc.send_signal(getattr(signal, f"SIG{name}"))
+            proc.wait()
+            output = log.read_text(errors="replace").strip()
+            if killed:
+                kills += 1
+                phase = "set-up" if window == CACHE_MARKER else "encoding"
+                what = f"kill {kills} (SIG{name}, {phase} + {delay:.2f} s)"
+                died = proc.returncode == -getattr(signal, f"SIG{name}")
+                gracefully = name in ("INT", "TERM") and not died  # the writer's clean-up ran
+                finished = COMPLETE_MARKER in output  # a signal in the interpreter's exit: no loss
+                if name == "INT" and proc.returncode not in (0, EXIT_INTERRUPTED) and not finished:
+                    failures.append(f"{what}: exit {proc.returncode}, expected "
+                                    f"{EXIT_INTERRUPTED}: {output[-300:]}")
+                graceful += name == "INT" and proc.returncode == EXIT_INTERRUPTED
+                problems, lost_now = cache_state_problems(out, reference, done_before, gracefully)
+                swept += any(
+                    n.startswith(TMP_PREFIX) for n in digests(out)
+                )  # the next run removes it
+                lost += lost_now
+                failures += [f"{what}: {p}" for p in problems]
+                chain.append(what)
+                print(
+                    f"{what:<38} -> exit {proc.returncode:4d}, {len(digests(out))} files: "
+                    f"{'ok' if not problems else 'BROKEN'}",
+                    flush=True,
+                )
+                if proc.returncode != 0:
+                    continue
+            elif proc.returncode != 0:
+                failures.append(f"an uninterrupted rerun exited {proc.returncode}: {output[-300:]}")
+            same = digests(out) == reference  # the run completed: the cache must be the reference's
+            identical += len(chain) if same else 0
+            if not same:
+                failures.append(
+                    f"the cache completed after {chain} differs from the uninterrupted run's"
+                )
+            verdict = "byte-identical" if same else "DIFFERENT"
+            print(f"completed after {len(chain)} kill(s): {verdict}", flush=True)
+            shutil.rmtree(out, ignore_errors=True)
+            chain, limit = [], rng.randint(1, 3)
+        if chain:  # finish the last chain
+            done = subprocess.run(
+                cache_command(data_dir, out, vae_dir),
+                env=run_env(),
+                check=False,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            runs += 1
+            if done.returncode == 0 and digests(out) == reference:
+                identical += len(chain)
+            else:
+                failures.append(
+                    f"the last rerun (exit {done.returncode}) did not give the reference cache"
+                )
+    print(
+        f"{kills} kills, {identical} byte-identical resumed caches, {lost} lost or half-written "
+        f"shards, {graceful} graceful SIGINT exits (130), {swept} kills left a temporary (swept by "
+        f"the rerun), {runs} runs; {time.perf_counter() - began:.0f} s"
+    )
+    for failure in failures:
+        print("FAIL:", failure)
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "target": "cache",
+                    "kills": kills,
+                    "byte_identical_resumes": identical,
+                    "lost_shards": lost,
+                    "graceful_exits": graceful,
+                    "temporaries_swept": swept,
+                    "runs": runs,
+                    "failures": failures,
+                    "signals": signals,
+                    "images": args.images,
+                    "seed": args.seed,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
+    return 1 if failures else 0
+
+
+def wait_for(proc: subprocess.Popen, log: Path, marker: str) -> float:
+    """Wait until ``proc`` printed ``marker`` to ``log`` (or exited); return that moment
+    (perf_counter)."""
+    while proc.poll() is None and marker not in log.read_text(errors="replace"):
+        time.sleep(0.005)
+    return time.perf_counter()
 
 
 def start(cmd: list[str], log: Path, marker: str = "run dir ") -> tuple[subprocess.Popen, float]:

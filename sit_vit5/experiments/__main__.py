@@ -7,6 +7,8 @@ import argparse
 import shlex
 import sys
 
+from ..errors import KNOWN_ERRORS, run_cli
+
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
@@ -21,7 +23,9 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m sit_vit5.experiments " + shlex.join(argv)
     from .imagenet import run
 
-    return run(args, command)
+    # sampling resumes per checkpoint (bulk parts): a rerun continues after Ctrl-C / SIGTERM
+    return run_cli("python -m sit_vit5.experiments", lambda: run(args, command),
+                   errors=(*KNOWN_ERRORS, ValueError), resumable=True)
 
 
 if __name__ == "__main__":

@@ -104,8 +104,10 @@ def evaluate_checkpoint(ckpt: Path, out_dir: Path, protocol: dict[str, Any], arg
         return None
     weights_kwargs = {"sha256": args.inception_sha256} if args.inception_sha256 else {}
     extractor = fid.load_inception(args.inception_weights, device=device, **weights_kwargs)
-    metrics = fid.evaluate(fid.open_images(bulk.npz), fid.read_reference(ev["reference"]), extractor,
-                           metrics=ev["metrics"], batch_size=args.fid_batch_size, device=str(device))
+    samples, reference = fid.open_images(bulk.npz), fid.read_reference(ev["reference"])
+    fid.check_sample_size(samples, reference)  # a size mismatch gives a number that means nothing
+    metrics = fid.evaluate(samples, reference, extractor, metrics=ev["metrics"],
+                           batch_size=args.fid_batch_size, device=str(device))
     return {**metrics, "model": info.name, "params": count_params(model), "gflops": flops(model),
             "samples": str(bulk.npz)}
 

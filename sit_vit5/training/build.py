@@ -316,8 +316,8 @@ def build(cfg: Config, resume: str | None, loss_fn: LossFn = objective_loss) -> 
 
 
 def describe(run: Run) -> str:
-    """One line: model size, processes and backend in use, strategy, data, batch split, step range,
-    run directory."""
+    """One line: model size, processes and backend in use, strategy, precision, compile, data, batch
+    split, step range, run directory."""
     cfg, t, b = run.cfg, run.cfg["train"], run.batches
     n_params = sum(p.numel() for p in run.unwrapped.parameters())  # DTensors count their full size
     strategy = "FSDP2" if run.sharded else ("DDP" if b.world_size > 1 else "one process")
@@ -325,7 +325,7 @@ def describe(run: Run) -> str:
     precision = {"fp32": "fp32", "bf16": "bf16 autocast", "fp16": "fp16 autocast + loss scaling"}
     return (f"{cfg['model']['name']} ({n_params / 1e6:.2f}M parameters) on "
             f"{describe_group(b.world_size, run.device)}{threads}, {strategy}, "
-            f"{precision[t['precision']]}; "
+            f"{precision[t['precision']]}{', torch.compile' if t['compile'] else ''}; "
             f"{len(run.dataset)} items, global batch {cfg['data']['global_batch_size']} = "
             f"{b.world_size} × {t['grad_accum']} × "
             f"{b.micro_batch}; steps {run.position.step} → {t['steps']}; run dir {run.run_dir}"
