@@ -170,7 +170,7 @@ def baseline_rss(env: dict[str, str], log: Path) -> int:
 PIPELINE_CHECK = """
 import sys, numpy as np
 from PIL import Image
-from sit_vit5 import SiTPipeline
+from sit_vit5.pipeline import SiTPipeline  # the module exported folders name (diffusers imports it)
 export, grid, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
 labels = [int(c) for c in sys.argv[4:]]
 pipe = SiTPipeline.from_pretrained(export)
