@@ -25,6 +25,11 @@ on a tiny VAE and image folder, see ``cache_faults``): killed at random moments 
 after the imports, manifest, shard writes, renames, markers, completion), rerun with the same
 command, and compared with an uninterrupted run's cache byte for byte. Prints "N kills, N
 byte-identical resumed caches, 0 lost or half-written shards".
+
+``--target bulk`` does the same to ``sample.py bulk`` (a tiny random checkpoint, SDE sampling, a
+part per batch of 2): killed at random moments, rerun, and every part left behind must hold the
+reference run's images for its indices; the finished npz must equal the uninterrupted run's array
+for array. Prints "N kills, N identical resumed npz, 0 lost or wrong parts".
 """
 
 from __future__ import annotations
@@ -82,13 +87,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="seed of the kill moments and signals")
     p.add_argument("--time-budget", type=float, default=600.0, help="seconds in all (default 600)")
     p.add_argument("--json", type=Path, default=None, help="write the result here")
-    p.add_argument("--target", choices=("train", "cache"), default="train",
-                   help="train.py (default) or the latent cache writer")
+    p.add_argument("--target", choices=("train", "cache", "bulk"), default="train",
+                   help="train.py (default), the latent cache writer or sample.py bulk")
     p.add_argument("--images", type=int, default=40,
-                   help="cache: images in the folder (default 40)")
+                   help="cache: images in the folder; bulk: samples (default 40)")
     args = p.parse_args(argv)
     if args.target == "cache":
         return cache_faults(args)
+    if args.target == "bulk":
+        return bulk_faults(args)
     signals = [s.strip().upper().removeprefix("SIG") for s in args.signals.split(",") if s.strip()]
     rng = random.Random(args.seed)
     began = time.perf_counter()
@@ -428,6 +435,127 @@ def cache_faults(args: argparse.Namespace) -> int:
             )
             + "\n"
         )
+    return 1 if failures else 0
+
+
+BULK_MARKER = "bulk sampling on"  # printed once the model is loaded, before the first batch
+
+
+def bulk_command(ckpt: Path, out: Path, samples: int) -> list[str]:
+    return [sys.executable, str(ROOT / "sample.py"), "bulk", "--ckpt", str(ckpt), "--out", str(out),
+            "--num-samples", str(samples), "--batch-size", "2", "--method", "sde", "--num-steps",
+            "12", "--device", "cpu", "--no-progress"]
+
+
+def tiny_checkpoint(root: Path) -> Path:
+    """A random tiny pixel-space SiT checkpoint as the training loop writes it."""
+    import torch
+
+    from sit_vit5.config import load_config
+    from sit_vit5.models import create_model
+    from sit_vit5.training import save_checkpoint
+
+    sizes = dict(depth=2, hidden_size=32, num_heads=2, input_size=8, in_channels=1, num_classes=10)
+    cfg = load_config(None, [f"model.{k}={v}" for k, v in {"name": "SiT-S/2", **sizes}.items()]
+                      + ["vae.name=none", "model.learn_sigma=false"])
+    torch.manual_seed(0)
+    model = create_model("SiT-S/2", learn_sigma=False, **sizes)
+    state = {"model": model.state_dict(), "ema": model.state_dict(), "opt": {}, "args": cfg,
+             "step": 1}
+    return save_checkpoint(state, root / "checkpoints", step=1)
+
+
+def npz_arrays(path: Path) -> dict:
+    """The arrays of an npz file, by name."""
+    import numpy as np
+
+    with np.load(path, allow_pickle=False) as f:
+        return {k: f[k] for k in f.files}
+
+
+def part_problems(parts: Path, reference: dict) -> list[str]:
+    """Parts that cannot be read or whose images differ from the reference's for their indices."""
+    import numpy as np
+
+    problems = []
+    for part in sorted(parts.glob("[0-9]*.npz")):
+        try:
+            held = npz_arrays(part)
+        except Exception as err:  # noqa: BLE001  (any unreadable file is a half-written part)
+            problems.append(f"{part.name} is unreadable ({type(err).__name__})")
+            continue
+        want = reference["arr_0"][held["indices"]]  # the npz is RGB; a 1-channel part is gray
+        if not np.array_equal(held["images"], want[..., : held["images"].shape[-1]]):
+            problems.append(f"{part.name} holds other images than the reference's")
+    return problems
+
+
+def bulk_faults(args: argparse.Namespace) -> int:
+    """``--target bulk``: kill sample.py bulk at random moments, rerun, compare (module docstring)."""
+    import numpy as np
+
+    signals = [s.strip().upper().removeprefix("SIG") for s in args.signals.split(",") if s.strip()]
+    rng, began, samples = random.Random(args.seed), time.perf_counter(), args.images
+    with tempfile.TemporaryDirectory(prefix="bulk-faults-") as tmp:
+        root = Path(tmp)
+        ckpt, log = tiny_checkpoint(root), root / "log.txt"
+        proc, ready = start(bulk_command(ckpt, root / "reference", samples), log, BULK_MARKER)
+        if proc.wait() != 0:
+            raise SystemExit(f"the reference run failed:\n{log.read_text()[-2000:]}")
+        duration = time.perf_counter() - ready
+        reference = npz_arrays(next((root / "reference").glob("samples_*.npz")))
+        print(f"reference: {samples} samples in {duration:.2f} s after start-up", flush=True)
+        out, kills, identical, lost, runs, failures, chain = root / "faulty", 0, 0, 0, 0, [], []
+        limit = rng.randint(1, 3)
+        while kills < args.kills and time.perf_counter() - began + 2 * duration < args.time_budget:
+            proc, _ = start(bulk_command(ckpt, out, samples), log, BULK_MARKER)
+            runs += 1
+            if len(chain) < limit:
+                delay, name = rng.uniform(0.0, duration), rng.choice(signals)
+                try:
+                    proc.wait(timeout=delay)
+                except subprocess.TimeoutExpired:
+                    proc.send_signal(getattr(signal, f"SIG{name}"))
+                if proc.wait() != 0:  # killed (a run that finished first completes below)
+                    kills += 1
+                    problems = part_problems(out / "parts", reference)
+                    lost += len(problems)
+                    failures += [f"kill {kills} (SIG{name} + {delay:.2f} s): {p}" for p in problems]
+                    chain.append(name)
+                    print(f"kill {kills} (SIG{name} + {delay:.2f} s) -> exit {proc.returncode}, "
+                          f"{len(list((out / 'parts').glob('[0-9]*.npz')))} parts: "
+                          f"{'ok' if not problems else 'BROKEN'}", flush=True)
+                    continue
+            if proc.wait() != 0:
+                failures.append(f"a rerun exited {proc.returncode}: {log.read_text()[-300:]}")
+            got = npz_arrays(next(out.glob("samples_*.npz")))
+            same = all(np.array_equal(got[k], reference[k]) for k in reference)
+            identical += len(chain) if same else 0
+            if not same:
+                failures.append(f"the npz completed after {chain} differs from the reference")
+            print(f"completed after {len(chain)} kill(s): {'identical' if same else 'DIFFERENT'}",
+                  flush=True)
+            shutil.rmtree(out, ignore_errors=True)
+            chain, limit = [], rng.randint(1, 3)
+        if chain:  # finish the last chain
+            runs += 1
+            done = subprocess.run(bulk_command(ckpt, out, samples), env=run_env(), check=False,
+                                  capture_output=True)
+            got = next(out.glob("samples_*.npz"), None)
+            if done.returncode == 0 and got is not None and all(
+                    np.array_equal(npz_arrays(got)[k], reference[k]) for k in reference):
+                identical += len(chain)
+            else:
+                failures.append(f"the last rerun (exit {done.returncode}) did not give the npz")
+    print(f"{kills} kills, {identical} identical resumed npz, {lost} lost or wrong parts, {runs} "
+          f"runs; {time.perf_counter() - began:.0f} s")
+    for failure in failures:
+        print("FAIL:", failure)
+    if args.json:
+        args.json.write_text(json.dumps({"target": "bulk", "kills": kills, "identical": identical,
+                                         "lost_or_wrong_parts": lost, "runs": runs,
+                                         "failures": failures, "signals": signals,
+                                         "samples": samples, "seed": args.seed}, indent=2) + "\n")
     return 1 if failures else 0
 
 
