@@ -15,8 +15,8 @@ _LAZY = {
     "SiT": "sit_vit5.models",
     "ViT5": "sit_vit5.models",
     "create_model": "sit_vit5.models",
-    "SiTPipeline": "sit_vit5.hub",
-    "SiTScheduler": "sit_vit5.hub",
+    "SiTPipeline": "sit_vit5.pipeline",
+    "SiTScheduler": "sit_vit5.pipeline",
     "ModelMixin": "diffusers",
     "SchedulerMixin": "diffusers",
 }

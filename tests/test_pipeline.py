@@ -4,6 +4,7 @@ pixel."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -132,3 +133,23 @@ def test_pipeline_loads_by_repo_id_from_the_hub_cache(tmp_path, monkeypatch):
     hub.set_progress_bar_config(disable=True)
     local = pipe([2, 7], generator=4, output_type="np").images
     assert np.array_equal(hub([2, 7], generator=4, output_type="np").images, local)
+
+
+def test_the_readme_import_loads_an_export_in_a_fresh_process(tmp_path):
+    """``from sit_vit5 import SiTPipeline`` then ``from_pretrained``, nothing else imported first: the
+    folder names its module (sit_vit5.pipeline) and diffusers refuses modules not yet imported."""
+    import os
+    import subprocess
+    import sys
+
+    from sit_vit5.export import export
+    from tests.test_sampling_cli import our_checkpoint
+
+    folder = export(our_checkpoint(tmp_path, in_channels=1), tmp_path / "exported")
+    code = ("from sit_vit5 import SiTPipeline; "
+            f"p = SiTPipeline.from_pretrained({str(folder)!r}); "
+            "print(p([1, 2], num_inference_steps=3, generator=0, output_type='uint8').images.shape)")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env=env)
+    assert run.returncode == 0 and "(2, 8, 8, 1)" in run.stdout, run.stderr[-2000:]
