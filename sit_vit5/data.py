@@ -145,7 +145,29 @@ def list_image_folder(root: str | os.PathLike) -> tuple[list[str], list[int], li
     return files, labels, classes
 
 
-class ImageFolderDataset(Dataset):
+class EpochDataset(Dataset):
+    """What the three datasets share: class names (``classes``), the epoch that seeds each item's
+    flip (``set_epoch``, called by the training loop), and ``sample_shape`` (C, H, W) of an item."""
+
+    classes: list[str]
+    epoch: int = 0
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    @property
+    def sample_shape(self) -> tuple[int, int, int]:
+        return self._sample_shape()
+
+    def _sample_shape(self) -> tuple[int, int, int]:
+        raise NotImplementedError
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+
+class ImageFolderDataset(EpochDataset):
     """`root/<class>/**/<image>` → (Tensor[3, image_size, image_size] in [-1, 1], label).
 
     Labels follow the sorted class-folder names. Each image is ADM-center-cropped, then flipped
@@ -169,16 +191,8 @@ class ImageFolderDataset(Dataset):
         self.files, labels, self.classes = list_image_folder(self.root)
         self.labels = np.asarray(labels, dtype=np.int64)
 
-    @property
-    def num_classes(self) -> int:
-        return len(self.classes)
-
-    @property
-    def sample_shape(self) -> tuple[int, int, int]:
+    def _sample_shape(self) -> tuple[int, int, int]:
         return (3, self.image_size, self.image_size)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
 
     def __len__(self) -> int:
         return len(self.files)
@@ -225,7 +239,7 @@ class ImageFolderDataset(Dataset):
 # ----------------------------------------------------------------------------- embedded digits
 
 
-class DigitsDataset(Dataset):
+class DigitsDataset(EpochDataset):
     """scikit-learn's 8×8 handwritten digits (1797 images, 10 classes; the data ships inside scikit-learn,
     no download) → (Tensor[1, S, S] in [-1, 1], label).
 
@@ -268,16 +282,8 @@ class DigitsDataset(Dataset):
         self.epoch = 0
         self.classes = [str(c) for c in range(10)]
 
-    @property
-    def num_classes(self) -> int:
-        return 10
-
-    @property
-    def sample_shape(self) -> tuple[int, int, int]:
+    def _sample_shape(self) -> tuple[int, int, int]:
         return (1, self.image_size, self.image_size)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -365,7 +371,7 @@ def check_npy(path: str | os.PathLike, shape: tuple[int, ...], dtype: np.dtype, 
                                 f"{list(found_shape)}) needs {size} ({kind}); {hint}")
 
 
-class LatentCacheDataset(Dataset):
+class LatentCacheDataset(EpochDataset):
     """Cached SD-VAE posteriors → (latent Tensor[C, h, w] float32, label).
 
     The latent is mean + std·ε with ε ~ N(0, I), both moments already multiplied by the scaling factor,
@@ -418,16 +424,8 @@ class LatentCacheDataset(Dataset):
                 check_npy(self.cache_dir / info[key], shape, dtype,
                           reencode_hint(self.cache_dir, info["name"]))
 
-    @property
-    def num_classes(self) -> int:
-        return len(self.classes)
-
-    @property
-    def sample_shape(self) -> tuple[int, int, int]:
+    def _sample_shape(self) -> tuple[int, int, int]:
         return self.latent_shape
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
 
     def __len__(self) -> int:
         return len(self._indices)

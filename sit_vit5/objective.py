@@ -261,6 +261,12 @@ def as_objective(objective: Objective | Transport | GaussianDiffusion) -> Object
     return SiTObjective(objective)
 
 
+def respaced(diffusion: GaussianDiffusion, method: str, num_steps: int) -> GaussianDiffusion:
+    """The process our DDPM / DDIM sampler runs: DiT's ``"num_steps"`` respacing for ddpm (both
+    ends kept), ADM's ``"ddimN"`` (an integer stride) for ddim."""
+    return diffusion.respace(str(num_steps) if method == "ddpm" else f"ddim{num_steps}")
+
+
 class DiffusionSampler:
     """DDPM / DDIM sampling of a ddpm-objective model, shaped like
     :class:`~sit_vit5.transport.Sampler`: :meth:`build` returns ``fn(z, model_fn, *, generator=None,
@@ -288,9 +294,7 @@ class DiffusionSampler:
         if method not in SAMPLE_METHODS["ddpm"]:
             raise SettingError("method", method, " does not sample the ddpm objective; valid: "
                                + ", ".join(SAMPLE_METHODS["ddpm"]))
-        spaced = self._spaced = self.diffusion.respace(
-            str(num_steps) if method == "ddpm" else f"ddim{num_steps}"
-        )
+        spaced = self._spaced = respaced(self.diffusion, method, num_steps)
 
         # DDPM: ancestral steps; DDIM: deterministic at eta = 0 (DiT's two samplers)
         loop = spaced.p_sample_loop if method == "ddpm" else partial(spaced.ddim_sample_loop, eta=eta)

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from ..diffusion import GaussianDiffusion
 from ..errors import SettingError
-from ..objective import Objective, create_objective
+from ..objective import Objective, create_objective, respaced
 from ..sample_spec import SampleSpec
 from ..transport.integrators import batch_time, ode_method, time_grid
 from ..vae import vae_enabled
@@ -29,12 +29,6 @@ def ode_interval(objective: Objective) -> tuple[float, float]:
     the transport's train / sample eps move the ends in)."""
     tr = objective.transport  # type: ignore[attr-defined]  # the sit objective
     return tr.check_interval(tr.train_eps, tr.sample_eps, sde=False, eval=True)
-
-
-def respaced(diffusion: GaussianDiffusion, method: str, num_steps: int) -> GaussianDiffusion:
-    """The process our DDPM / DDIM sampler runs: DiT's ``"num_steps"`` respacing for ddpm (both
-    ends kept), ADM's ``"ddimN"`` (an integer stride) for ddim."""
-    return diffusion.respace(str(num_steps) if method == "ddpm" else f"ddim{num_steps}")
 
 
 class SiTScheduler(SchedulerMixin, ConfigMixin):

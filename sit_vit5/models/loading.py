@@ -17,12 +17,12 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from ..transport import TRANSPORT_KEYS
 from ..vae import SD_VAE_EMA, SD_VAE_SCALING_FACTOR
 from .checkpoint import CheckpointError, check_state_dict, read_checkpoint, strip_wrappers
 from .registry import create_model, list_models, model_kwargs, name_objective
 
 #: the transport section's create_transport keys (the rest belong to the ddpm objective)
-_TRANSPORT_KEYS = ("path_type", "prediction", "loss_weight", "train_eps", "sample_eps")
 
 
 @dataclass
@@ -122,8 +122,8 @@ def _ours(args: dict, model_name: str | None, objective: str | None, path: str, 
     model = create_model(section["name"], **model_kwargs(section))
     saved = {k: v for k, v in args.get("transport", {}).items() if v is not None}
     trained = saved.pop("objective", "sit")
-    transport = {k: v for k, v in saved.items() if k in _TRANSPORT_KEYS}
-    diffusion = {k: v for k, v in saved.items() if k not in _TRANSPORT_KEYS}
+    transport = {k: v for k, v in saved.items() if k in TRANSPORT_KEYS}
+    diffusion = {k: v for k, v in saved.items() if k not in TRANSPORT_KEYS}
     if objective is not None and objective != trained:
         raise ValueError(f"{path} was trained with transport.objective={trained}; its output "
                          f"means {trained}, so drop the objective (our checkpoints carry it)")
@@ -159,7 +159,7 @@ def _official(args: Any, state: dict[str, Tensor], model_name: str | None,
     objective = _official_objective(model_name, objective)
     arch = _infer_architecture(state, input_size, path)
     model = create_model(model_name, **{**arch, **(overrides or {})})
-    transport = {k: official[k] for k in _TRANSPORT_KEYS if official.get(k) is not None}
+    transport = {k: official[k] for k in TRANSPORT_KEYS if official.get(k) is not None}
     diffusion = {}
     if objective == "ddpm":
         if transport:
