@@ -290,7 +290,7 @@ def _timm_encoder(spec: str, name: str, weights: str | None) -> tuple[nn.Module,
         raise RepaError(
             f"repa.encoder={spec}: its weights are not in the local cache and the Hugging Face "
             f"hub cannot be reached ({type(err).__name__}); download them once online "
-            f"(huggingface-cli download {hub_id}, or python -c \"import timm; "
+            f"(hf download {hub_id}, or python -c \"import timm; "
             f"timm.create_model('{name}', pretrained=True)\"), or pass a local folder / "
             "repa.weights") from err
     if weights is not None:  # every weight of the network; only a classifier head may be left over

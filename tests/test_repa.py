@@ -217,7 +217,7 @@ def test_offline_timm_encoder_names_what_to_download(monkeypatch):
     with pytest.raises(R.RepaError) as err:
         R.load_encoder({"encoder": spec}, 8, (4, 4), 1)
     message = str(err.value)
-    assert "huggingface-cli download timm/vit_tiny_patch16_224.augreg_in21k" in message
+    assert "hf download timm/vit_tiny_patch16_224.augreg_in21k" in message
     assert "\n" not in message and spec in message
     with pytest.raises(R.RepaError, match="not a timm model name"):
         R.load_encoder({"encoder": "timm:no_such_net"}, 8, (4, 4), 1)
