@@ -31,17 +31,17 @@ def compared(state: dict) -> dict:
     return {k: state[k] for k in ("model", "ema", "opt", "step", "epoch", "batch_in_epoch", "rng")}
 
 
-#: The signalled run's length: far past the signal at step ~10, so the run is still going when it lands.
+#: The signalled run's length: far past the signal at step ~10, so it still runs when it lands.
 STEPS = 400
-#: Where the resumed and the uninterrupted runs end: past the warm-up (100 steps) and an epoch boundary
-#: (1797 digits / 16 = 112 batches), like the 400 steps the check used to run, at a third of the cost.
+#: Where the resumed and the uninterrupted runs end: past the warm-up (100 steps) and an epoch
+#: boundary (1797 digits / 16 = 112 batches), as the former 400 steps were, at a third of the cost.
 END = 130
 
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    """``uninterrupted(n)``: the final checkpoint of an uninterrupted run of ``n`` steps, trained in this
-    process (train.py without --config = the demo config + overrides); each ``n`` trained once per module."""
+    """``uninterrupted(n)``: the final checkpoint of an uninterrupted run of ``n`` steps, trained in
+    this process (train.py without --config = the demo config + overrides); each ``n`` once."""
     root, done = tmp_path_factory.mktemp("uninterrupted"), {}
 
     def run(target: int) -> Path:
@@ -83,7 +83,7 @@ def test_signal_checkpoints_the_step_and_resume_is_bit_identical(tmp_path, name,
     end = max(END, stopped + 10)
     for target, other in ((stopped, ckpt), (end, None)):
         ref = uninterrupted(target)
-        if other is None:  # `python train.py ... --resume latest`, run in this process (no signal involved)
+        if other is None:  # `python train.py ... --resume latest`, in this process (no signal here)
             assert train_main(train_command(run, end, "--resume", "latest")[2:]) == 0
             other = ck.latest_checkpoint(run / "checkpoints")
             assert ck.read_checkpoint(other)["step"] == end
