@@ -1,7 +1,8 @@
-"""The cluster user's path through the shipped XL configs at reduced size (depth 1, 32-px images through the
-SD-VAE ft-EMA architecture): latent cache from a folder of mixed image modes, train, checkpoint, resume,
-sample.py grid, export, and the diffusers pipeline giving sample.py's pixels (``bench.cluster_paths``; the
-full-size run is in docs/PERFORMANCE.md)."""
+"""The cluster user's path through the shipped XL configs at reduced size (depth 1, 32-px images
+through the SD-VAE ft-EMA architecture; width 8 for the plain XL configs): latent cache from a
+folder of mixed image modes, train, checkpoint, resume, sample.py grid, export, and the diffusers
+pipeline giving sample.py's pixels (``bench.cluster_paths``; the full-size run is in
+docs/PERFORMANCE.md)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,10 @@ def test_image_folder_has_the_modes_a_real_one_has(tmp_path):
 @pytest.mark.slow
 def test_every_xl_config_runs_the_cluster_path_at_reduced_size(tmp_path):
     out = tmp_path / "rows.json"
+    # --vae tiny: SD-VAE ft-EMA's blocks, levels (factor 8) and 4 latent channels at width 8: the
+    # same AutoencoderKL code path through cache, sample.py, export and pipeline, minus 330 MB per copy
     rows = cluster_paths.main(["--configs", *cluster_paths.CONFIGS, "--depth", "1", "--image-size", "32",
+                               "--vae", "tiny",
                                "--work", str(tmp_path / "work"), "--json", str(out)])
     assert [(r["config"], r["stage"]) for r in rows] == [("(all)", "cache_latents")] + [
         (c, s) for c in cluster_paths.CONFIGS for s in STAGES]

@@ -283,13 +283,53 @@ def test_torchrun_bulk_sampling_splits_the_indices(launched, tmp_path):
         assert np.abs(x["arr_0"].astype(int) - y["arr_0"].astype(int)).max() <= 1  # other batch shapes
 
 
+#: Runs each ``[script or -m module, *args]`` of argv[1] (JSON) as ``python ...`` would, one after
+#: the other in one interpreter (one torch import instead of three); prints [[status, stderr], ...].
+RUN_ENTRY_POINTS = """
+import json, os, runpy, sys, tempfile, traceback
+results = []
+for cmd in json.loads(sys.argv[1]):
+    with tempfile.TemporaryFile("w+") as err:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(err.fileno(), 2)  # the descriptor: all the process would print, warnings included
+        try:
+            if cmd[0] == "-m":
+                sys.argv = [cmd[1], *cmd[2:]]
+                runpy.run_module(cmd[1], run_name="__main__", alter_sys=True)
+            else:
+                sys.argv = cmd
+                runpy.run_path(cmd[0], run_name="__main__")
+            status = 0
+        except SystemExit as exit:
+            status = exit.code if isinstance(exit.code, int) else (0 if exit.code is None else 1)
+        except BaseException:
+            traceback.print_exc()
+            status = 1
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        err.seek(0)
+        results.append([status, err.read()])
+print(json.dumps(results))
+"""
+
+
 def test_a_world_size_without_a_launcher_stops_with_one_line(tmp_path):
     env = {**{k: v for k, v in os.environ.items() if k not in WORLD_SIZE_VARS}, "WORLD_SIZE": "2",
            "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    for cmd in (["train.py", *TINY, f"train.out_dir={tmp_path / 'r'}"],
-                ["sample.py", "bulk", "--ckpt", str(tmp_path / "none.pt"), "--out", str(tmp_path / "s")],
-                ["-m", "sit_vit5.cache_latents", "--data-dir", str(tmp_path), "--out", str(tmp_path / "c")]):
-        run = subprocess.run([sys.executable, *cmd], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-        assert run.returncode == 2, (cmd, run.stderr[-2000:])
-        lines = [line for line in run.stderr.splitlines() if line.strip()]
-        assert len(lines) == 1 and "WORLD_SIZE=2" in lines[0] and "torchrun" in lines[0], (cmd, run.stderr)
+    cmds = [["train.py", *TINY, f"train.out_dir={tmp_path / 'r'}"],
+            ["sample.py", "bulk", "--ckpt", str(tmp_path / "none.pt"),
+             "--out", str(tmp_path / "s")],
+            ["-m", "sit_vit5.cache_latents", "--data-dir", str(tmp_path),
+             "--out", str(tmp_path / "c")]]
+    run = subprocess.run([sys.executable, "-c", RUN_ENTRY_POINTS, json.dumps(cmds)], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stderr[-2000:]
+    results = json.loads(run.stdout.splitlines()[-1])
+    assert len(results) == len(cmds)
+    for cmd, (status, stderr) in zip(cmds, results):
+        assert status == 2, (cmd, stderr[-2000:])
+        lines = [line for line in stderr.splitlines() if line.strip()]
+        assert len(lines) == 1, (cmd, stderr)
+        assert "WORLD_SIZE=2" in lines[0] and "torchrun" in lines[0], (cmd, stderr)
