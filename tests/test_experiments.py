@@ -294,3 +294,18 @@ def test_imagenet_runner_end_to_end_with_random_inception(tmp_path):
     assert (out / "tiny_fid_vs_step.png").is_file()
     cached = sorted((tmp_path / "run" / "eval" / "tiny").glob("*.json"))
     assert len(cached) == 2 and "fid" in json.loads(cached[0].read_text())
+
+
+def test_a_comment_edit_of_the_base_config_keeps_the_cached_runs():
+    """Run identity compares the base config as parsed YAML: rewording a comment (as moving the study
+    did) must not retrain the cache, a changed value must."""
+    from tests.digits_study import digits
+
+    base = "model:\n  depth: 4  # four blocks\ntrain:\n  steps: 2000\n"
+    stored = {"base_config": base, "overrides": ["model.name=SiT-S/2"]}
+    reworded = {**stored, "base_config": base.replace("# four blocks", "# 4 blocks, see README")}
+    changed = {**stored, "base_config": base.replace("steps: 2000", "steps: 1000")}
+    assert digits.same_identity(stored, reworded)
+    assert not digits.same_identity(stored, changed)
+    assert not digits.same_identity(stored, {**stored, "overrides": ["model.name=ViT5-S/2"]})
+    assert not digits.same_identity(None, stored)

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from torch import Tensor, nn
 from tqdm import tqdm
 
@@ -314,6 +315,16 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     atomic_write_text(path, json.dumps(data, indent=1))  # a reader sees the old or the new file
 
 
+def same_identity(stored: dict[str, Any] | None, current: dict[str, Any]) -> bool:
+    """Whether a cached run was asked for with ``current``'s settings: the base config compared as
+    parsed YAML (an edited comment changes no run), the overrides and eval sizes as they are."""
+    if stored is None or set(stored) != set(current):
+        return False
+    parse = lambda text: yaml.safe_load(text)  # noqa: E731
+    return all(parse(stored[k]) == parse(current[k]) if k == "base_config" else stored[k] == current[k]
+               for k in current)
+
+
 def run_one(spec: RunSpec, threads: int | None = None,
             train: Callable[..., Any] = training.train) -> dict[str, Any]:
     """Train (or resume) one run, evaluate its checkpoints and return its result (cached, see module
@@ -330,7 +341,7 @@ def run_one(spec: RunSpec, threads: int | None = None,
     result: dict[str, Any] = {}
     if spec.result_path.is_file():
         result = json.loads(spec.result_path.read_text())
-        if result.get("identity") != identity:
+        if not same_identity(result.get("identity"), identity):
             result = {}  # settings changed: start over
         elif result.get("complete"):
             return result
