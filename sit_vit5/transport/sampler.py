@@ -51,7 +51,7 @@ class Sampler:
 
     The keyword defaults are SiT's ``Sampler`` API defaults (e.g. SDE diffusion form SBDM), kept for
     SiT-style calls; sampling runs (sample.py, training grids, experiments) take every setting from
-    :class:`sit_vit5.sampling.SampleSpec`, which passes all of them explicitly.
+    :class:`sit_vit5.sample_spec.SampleSpec`, whose ``options()`` passes all of them explicitly.
     """
 
     def __init__(self, transport: Transport) -> None:
