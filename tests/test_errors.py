@@ -28,8 +28,8 @@ def test_debug_env_shows_the_traceback(tmp_path, monkeypatch):
 def test_run_cli_turns_sigterm_into_one_line_and_status_3(capsys):
     """SIGTERM (a scheduler's pre-emption) runs the cleanups (an exception, not a kill), prints one
     line saying whether a rerun continues, exits 3; the previous handler is restored."""
-    import os
     import signal
+    import time
 
     from sit_vit5.errors import run_cli
 
@@ -37,9 +37,8 @@ def test_run_cli_turns_sigterm_into_one_line_and_status_3(capsys):
 
     def job() -> int:
         try:
-            os.kill(os.getpid(), signal.SIGTERM)
-            for _ in range(1000):  # the handler runs between bytecodes
-                pass
+            signal.raise_signal(signal.SIGTERM)  # delivered to this thread, synchronously
+            time.sleep(30)  # not reached: the handler raises first (a sleep it would interrupt)
             return 0
         finally:
             cleaned.append(True)
