@@ -21,8 +21,8 @@ The REPA configs (``REPA_CONFIGS``, not in the default list) train from the Imag
 (the encoder needs each batch's images; the VAE encodes on the fly) with an encoder of DINOv2-B/14's
 architecture (timm's ``vit_base_patch14_dinov2``, seeded random weights, saved as a local timm
 folder) in place of the torch.hub download; at a reduced ``--image-size`` the encoder's input side
-follows the model's grid (``repa.resolution`` unset). ``bench.plan``'s prediction leaves the encoder
-and the projector out.
+follows the model's grid (``repa.resolution`` unset). ``bench.plan``'s prediction counts the encoder,
+the VAE that encodes on the fly and the projector (``bench.plan.repa_extras``).
 
 The table gives per config and stage the wall time (train: seconds per optimizer step of the second step,
 from ``metrics.jsonl``, so start-up and checkpointing are left out), the peak resident memory of the
@@ -149,16 +149,35 @@ def step_seconds(run_dir: Path, step: int) -> float | None:
     return None
 
 
-def plan_bytes(config_path: Path, precision: str, depth: int | None) -> float:
-    """bench.plan's peak memory of one training step of the config's model at batch 2 on one CPU process."""
-    from bench.plan import GIB as PLAN_GIB
-    from bench.plan import plan
+def plan_bytes(config_path: Path, precision: str, depth: int | None, image_size: int = 256,
+               vae: Path | None = None) -> float:
+    """bench.plan's peak memory of one training step of the config's model at batch 2 on one CPU process
+    (a REPA config: with ``make_repa_encoder``'s encoder, its projector and the on-the-fly ``vae``)."""
+    import torch
 
-    model = yaml.safe_load(config_path.read_text())["model"]
+    from bench.plan import GIB as PLAN_GIB
+    from bench.plan import plan, repa_extras
+
+    cfg = yaml.safe_load(config_path.read_text())
+    model = cfg["model"]
     overrides = {k: v for k, v in model.items() if k not in ("name", "in_channels") and v is not None}
     if depth is not None:
         overrides["depth"] = depth
-    return plan(model["name"], 2, precision, "ddp", 1, device="cpu", **overrides).peak_gib * PLAN_GIB
+    if image_size != 256:
+        overrides["input_size"] = image_size // 8
+    extras = None
+    if cfg.get("repa", {}).get("encoder"):
+        import timm
+        from diffusers import AutoencoderKL
+
+        grid = overrides.get("input_size", 32) // overrides.get("patch_size", 2)
+        with torch.device("meta"):
+            encoder = timm.create_model("vit_base_patch14_dinov2", pretrained=False, num_classes=0)
+            encoder.set_input_size(img_size=(14 * grid, 14 * grid))
+            autoencoder = AutoencoderKL.from_config(AutoencoderKL.load_config(vae)) if vae else None
+        extras = repa_extras(encoder, 14 * grid, cfg["repa"]["projector_dim"], autoencoder, image_size)
+    return plan(model["name"], 2, precision, "ddp", 1, device="cpu", extras=extras,
+                **overrides).peak_gib * PLAN_GIB
 
 
 def baseline_rss(env: dict[str, str], log: Path) -> int:
@@ -213,7 +232,8 @@ def run_config(name: str, work: Path, cache: Path, vae: Path, env: dict[str, str
               run_stage(name, "resume +1 step", [*train, "train.steps=3", "--resume", "latest"], env, log)]
     for stage, step in zip(stages, (2, 3)):
         stage.s_per_step = step_seconds(run_dir, step)
-        stage.plan_bytes = plan_bytes(config, precision, args.depth)
+        stage.plan_bytes = plan_bytes(config, precision, args.depth, args.image_size,
+                                      vae if name in REPA_CONFIGS else None)
     if args.train_only:
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
         return stages

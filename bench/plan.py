@@ -20,6 +20,13 @@ the figure; leave 10-15 % headroom.
 Compute: ``flops()`` counts a multiply-add once, so a training image costs 3 × 2 × flops() FLOPs (forward +
 backward = 3 forwards), and 4 × with gradient checkpointing (one more forward; not counted in MFU, as usual).
 GPU-hours = steps × global batch × 6 × flops() / (MFU × peak), independent of the GPU count.
+
+Beside the backbone (``Extras``): frozen modules that stay resident and run forward only (REPA's encoder; the
+VAE when a run encodes its images on the fly, as REPA runs do) cost 4 bytes per parameter and their forward
+FLOPs (counted by ``torch.utils.flop_counter`` on meta tensors); REPA's projector is trained like the model
+(weights, gradients and AdamW moments on every process, no EMA) and saves its layers' inputs per patch token.
+
+    python -m bench.plan --model SiT-XL/2 --batch-size 32 --repa-encoder vit_base_patch14_dinov2 --vae-on-the-fly
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ import math
 import os
 import subprocess
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 from torch import nn
@@ -78,6 +85,44 @@ def block_saved(model: nn.Module) -> dict[str, float]:
     return {"stream": stream, "compute": compute}
 
 
+def forward_gflops(module: nn.Module, *inputs: torch.Tensor, method: str = "forward") -> float:
+    """GFLOPs (multiply-adds, as ``flops()`` counts them) of one ``module.<method>(*inputs)`` call under
+    no_grad, counted by torch's flop counter (meta tensors work: nothing is computed)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        getattr(module, method)(*inputs)
+    return counter.get_total_flops() / 2 / 1e9  # the counter counts a multiply-add as 2
+
+
+@dataclass(frozen=True)
+class Extras:
+    """What sits beside the backbone in a training step: frozen modules run forward only (REPA's encoder,
+    a VAE encoding on the fly) and REPA's projector. GFLOPs are multiply-adds per training image."""
+
+    frozen_params: int = 0
+    frozen_gflops: float = 0.0
+    projector: tuple[int, int] | None = None  # REPA: (projector width P, encoder feature width E)
+    parts: dict[str, float] = field(default_factory=dict)  # name -> forward GFLOPs, for the printout
+
+
+def repa_extras(encoder: nn.Module, resolution: int, projector_dim: int, vae: nn.Module | None = None,
+                image_size: int = 256, method: str = "forward_features") -> Extras:
+    """``Extras`` of a REPA run: ``encoder`` (built on meta is enough) seeing (1, 3, resolution, resolution)
+    images through ``encoder.<method>``, a projector ``projector_dim`` wide to its feature width and, when
+    the run encodes on the fly, ``vae``'s encoder on (1, 3, image_size, image_size)."""
+    image = torch.zeros(1, 3, resolution, resolution, device=next(encoder.parameters()).device)
+    with torch.no_grad():
+        out = getattr(encoder, method)(image)  # (1, T, E) tokens, or a map whose last dim is E
+    parts = {"REPA encoder": forward_gflops(encoder, image, method=method)}
+    params = sum(p.numel() for p in encoder.parameters())
+    if vae is not None:
+        pixels = torch.zeros(1, 3, image_size, image_size, device=next(vae.parameters()).device)
+        parts["VAE encoder"] = forward_gflops(vae, pixels, method="encode")
+        params += sum(p.numel() for p in vae.parameters())
+    return Extras(params, sum(parts.values()), (projector_dim, out.shape[-1]), parts)
+
+
 @dataclass
 class Plan:
     """One configuration's per-GPU memory (GiB) and compute figures."""
@@ -100,16 +145,22 @@ class Plan:
     peak_gib: float
     train_tflop_per_img: float
     step_tflop: float  # per GPU, one optimizer step at this per-GPU batch (recompute included)
+    frozen_gib: float = 0.0  # Extras: REPA's encoder, a VAE encoding on the fly (fp32 weights)
+    projector_gib: float = 0.0  # Extras: REPA's projector with its gradients and AdamW moments
+    extras_gflops: float = 0.0  # Extras per training image, in forward-equivalents (frozen + 3 × projector)
 
 
 def plan(model_name: str, batch: int, precision: str = "bf16", strategy: str = "ddp", gpus: int = 1,
-         grad_checkpointing: bool = False, device: str = "cuda", ema: bool = True, **overrides) -> Plan:
+         grad_checkpointing: bool = False, device: str = "cuda", ema: bool = True, extras: Extras | None = None,
+         **overrides) -> Plan:
     """Analytic per-GPU memory and FLOPs of one training step (see the module docstring for the model).
 
     ``batch`` is the per-GPU micro-batch; ``gpus`` the number of data-parallel processes (DDP buckets and FSDP
     shards depend on it); ``device='cpu'`` uses CPU AdamW (one tensor at a time, no foreach temporaries);
-    ``ema=False`` leaves out the EMA copy (``bench.train_step`` keeps none).
+    ``ema=False`` leaves out the EMA copy (``bench.train_step`` keeps none); ``extras``: REPA's encoder and
+    projector, a VAE encoding on the fly (``repa_extras``).
     """
+    extras = extras or Extras()
     if precision not in BYTES or strategy not in ("ddp", "fsdp"):
         raise ValueError(f"precision must be fp32|bf16|fp16 and strategy ddp|fsdp, got {precision!r}, {strategy!r}")
     model = build_on_meta(model_name, **overrides)
@@ -139,22 +190,36 @@ def plan(model_name: str, batch: int, precision: str = "bf16", strategy: str = "
     else:
         activations = batch * n_tokens * (depth * per_block + outside)
     workspace = batch * n_tokens * BACKWARD_WORKSPACE_D * width * bytes_["compute"]
+    frozen, projector, projector_gflops = 4 * extras.frozen_params, 0.0, 0.0
+    if extras.projector is not None:  # Linear(D, P) - SiLU - Linear(P, P) - SiLU - Linear(P, E), per patch
+        proj, feat = extras.projector
+        n_patches = (model.input_size // model.patch_size) ** 2
+        proj_params = width * proj + proj + proj * proj + proj + proj * feat + feat
+        projector = 16 * proj_params  # weights, gradients, two moments: whole on every process
+        projector_gflops = n_patches * (width * proj + proj * proj + proj * feat) / 1e9
+        # saved: the 3 Linear inputs and 2 SiLU inputs (P each but the first, D: the block output the
+        # backbone keeps anyway), the output for the cosine; the encoder's features (fp32) live all step
+        activations += batch * n_patches * ((4 * proj + feat) * bytes_["compute"] + 4 * feat)
     # AdamW on GPU is foreach: one temporary as large as the moments' sqrt; on CPU one tensor at a time
     opt_temp = 4 * (p_train / shard if device == "cuda" else largest)
-    static = weights + moments + ema_bytes + extra
+    static = weights + moments + ema_bytes + extra + frozen + projector
     peak = static + max(activations + workspace, grads + opt_temp)
     if strategy == "ddp":  # gradients exist during backward's tail while activations are mostly freed
         peak = max(peak, static + grads + workspace)
     fwd = flops(model)
-    per_img = 2 * fwd * (4 if grad_checkpointing else 3) / 1e3  # TFLOP per training image
+    # TFLOP per training image: the backbone 3 forwards (4 with recompute), frozen modules one, projector 3
+    per_img = 2 * (fwd * (4 if grad_checkpointing else 3) + extras.frozen_gflops + 3 * projector_gflops) / 1e3
     return Plan(model_name, p_all / 1e6, fwd, batch, precision, strategy, gpus, grad_checkpointing,
                 weights / GIB, grads / GIB, moments / GIB, ema_bytes / GIB, extra / GIB, activations / GIB,
-                workspace / GIB, peak / GIB, per_img, per_img * batch)
+                workspace / GIB, peak / GIB, per_img, per_img * batch, frozen / GIB, projector / GIB,
+                extras.frozen_gflops + 3 * projector_gflops)
 
 
-def gpu_hours(fwd_gflops: float, steps: int, global_batch: int, mfu: float, peak_tflops: float) -> float:
-    """GPU-hours for ``steps`` optimizer steps of ``global_batch`` images at model-FLOPs utilisation ``mfu``."""
-    model_flop = steps * global_batch * 6 * fwd_gflops * 1e9
+def gpu_hours(fwd_gflops: float, steps: int, global_batch: int, mfu: float, peak_tflops: float,
+              extras_gflops: float = 0.0) -> float:
+    """GPU-hours for ``steps`` optimizer steps of ``global_batch`` images at model-FLOPs utilisation ``mfu``
+    (``extras_gflops``: ``Plan.extras_gflops``, work beside the backbone at the same utilisation)."""
+    model_flop = steps * global_batch * (6 * fwd_gflops + 2 * extras_gflops) * 1e9
     return model_flop / (mfu * peak_tflops * 1e12) / 3600
 
 
@@ -249,6 +314,35 @@ def parse_overrides(items: list[str] | None) -> dict:
     return out
 
 
+def cli_extras(args: argparse.Namespace) -> Extras:
+    """``Extras`` from ``--repa-encoder`` / ``--vae-on-the-fly`` (architectures built on meta, no weights)."""
+    if args.repa_encoder is None and not args.vae_on_the_fly:
+        return Extras()
+    vae = None
+    if args.vae_on_the_fly:
+        from diffusers import AutoencoderKL
+
+        from .data_path import SD_VAE_ARCH
+
+        with torch.device("meta"):
+            vae = AutoencoderKL(**SD_VAE_ARCH)
+    model = build_on_meta(args.model, **parse_overrides(args.override))
+    image_size = model.input_size * (8 if vae is not None or model.in_channels == 4 else 1)
+    if args.repa_encoder is None:
+        frozen = sum(p.numel() for p in vae.parameters())
+        gflops = forward_gflops(vae, torch.zeros(1, 3, image_size, image_size, device="meta"), method="encode")
+        return Extras(frozen, gflops, None, {"VAE encoder": gflops})
+    import timm
+
+    name = args.repa_encoder.removeprefix("timm:")
+    with torch.device("meta"):
+        encoder = timm.create_model(name, pretrained=False, num_classes=0)
+    patch = encoder.patch_embed.patch_size[0]
+    resolution = args.repa_resolution or patch * (model.input_size // model.patch_size)
+    encoder.set_input_size(img_size=(resolution, resolution))
+    return repa_extras(encoder, resolution, args.repa_projector_dim, vae, image_size)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add = p.add_argument
@@ -265,6 +359,14 @@ def build_parser() -> argparse.ArgumentParser:
     add("--peak-tflops", type=float, default=None, help="override the peak TFLOP/s")
     add("--gpu-memory-gib", type=float, default=None, help="print the headroom against this capacity")
     add("--override", action="append", metavar="KEY=VALUE", help="model override (depth=4, input_size=16)")
+    add("--repa-encoder", default=None, metavar="TIMM_NAME",
+        help="add REPA with this timm encoder architecture (no weights needed), e.g. vit_base_patch14_dinov2 "
+             "(DINOv2-B/14, REPA's)")
+    add("--repa-projector-dim", type=int, default=2048, help="REPA projector width (REPA: 2048)")
+    add("--repa-resolution", type=int, default=None,
+        help="encoder input side (default: its patch × the model's token grid, 224 for DINOv2/14 at 256 px)")
+    add("--vae-on-the-fly", action="store_true",
+        help="the run encodes images with SD-VAE each step (data.kind=imagefolder, as REPA runs do)")
     add("--measure-cpu", action="store_true", help="also measure the fp32 peak on this CPU (small models!)")
     add("--measure-child", action="store_true", help=argparse.SUPPRESS)
     add("--json", default=None, help="write the figures here")
@@ -279,8 +381,9 @@ def main(argv: list[str] | None = None) -> dict:
     if args.batch_size < 1 or args.gpus < 1 or not 0 < args.mfu <= 1:
         raise SystemExit("--batch-size and --gpus must be >= 1 and --mfu in (0, 1]")
     device = "cpu" if args.measure_cpu else "cuda"
+    extras = cli_extras(args)
     result = plan(args.model, args.batch_size, args.precision, args.strategy, args.gpus, args.grad_checkpointing,
-                  device=device, **parse_overrides(args.override))
+                  device=device, extras=extras, **parse_overrides(args.override))
     peak_tflops = args.peak_tflops or PEAK_BF16_TFLOPS[args.gpu]
     accum = max(1, math.ceil(args.global_batch / (args.batch_size * args.gpus)))
     print(f"{result.model}: {result.params_m:.2f}M parameters, {result.fwd_gflops:.2f} GFLOPs forward "
@@ -293,6 +396,10 @@ def main(argv: list[str] | None = None) -> dict:
             ("AdamW moments", result.optimizer_gib), ("EMA (fp32, full)", result.ema_gib),
             ("buckets / gathered / autocast copies", result.extra_gib), ("activations", result.activations_gib),
             ("backward workspace", result.workspace_gib)]
+    if extras.frozen_params:
+        rows.insert(5, ("frozen: " + ", ".join(extras.parts), result.frozen_gib))
+    if extras.projector:
+        rows.insert(6, ("REPA projector (+ grads, AdamW)", result.projector_gib))
     for name, gib in rows:
         print(f"  {name:<38} {gib:8.2f} GiB")
     print(f"  {'predicted peak':<38} {result.peak_gib:8.2f} GiB")
@@ -301,11 +408,15 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"step: {result.train_tflop_per_img * 1e3:.0f} GFLOP per training image"
           f"{' (incl. recompute)' if args.grad_checkpointing else ''}, {result.step_tflop:.1f} TFLOP per GPU "
           f"micro-batch")
+    for name, gflops in extras.parts.items():
+        print(f"  of which {name}: {gflops:.1f} GFLOPs forward per image "
+              f"({gflops / (3 * result.fwd_gflops):.1%} of the backbone's training step)")
     out = {"plan": asdict(result), "mfu": args.mfu, "peak_tflops": peak_tflops, "runs": []}
-    img_per_s = args.mfu * peak_tflops * 1e12 / (6 * result.fwd_gflops * 1e9)
+    img_per_s = args.mfu * peak_tflops * 1e12 / ((6 * result.fwd_gflops + 2 * result.extras_gflops) * 1e9)
     print(f"at {args.mfu:.0%} MFU of {peak_tflops:.0f} TFLOP/s ({args.gpu}): {img_per_s:.0f} img/s per GPU")
     for steps in args.steps:
-        hours = gpu_hours(result.fwd_gflops, steps, args.global_batch, args.mfu, peak_tflops)
+        hours = gpu_hours(result.fwd_gflops, steps, args.global_batch, args.mfu, peak_tflops,
+                          result.extras_gflops)
         days = hours / args.gpus / 24
         print(f"  {steps:>9,} steps × {args.global_batch}: {hours:10,.0f} GPU-hours = {days:6.1f} days on "
               f"{args.gpus} GPU(s)" + (f"; with the recompute at the same hardware utilisation: "

@@ -94,3 +94,54 @@ def test_predicted_peak_within_20_percent_of_measured_cpu_peak(name, batch, ckpt
     measured = measure_cpu_peak(name, batch, ckpt, [f"{k}={v}" for k, v in SMALL.items()])
     print(f"{name} batch {batch} ckpt {ckpt}: predicted {predicted.peak_gib:.3f} GiB, measured {measured:.3f}")
     assert predicted.peak_gib == pytest.approx(measured, rel=0.20)
+
+
+def test_repa_extras_count_the_projector_encoder_and_vae_as_built():
+    """REPA's projector (weights, gradients, two AdamW moments), its frozen encoder and an on-the-fly VAE
+    against the modules themselves; FLOPs against closed forms for Linear layers."""
+    timm = pytest.importorskip("timm")
+    from diffusers import AutoencoderKL
+
+    from bench.data_path import TINY_VAE_ARCH
+    from bench.plan import Extras, forward_gflops, repa_extras
+    from sit_vit5.repa import Projector
+
+    assert forward_gflops(torch.nn.Linear(64, 32), torch.zeros(10, 64)) == pytest.approx(10 * 64 * 32 / 1e9)
+    encoder = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=0, img_size=32)
+    vae = AutoencoderKL(**TINY_VAE_ARCH)
+    extras = repa_extras(encoder, 32, 96, vae, image_size=32)
+    assert extras.projector == (96, 192)  # the encoder's feature width, read off its output
+    assert extras.frozen_params == count_params(encoder) + count_params(vae)
+    assert set(extras.parts) == {"REPA encoder", "VAE encoder"} and all(g > 0 for g in extras.parts.values())
+    # a ViT's forward is at least its Linear layers' multiply-adds over its 5 tokens (4 patches + cls)
+    linear = sum(m.in_features * m.out_features for m in encoder.modules() if isinstance(m, torch.nn.Linear))
+    assert extras.parts["REPA encoder"] >= 5 * linear / 1e9
+
+    kw = dict(input_size=8, depth=2, hidden_size=64, num_heads=2)  # 4×4 = 16 patch tokens, width 64
+    base = plan("ViT5-S/2", 4, "fp32", "ddp", 1, **kw)
+    with_repa = plan("ViT5-S/2", 4, "fp32", "ddp", 1, extras=extras, **kw)
+    assert with_repa.frozen_gib * GIB == 4 * extras.frozen_params
+    assert with_repa.projector_gib * GIB == 16 * count_params(Projector(64, 96, 192))
+    projector_gflops = 16 * (64 * 96 + 96 * 96 + 96 * 192) / 1e9
+    assert with_repa.extras_gflops == pytest.approx(extras.frozen_gflops + 3 * projector_gflops)
+    assert with_repa.train_tflop_per_img == pytest.approx(
+        base.train_tflop_per_img + 2 * with_repa.extras_gflops / 1e3)
+    assert with_repa.activations_gib > base.activations_gib  # the projector's saved inputs, the features
+    assert with_repa.peak_gib > base.peak_gib + with_repa.frozen_gib + with_repa.projector_gib - 1e-9
+    assert plan("ViT5-S/2", 4, "fp32", "ddp", 1, extras=Extras(), **kw) == base
+    hours = gpu_hours(1.0, 10, 8, 0.5, 100.0, extras_gflops=3.0)
+    assert hours == pytest.approx(10 * 8 * (6 + 6) * 1e9 / (0.5 * 100e12) / 3600)
+
+
+def test_cli_adds_repa_and_the_on_the_fly_vae(capsys):
+    pytest.importorskip("timm")
+    out = plan_module.main(["--model", "SiT-XL/2", "--batch-size", "32", "--repa-encoder",
+                            "vit_base_patch14_dinov2", "--vae-on-the-fly"])
+    text = capsys.readouterr().out
+    assert "REPA encoder" in text and "VAE encoder" in text and "REPA projector" in text
+    base = plan("SiT-XL/2", 32, "bf16", "ddp", 8)
+    got = out["plan"]
+    assert got["frozen_gib"] * GIB == 4 * (85_724_928 + 83_653_863)  # DINOv2-B/14 (timm) + SD-VAE
+    # DINOv2-B/14 at 224 px (257 tokens) ≈ 23 GMACs; SD-VAE's encoder at 256 px ≈ 136
+    assert got["extras_gflops"] == pytest.approx(23.2 + 136.4 + 3 * 2.08, rel=0.01)
+    assert got["peak_gib"] > base.peak_gib
