@@ -15,14 +15,16 @@ For each ``configs/imagenet/<name>.yaml``, unchanged except batch size, steps, p
    a checkpoint at step 2; then ``--resume latest`` for 1 more step;
 3. ``sample.py grid``: 2 images (classes 207, 360) decoded by the VAE to 256 x 256;
 4. ``python -m sit_vit5.export`` of the run, then ``SiTPipeline`` on the export: the same 2 images,
-   which must equal sample.py's pixel for pixel.
+   which must equal sample.py's pixel for pixel, but for float rounding across processes (at most 0.1 %
+   of the values off by one uint8 step).
 
-The REPA configs (``REPA_CONFIGS``, not in the default list) train from the ImageFolder itself
-(the encoder needs each batch's images; the VAE encodes on the fly) with an encoder of DINOv2-B/14's
+The REPA configs (``REPA_CONFIGS``, not in the default list) train from the same cache with the
+ImageFolder beside it (``data.image_root``: the encoder sees each latent's image, as in REPA's own
+training) with an encoder of DINOv2-B/14's
 architecture (timm's ``vit_base_patch14_dinov2``, seeded random weights, saved as a local timm
 folder) in place of the torch.hub download; at a reduced ``--image-size`` the encoder's input side
-follows the model's grid (``repa.resolution`` unset). ``bench.plan``'s prediction counts the encoder,
-the VAE that encodes on the fly and the projector (``bench.plan.repa_extras``).
+follows the model's grid (``repa.resolution`` unset). ``bench.plan``'s prediction counts the encoder
+and the projector (``bench.plan.repa_extras``).
 
 The table gives per config and stage the wall time (train: seconds per optimizer step of the second step,
 from ``metrics.jsonl``, so start-up and checkpointing are left out), the peak resident memory of the
@@ -149,10 +151,9 @@ def step_seconds(run_dir: Path, step: int) -> float | None:
     return None
 
 
-def plan_bytes(config_path: Path, precision: str, depth: int | None, image_size: int = 256,
-               vae: Path | None = None) -> float:
+def plan_bytes(config_path: Path, precision: str, depth: int | None, image_size: int = 256) -> float:
     """bench.plan's peak memory of one training step of the config's model at batch 2 on one CPU process
-    (a REPA config: with ``make_repa_encoder``'s encoder, its projector and the on-the-fly ``vae``)."""
+    (a REPA config: with ``make_repa_encoder``'s encoder and its projector; the latents are cached)."""
     import torch
 
     from bench.plan import GIB as PLAN_GIB
@@ -168,14 +169,12 @@ def plan_bytes(config_path: Path, precision: str, depth: int | None, image_size:
     extras = None
     if cfg.get("repa", {}).get("encoder"):
         import timm
-        from diffusers import AutoencoderKL
 
         grid = overrides.get("input_size", 32) // overrides.get("patch_size", 2)
         with torch.device("meta"):
             encoder = timm.create_model("vit_base_patch14_dinov2", pretrained=False, num_classes=0)
             encoder.set_input_size(img_size=(14 * grid, 14 * grid))
-            autoencoder = AutoencoderKL.from_config(AutoencoderKL.load_config(vae)) if vae else None
-        extras = repa_extras(encoder, 14 * grid, cfg["repa"]["projector_dim"], autoencoder, image_size)
+        extras = repa_extras(encoder, 14 * grid, cfg["repa"]["projector_dim"])
     return plan(model["name"], 2, precision, "ddp", 1, device="cpu", extras=extras,
                 **overrides).peak_gib * PLAN_GIB
 
@@ -197,15 +196,19 @@ pipe.set_progress_bar_config(disable=True)
 images = pipe(labels, num_inference_steps=steps, generator=0, output_type="uint8").images
 expected = np.stack([np.asarray(Image.open(f"{grid}/{i:06d}.png")) for i in range(len(labels))])
 assert images.shape == expected.shape, (images.shape, expected.shape)
-assert np.array_equal(images, expected), f"pipeline != sample.py: {np.abs(images.astype(int) - expected).max()}"
-print("pipeline == sample.py grid", images.shape)
+diff = np.abs(images.astype(int) - expected)
+# two processes' CPU kernels can round a float pixel to either side of a uint8 step (seen: 1 value in
+# 6144 off by 1, from a ~3e-6 difference in the VAE decoder); anything more is a real difference
+off = int((diff > 0).sum())
+assert diff.max() <= 1 and off <= 1e-3 * diff.size, f"pipeline != sample.py: max {diff.max()}, {off} values"
+print("pipeline == sample.py grid", images.shape, f"({off} of {diff.size} values off by 1)")
 """
 
 
 def run_config(name: str, work: Path, cache: Path, vae: Path, env: dict[str, str], args: argparse.Namespace,
                log: Path, images: Path | None = None) -> list[Stage]:
     """Train, resume, sample, export and pipeline-sample ``configs/imagenet/<name>.yaml`` (a REPA
-    config: from the ImageFolder ``images``, with the encoder of ``make_repa_encoder``)."""
+    config: the cache's images read from ``images`` beside it, the encoder of ``make_repa_encoder``)."""
     config = REPO / "configs" / "imagenet" / f"{name}.yaml"
     precision = args.precision or yaml.safe_load(config.read_text())["train"]["precision"]
     run_dir, py = work / name / "run", sys.executable
@@ -217,12 +220,11 @@ def run_config(name: str, work: Path, cache: Path, vae: Path, env: dict[str, str
         overrides.append(f"model.depth={args.depth}")
     if args.image_size != 256:  # the reduced check: a smaller image through the same VAE architecture
         overrides += [f"data.image_size={args.image_size}", f"model.input_size={args.image_size // 8}"]
-    if name in REPA_CONFIGS:  # the encoder sees each batch's images: no latent cache
+    if name in REPA_CONFIGS:  # the encoder sees each latent's image, read beside the cache
         encoder = work / "repa-encoder"
         if not encoder.is_dir():
             make_repa_encoder(encoder)
-        overrides[:2] = ["data.kind=imagefolder", f"data.root={images}"]
-        overrides.append(f"repa.encoder={encoder}")
+        overrides += [f"data.image_root={images}", f"repa.encoder={encoder}"]
         if args.depth is not None:
             overrides.append(f"repa.depth={min(args.depth, 8)}")
         if args.image_size != 256:
@@ -232,8 +234,7 @@ def run_config(name: str, work: Path, cache: Path, vae: Path, env: dict[str, str
               run_stage(name, "resume +1 step", [*train, "train.steps=3", "--resume", "latest"], env, log)]
     for stage, step in zip(stages, (2, 3)):
         stage.s_per_step = step_seconds(run_dir, step)
-        stage.plan_bytes = plan_bytes(config, precision, args.depth, args.image_size,
-                                      vae if name in REPA_CONFIGS else None)
+        stage.plan_bytes = plan_bytes(config, precision, args.depth, args.image_size)
     if args.train_only:
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
         return stages

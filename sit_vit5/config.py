@@ -63,6 +63,7 @@ DEFAULTS: Config = {
     "data": {
         "kind": "imagefolder",  # digits | imagefolder | latents (see sit_vit5.data.DATASETS)
         "root": None,  # class-subfolder image dir (imagefolder) or latent cache dir (latents)
+        "image_root": None,  # latents + REPA: the ImageFolder the cache was made from (the encoder's images)
         "image_size": 256,  # pixel side after the ADM center crop (digits: 8)
         "random_flip": True,  # horizontal flip with probability 1/2, decided per (seed, epoch, item)
         "skip_bad": False,  # imagefolder: skip unreadable images with a warning instead of failing
@@ -452,10 +453,16 @@ def validate_repa(cfg: Config) -> None:
     if r["interpolation"] not in INTERPOLATIONS:
         raise ConfigError(f"repa.interpolation={r['interpolation']!r}; valid: "
                           f"{', '.join(INTERPOLATIONS)}")
-    if r["encoder"] is not None and cfg["data"]["kind"] == "latents":
-        raise ConfigError("repa.encoder needs the images of each batch, which data.kind=latents "
-                          "does not have: train from images (data.kind=imagefolder, the VAE "
-                          "encodes on the fly) or set repa.encoder=null")
+    kind, image_root = cfg["data"]["kind"], cfg["data"]["image_root"]
+    if r["encoder"] is not None and kind == "latents" and image_root is None:
+        raise ConfigError("repa.encoder needs the images of each batch, which a latent cache does not "
+                          "hold: set data.image_root to the ImageFolder the cache was made from (the "
+                          "loader reads each latent's image beside it), train from "
+                          "data.kind=imagefolder (the VAE encodes on the fly), or set repa.encoder=null")
+    if image_root is not None and kind != "latents":
+        raise ConfigError(f"data.image_root={image_root!r} is read only with data.kind=latents "
+                          f"(images beside cached latents, for REPA); data.kind={kind!r} reads "
+                          "data.root")
 
 
 def configs_dir() -> Path:

@@ -121,6 +121,23 @@ def pil_to_tensor(pil_image: Image.Image) -> torch.Tensor:
     return torch.from_numpy(arr).permute(2, 0, 1) / 127.5 - 1.0
 
 
+def read_image(path: str | os.PathLike, image_size: int, min_side: int = 0) -> torch.Tensor:
+    """The image file at `path`, RGB, ADM-center-cropped to `image_size`, as Tensor[3, S, S] in
+    [-1, 1]. Raises UnreadableImageError (naming the file) if PIL cannot decode it,
+    TooSmallImageError if a side is below `min_side` pixels."""
+    try:
+        with Image.open(path) as img:
+            img = img.convert("RGB")  # forces the full decode inside the try
+    except (OSError, ValueError, Image.DecompressionBombError) as err:
+        message = f"cannot read image {path}: {type(err).__name__}: {err}"
+        raise UnreadableImageError(message, path) from err
+    if min(img.size) < min_side:
+        width, height = img.size
+        raise TooSmallImageError(f"image {path} is {width}x{height} px, below the minimum side "
+                                 f"of {min_side} px", path)
+    return pil_to_tensor(center_crop_arr(img, image_size))
+
+
 def list_image_folder(root: str | os.PathLike) -> tuple[list[str], list[int], list[str]]:
     """ImageFolder listing: class = each sub-directory of `root` in sorted order; files found recursively
     (sorted) with an IMG_EXTENSIONS suffix. Returns (paths relative to root, labels, classes)."""
@@ -198,21 +215,8 @@ class ImageFolderDataset(EpochDataset):
         return len(self.files)
 
     def read(self, index: int) -> torch.Tensor:
-        """Center-cropped, unflipped image `index` as Tensor[3, S, S] in [-1, 1].
-        Raises UnreadableImageError (naming the file) if PIL cannot decode it, TooSmallImageError if
-        a side is below `min_side`."""
-        path = self.root / self.files[index]
-        try:
-            with Image.open(path) as img:
-                img = img.convert("RGB")  # forces the full decode inside the try
-        except (OSError, ValueError, Image.DecompressionBombError) as err:
-            message = f"cannot read image {path}: {type(err).__name__}: {err}"
-            raise UnreadableImageError(message, path) from err
-        if min(img.size) < self.min_side:
-            width, height = img.size
-            raise TooSmallImageError(f"image {path} is {width}x{height} px, below the minimum side "
-                                     f"of {self.min_side} px", path)
-        return pil_to_tensor(center_crop_arr(img, self.image_size))
+        """Center-cropped, unflipped image `index` as Tensor[3, S, S] in [-1, 1] (`read_image`)."""
+        return read_image(self.root / self.files[index], self.image_size, self.min_side)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         flip = self.random_flip and bool(torch.randint(2, (1,), generator=self._generator(index)).item())
@@ -372,7 +376,10 @@ def check_npy(path: str | os.PathLike, shape: tuple[int, ...], dtype: np.dtype, 
 
 
 class LatentCacheDataset(EpochDataset):
-    """Cached SD-VAE posteriors → (latent Tensor[C, h, w] float32, label).
+    """Cached SD-VAE posteriors → (latent Tensor[C, h, w] float32, label), and with `image_root`
+    (the ImageFolder the cache was made from) → (latent, label, image Tensor[3, S, S] in [-1, 1]):
+    the item's own image, center-cropped as the writer cropped it and flipped with the latent (what
+    REPA's encoder sees beside cached latents, as REPA's own code trains).
 
     The latent is mean + std·ε with ε ~ N(0, I), both moments already multiplied by the scaling factor,
     from the original or (if `random_flip`, probability 1/2) the flipped image. Flip and ε come from a
@@ -383,10 +390,14 @@ class LatentCacheDataset(EpochDataset):
     Checked (CorruptCacheError naming the file): at open, that labels.npy and every shard file
     exist with the shape, dtype and byte size the manifest implies (headers only: ≈ 0.1 ms a file);
     at each read, that the item's mean and std are finite (≈ 3 µs for a 4×32×32 latent, on a 22 µs
-    item read), so a shard overwritten with NaN is named before it can reach the loss.
+    item read), so a shard overwritten with NaN is named before it can reach the loss. With
+    `image_root` (CacheMismatchError naming the file): at open, that files.txt lists the cache's
+    images and its first and last image exist there; at each read, that the image still has the
+    byte size it had when it was encoded (one stat).
     """
 
-    def __init__(self, cache_dir: str | os.PathLike, random_flip: bool = True, seed: int = 0):
+    def __init__(self, cache_dir: str | os.PathLike, random_flip: bool = True, seed: int = 0,
+                 image_root: str | os.PathLike | None = None):
         self.cache_dir = Path(cache_dir)
         manifest = read_manifest(self.cache_dir)
         if not manifest.get("complete"):
@@ -411,6 +422,53 @@ class LatentCacheDataset(EpochDataset):
         valid[np.asarray(manifest.get("bad_indices", []), dtype=np.int64)] = False
         self._indices = np.flatnonzero(valid)  # dataset index → cache index
         self._arrays: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.image_root = None if image_root is None else Path(image_root)
+        if self.image_root is not None:
+            self._files, self._file_sizes = self._check_images()
+
+    def _check_images(self) -> tuple[list[str], np.ndarray]:
+        """files.txt and file_sizes.npy of the cache, after checking that `image_root` holds its
+        first and last image (the per-read size check covers the rest)."""
+        root, n = self.image_root, int(self.manifest["num_images"])
+        if not root.is_dir():
+            raise DataRootError(f"data.image_root={root} is not a folder: point it at the "
+                                f"ImageFolder the latent cache {self.cache_dir} was made from")
+        listing = self.cache_dir / self.manifest.get("files", FILES_NAME)
+        try:
+            files = listing.read_text().splitlines()
+        except (OSError, UnicodeDecodeError) as err:
+            raise CorruptCacheError(f"{listing}: cannot be read ({err}); it names the images the "
+                                    "cache was made from: re-create the cache in a new --out") from None
+        sizes_path = self.cache_dir / self.manifest.get("file_sizes", FILE_SIZES_NAME)
+        check_npy(sizes_path, (n,), np.dtype(np.int64), "re-create the cache in a new --out")
+        if len(files) != n:
+            raise CorruptCacheError(f"{listing}: {len(files)} lines for the manifest's {n} images; "
+                                    "re-create the cache in a new --out")
+        for i in {int(self._indices[0]), int(self._indices[-1])} if len(self._indices) else ():
+            if not (root / files[i]).is_file():
+                raise CacheMismatchError(
+                    f"data.image_root={root} has no {files[i]}, an image of the latent cache "
+                    f"{self.cache_dir} ({listing.name}): point it at the folder the cache was made "
+                    "from")
+        return files, np.load(sizes_path)
+
+    def image(self, index: int, flip: int) -> torch.Tensor:
+        """Item `index`'s image (dataset numbering) as the cache writer cropped it, mirrored when
+        `flip` is 1: Tensor[3, S, S] in [-1, 1]. Raises CacheMismatchError when the file's size
+        differs from the one recorded at encoding (the latent would not be this image's)."""
+        i = int(self._indices[index])
+        path = self.image_root / self._files[i]
+        try:
+            size = path.stat().st_size
+        except OSError as err:
+            raise UnreadableImageError(f"cannot read image {path}: {err}", path) from None
+        if size != int(self._file_sizes[i]):
+            raise CacheMismatchError(
+                f"{path}: {size} bytes, {int(self._file_sizes[i])} when the latent cache "
+                f"{self.cache_dir} encoded it: the image changed since; re-encode the cache or "
+                "restore the image")
+        image = read_image(path, self.image_size)
+        return image.flip(-1) if flip else image
 
     def _check_files(self) -> None:
         """The layout checks of the class docstring (headers and sizes only; no data is read)."""
@@ -476,12 +534,15 @@ class LatentCacheDataset(EpochDataset):
                     f"{reencode_hint(self.cache_dir, info['name'])}")
         return torch.from_numpy(values["mean"]), torch.from_numpy(values["std"])
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int] | tuple[torch.Tensor, int, torch.Tensor]:
         gen = item_generator(self.seed, self.epoch, index)
         flip = int(torch.randint(2, (1,), generator=gen).item()) if self.random_flip else 0
         mean, std = self.moments(index, flip)
         latent = mean + std * torch.randn(mean.shape, generator=gen)
-        return latent, int(self.labels[self._indices[index]])
+        label = int(self.labels[self._indices[index]])
+        if self.image_root is None:
+            return latent, label
+        return latent, label, self.image(index, flip)
 
 
 def _recorded_digests(cache_dir: Path, info: dict[str, Any]) -> dict[str, str]:
@@ -559,7 +620,7 @@ def _build_imagefolder(cfg: dict[str, Any]) -> Dataset:
 
 def _build_latents(cfg: dict[str, Any]) -> Dataset:
     dataset = LatentCacheDataset(_require(cfg, "root"), random_flip=cfg.get("random_flip", True),
-                                 seed=cfg.get("seed", 0))
+                                 seed=cfg.get("seed", 0), image_root=cfg.get("image_root"))
     if cfg.get("image_size") is not None and int(cfg["image_size"]) != dataset.image_size:
         raise CacheMismatchError(
             f"data.image_size={cfg['image_size']} but the latent cache {cfg['root']} was made from "
@@ -572,7 +633,7 @@ def _build_latents(cfg: dict[str, Any]) -> Dataset:
 DATASETS: dict[str, Callable[[dict[str, Any]], Dataset]] = {
     "digits": _build_digits,  # image_size (default 8), split, random_flip (default False), resize_mode, seed
     "imagefolder": _build_imagefolder,  # root, image_size, random_flip, skip_bad, min_image_side, seed
-    "latents": _build_latents,  # root (the cache dir), random_flip, seed; image_size is checked if given
+    "latents": _build_latents,  # root (the cache dir), random_flip, seed, image_root (images beside)
 }
 
 

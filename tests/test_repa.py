@@ -242,8 +242,113 @@ def test_bad_repa_keys_are_config_errors(override, words):
 
 def test_repa_is_off_by_default_and_refused_without_images():
     assert load_config(None, TINY)["repa"]["encoder"] is None
-    with pytest.raises(ConfigError, match="data.kind=latents"):
+    with pytest.raises(ConfigError, match="set data.image_root to the ImageFolder the cache was made from"):
         load_config(None, [*TINY, *REPA, "data.kind=latents"])
+    with pytest.raises(ConfigError, match="data.image_root='x' is read only with data.kind=latents"):
+        load_config(None, [*TINY, *REPA, "data.image_root=x"])
+
+
+# ----------------------------------------------------------------------------- latents + images
+
+
+@pytest.fixture(scope="module")
+def latent_cache(tmp_path_factory, vae_dir):
+    """20 random images (two classes, varied sizes) and their latent cache at 16 px through the tiny
+    VAE (factor 2: 4×8×8 latents, the 4×4 patch grid of ``tiny_vit``)."""
+    import numpy as np
+    from PIL import Image
+
+    from sit_vit5 import cache_latents
+
+    rng, root = np.random.default_rng(0), tmp_path_factory.mktemp("repa_images")
+    for name in ("cat", "dog"):
+        (root / name).mkdir()
+        for i in range(10):
+            h, w = rng.integers(16, 30, size=2)
+            Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(root / name / f"{i}.png")
+    cache = tmp_path_factory.mktemp("repa_cache")
+    cache_latents.main(["--data-dir", str(root), "--out", str(cache), "--vae", str(vae_dir), "--image-size",
+                        "16", "--batch-size", "8", "--shard-size", "8", "--num-workers", "0"])
+    return root, cache
+
+
+def latents_repa(tmp_path, name, latent_cache, vae_dir, tiny_vit, *extra):
+    root, cache = latent_cache
+    return cfg_of(tmp_path, name, "data.kind=latents", f"data.root={cache}", f"data.image_root={root}",
+                  "data.image_size=16", "data.random_flip=true", f"vae.name={vae_dir}", f"repa.encoder={tiny_vit}",
+                  "repa.depth=1", "repa.projector_dim=16", *extra)
+
+
+def test_cached_latents_come_with_their_own_images_cropped_and_flipped_alike(latent_cache):
+    """Each item's image is the ImageFolder's item (same crop, same flip draw) and its latent is the
+    one the cache gives without images (the same draws)."""
+    from sit_vit5.data import ImageFolderDataset, LatentCacheDataset
+
+    root, cache = latent_cache
+    with_images = LatentCacheDataset(cache, random_flip=True, seed=3, image_root=root)
+    plain = LatentCacheDataset(cache, random_flip=True, seed=3)
+    folder = ImageFolderDataset(root, 16, random_flip=True, seed=3)
+    flips = 0
+    for epoch in (0, 1):
+        for d in (with_images, plain, folder):
+            d.set_epoch(epoch)
+        for i in range(len(folder)):
+            latent, label, image = with_images[i]
+            expected, expected_label = folder[i]
+            assert torch.equal(image, expected) and label == expected_label
+            assert torch.equal(latent, plain[i][0])
+            flips += not torch.equal(image, folder.read(i))
+    assert 0 < flips < 2 * len(folder)  # both orientations were drawn
+
+
+def test_repa_from_cached_latents_feeds_the_images_to_the_encoder(latent_cache, vae_dir, tiny_vit, tmp_path):
+    run = build(latents_repa(tmp_path, "r", latent_cache, vae_dir, tiny_vit, "train.steps=1"), None)
+    assert not run.encode_on_the_fly  # the VAE is not run on the images: the cache holds the latents
+    x, y, images = next(iter(run.loader))
+    assert x.shape[1:] == (4, 8, 8) and images.shape[1:] == (3, 16, 16)
+    seen, features = [], run.repa.features
+    run.repa.features = lambda pixels: seen.append(pixels) or features(pixels)
+    loss, _ = train_step(run, x, y, 1e-3, images)
+    assert len(seen) == 1 and torch.equal(seen[0], images)
+    assert loss == pytest.approx(run.repa.last_metrics["loss_diffusion"]
+                                 + 0.5 * run.repa.last_metrics["loss_repa"], rel=1e-6)
+    run.logger.close()
+
+
+def test_repa_from_cached_latents_resumes_exactly(latent_cache, vae_dir, tiny_vit, tmp_path):
+    def cfg(name, steps):
+        return latents_repa(tmp_path, name, latent_cache, vae_dir, tiny_vit, f"train.steps={steps}",
+                            "train.ckpt_every=2")
+
+    straight = train(cfg("straight", 4))
+    first = train(cfg("resumed", 2))
+    resumed = train(cfg("resumed", 4), resume="latest")
+    assert first.losses + resumed.losses == straight.losses
+    a, b = read_checkpoint(straight.checkpoint), read_checkpoint(resumed.checkpoint)
+    for key in ("model", "ema", "opt", "repa"):
+        assert_equal_states(a[key], b[key], key)
+
+
+def test_images_beside_latents_must_be_the_cached_ones(latent_cache, tmp_path):
+    import shutil
+
+    from PIL import Image
+
+    from sit_vit5.data import CacheMismatchError, DataRootError, LatentCacheDataset
+
+    root, cache = latent_cache
+    with pytest.raises(DataRootError, match="is not a folder"):
+        LatentCacheDataset(cache, image_root=tmp_path / "nowhere")
+    (tmp_path / "other" / "cat").mkdir(parents=True)
+    with pytest.raises(CacheMismatchError, match=r"has no cat/0.png, an image of the latent cache"):
+        LatentCacheDataset(cache, image_root=tmp_path / "other")
+    copy = tmp_path / "copy"
+    shutil.copytree(root, copy)
+    dataset = LatentCacheDataset(cache, random_flip=False, image_root=copy)
+    Image.new("RGB", (40, 40)).save(copy / "cat" / "3.png")  # replaced after the cache was made
+    with pytest.raises(CacheMismatchError, match=r"cat/3.png: \d+ bytes, \d+ when the latent cache"):
+        dataset[3]
+    assert dataset[4][2].shape == (3, 16, 16)
 
 
 # ----------------------------------------------------------------------------- training

@@ -144,7 +144,10 @@ def build_dataset_from_config(cfg: Config) -> Dataset:
     ``train.seed``."""
     if cfg["data"]["kind"] not in DATASETS:
         raise ConfigError(f"data.kind={cfg['data']['kind']!r}; valid: {', '.join(DATASETS)}")
-    return build_dataset({**cfg["data"], "seed": cfg["train"]["seed"]})
+    data = {**cfg["data"], "seed": cfg["train"]["seed"]}
+    if cfg["repa"]["encoder"] is None:  # images beside cached latents are for REPA's encoder only
+        data["image_root"] = None
+    return build_dataset(data)
 
 
 def resolve_data_dependent(cfg: Config, dataset: Dataset, vae: nn.Module | None) -> Config:
@@ -271,7 +274,8 @@ def build(cfg: Config, resume: str | None, loss_fn: LossFn = objective_loss) -> 
     model.train()
     repa = None
     if cfg["repa"]["encoder"] is not None:  # after the EMA copy: its hook stays off the EMA
-        repa = RepaTraining(cfg, model, dataset.sample_shape[0], device)
+        channels = 3 if cfg["data"]["kind"] == "latents" else dataset.sample_shape[0]  # RGB beside
+        repa = RepaTraining(cfg, model, channels, device)
         if checkpoint is not None:
             repa.load_state_dict(checkpoint.pop("repa", None), ckpt_path)
     sharded = t["distributed"] == "fsdp" and accelerator.num_processes > 1  # one: nothing to shard

@@ -55,8 +55,9 @@ class NonFiniteLossError(SitVit5Error, RuntimeError):
         self.step = step
 
 
-def batches(run: Run) -> Iterator[tuple[Tensor, Tensor]]:
-    """This process's (x, y) of each optimizer step from the current position, epoch after epoch."""
+def batches(run: Run) -> Iterator[tuple[Tensor, ...]]:
+    """This process's (x, y) of each optimizer step from the current position, epoch after epoch;
+    (x, y, images) when a latent cache is read with its images (``data.image_root``, for REPA)."""
     while True:
         run.batches.set_epoch(run.position.epoch, run.position.batch_in_epoch)
         if hasattr(run.dataset, "set_epoch"):
@@ -64,10 +65,12 @@ def batches(run: Run) -> Iterator[tuple[Tensor, Tensor]]:
         yield from run.loader
 
 
-def train_step(run: Run, x: Tensor, y: Tensor, lr: float) -> tuple[float, float]:
+def train_step(run: Run, x: Tensor, y: Tensor, lr: float,
+               images: Tensor | None = None) -> tuple[float, float]:
     """One optimizer step on this process's share (x, y) of the global batch; returns the
-    all-process mean loss and the global gradient norm (before clipping). Raises NonFiniteLossError
-    before stepping."""
+    all-process mean loss and the global gradient norm (before clipping). ``images``: the clean
+    images of cached latents ``x`` (B, 3, H, W) in [-1, 1], for REPA's encoder (else it sees ``x``).
+    Raises NonFiniteLossError before stepping."""
     accelerator, model, optimizer = run.accelerator, run.model, run.optimizer
     t, o, step = run.cfg["train"], run.cfg["optim"], run.position.step
     for group in optimizer.param_groups:
@@ -78,10 +81,13 @@ def train_step(run: Run, x: Tensor, y: Tensor, lr: float) -> tuple[float, float]
     loss_sum = torch.zeros((), device=run.device)
     accum, micro = t["grad_accum"], run.batches.micro_batch
     world, rank = accelerator.num_processes, accelerator.process_index
-    for a, (xs, ys) in enumerate(zip(x.split(micro), y.split(micro))):
+    pixels = images.split(micro) if images is not None else (None,) * accum
+    for a, (xs, ys, ims) in enumerate(zip(x.split(micro), y.split(micro), pixels)):
         torch.manual_seed(mix_seed(t["seed"], step, a * world + rank, SALT_NOISE))
         xs, ys = xs.to(run.device, non_blocking=True), ys.to(run.device, non_blocking=True)
-        features = run.repa.features(xs) if run.repa is not None else None  # clean images, no RNG
+        features = None
+        if run.repa is not None:  # the clean images' features (no RNG drawn)
+            features = run.repa.features(xs if ims is None else ims.to(run.device, non_blocking=True))
         if run.encode_on_the_fly:
             xs = encode(run.vae, xs, scaling_factor=run.cfg["vae"]["scaling_factor"])
         # all-reduce (DDP) or reduce-scatter (FSDP) the gradients once per step, on the last
@@ -231,11 +237,11 @@ def _loop(run: Run, guard: PreemptionGuard) -> TrainResult:
     bar = tqdm(total=t["steps"], initial=pos.step, unit="step", dynamic_ncols=True,
                disable=None if run.main else True)
     try:
-        for x, y in batches(run) if pos.step < t["steps"] else ():
+        for x, y, *images in batches(run) if pos.step < t["steps"] else ():
             lr = learning_rate(run.cfg["optim"], pos.step)
             log_now = pos.step + 1 == t["steps"] or _due(pos.step + 1, t["log_every"])
             with run.gates.capture() if log_now else nullcontext():  # read by log() below
-                loss, grad_norm = train_step(run, x, y, lr)
+                loss, grad_norm = train_step(run, x, y, lr, *images)
             pos.advance(run.batches.batches_per_epoch)
             run.result.step = pos.step
             run.result.losses.append(loss)
