@@ -60,3 +60,26 @@ def one_sample_error(capsys, command: str) -> str:
     errors = [line for line in lines if line.startswith(f"sample.py {command}: error: ")]
     assert len(errors) == 1 and "Traceback" not in "\n".join(lines), lines
     return errors[0]
+
+
+def refused_in_one_line(run) -> str:
+    """The single stderr line of a finished ``subprocess.run(..., capture_output=True, text=True)``
+    that must have exited 2 without a traceback."""
+    lines = [line for line in run.stderr.splitlines() if line.strip()]
+    assert run.returncode == 2 and len(lines) == 1 and "Traceback" not in run.stderr, run.stderr
+    return lines[0]
+
+
+def make_image_folder(root: Path, counts: dict[str, int], seed: int = 0) -> Path:
+    """``root/<class>/<i>.png``: random RGB PNGs with sides in [16, 40), ``counts[class]`` per class,
+    drawn class by class in the dict's order from one seeded generator."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    for name, count in counts.items():
+        (root / name).mkdir(parents=True)
+        for i in range(count):
+            h, w = rng.integers(16, 40, size=2)
+            Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(root / name / f"{i}.png")
+    return root

@@ -11,6 +11,7 @@ from PIL import Image
 
 import sit_vit5.cache_latents as cache_latents
 from sit_vit5.data import ImageFolderDataset, LatentCacheDataset, build_dataset, item_generator
+from tests.helpers import make_image_folder
 
 SCALE = 0.18215
 
@@ -20,14 +21,7 @@ SCALE = 0.18215
 @pytest.fixture
 def data_dir(tmp_path):
     """10 random PNGs of varied sizes in two classes (4 in 'cat', 6 in 'dog')."""
-    rng = np.random.default_rng(0)
-    root = tmp_path / "images"
-    for name, count in (("dog", 6), ("cat", 4)):
-        (root / name).mkdir(parents=True)
-        for i in range(count):
-            h, w = rng.integers(16, 40, size=2)
-            Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(root / name / f"{i}.png")
-    return root
+    return make_image_folder(tmp_path / "images", {"dog": 6, "cat": 4})
 
 
 def _run(data_dir, out, vae_dir, *extra):

@@ -111,6 +111,23 @@ def test_rng_state_round_trip():
     assert torch.equal(first[0], again[0]) and np.array_equal(first[1], again[1]) and first[2] == again[2]
 
 
+def test_resume_restores_the_global_rng_states_it_saved(tmp_path):
+    """The loop reseeds torch from the step every step, so a lost restore would pass every other resume
+    test: build() itself must leave python, NumPy and torch where the checkpoint left them."""
+    from sit_vit5.training import read_checkpoint, train
+    from sit_vit5.training.build import build
+
+    argv = [*TRAIN_ARGV, f"train.out_dir={tmp_path / 'run'}", "train.ckpt_every=2"]
+    result = train(load_config(None, [*argv, "train.steps=2"]))
+    saved = read_checkpoint(result.checkpoint)["rng"]
+    torch.manual_seed(123), np.random.seed(123), random.seed(123)  # noqa: NPY002
+    run = build(load_config(None, [*argv, "train.steps=4"]), "latest")
+    try:
+        assert_same(ck.rng_state(), saved)
+    finally:
+        run.logger.close()
+
+
 def test_resume_spec_resolution(tmp_path):
     with pytest.raises(ck.CheckpointError, match="no checkpoint"):
         ck.resolve_resume("latest", tmp_path)

@@ -19,6 +19,7 @@ import fid.__main__ as cli
 import fid.digits
 import fid.reference
 from fid import InputError
+from tests.helpers import refused_in_one_line
 from tests.test_fid_cli import FakeExtractor
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -224,6 +225,5 @@ def test_subprocess_size_mismatch_prints_no_traceback(tmp_path):
         text=True,
         timeout=120,
     )
-    lines = [line for line in run.stderr.splitlines() if line.strip()]
-    assert run.returncode == 2 and len(lines) == 1 and "Traceback" not in run.stderr, run.stderr
-    assert lines[0].startswith("python -m fid: error: ") and "16x16" in lines[0]
+    line = refused_in_one_line(run)
+    assert line.startswith("python -m fid: error: ") and "16x16" in line

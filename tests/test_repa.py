@@ -18,7 +18,7 @@ from sit_vit5.models import load_model
 from sit_vit5.training import read_checkpoint, train
 from sit_vit5.training.build import build
 from sit_vit5.training.loop import train_step
-from tests.helpers import run_train
+from tests.helpers import make_image_folder, run_train
 
 #: A tiny ViT5 (registers on) on the 8×8 digits; REPA: the digits encoder, a small projector.
 TINY = [
@@ -255,17 +255,9 @@ def test_repa_is_off_by_default_and_refused_without_images():
 def latent_cache(tmp_path_factory, vae_dir):
     """20 random images (two classes, varied sizes) and their latent cache at 16 px through the tiny
     VAE (factor 2: 4×8×8 latents, the 4×4 patch grid of ``tiny_vit``)."""
-    import numpy as np
-    from PIL import Image
-
     from sit_vit5 import cache_latents
 
-    rng, root = np.random.default_rng(0), tmp_path_factory.mktemp("repa_images")
-    for name in ("cat", "dog"):
-        (root / name).mkdir()
-        for i in range(10):
-            h, w = rng.integers(16, 30, size=2)
-            Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(root / name / f"{i}.png")
+    root = make_image_folder(tmp_path_factory.mktemp("repa") / "images", {"cat": 10, "dog": 10})
     cache = tmp_path_factory.mktemp("repa_cache")
     cache_latents.main(["--data-dir", str(root), "--out", str(cache), "--vae", str(vae_dir), "--image-size",
                         "16", "--batch-size", "8", "--shard-size", "8", "--num-workers", "0"])
