@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -220,5 +221,35 @@ def test_budget_stops_new_runs_but_not_cached_ones(tmp_path, monkeypatch):
     new = digits.RunSpec("digits8", "SiT lr=0.01", 0, results_dir=str(tmp_path))
     monkeypatch.setattr(digits, "run_one", lambda *a, **k: pytest.fail("over budget"))
     assert digits.sweep([new], 1, budget_core_hours=2.0) == []
-    with pytest.raises(ValueError, match="jobs=1"):
-        digits.sweep([new], 2, budget_core_hours=2.0)
+    assert digits.sweep([new], 2, budget_core_hours=2.0, executor=ThreadPoolExecutor(2)) == []
+
+
+def test_parallel_sweep_starts_runs_in_order_until_the_budget_is_spent(tmp_path, monkeypatch):
+    """Two at a time, in order: with 1 of 1.5 core-hours spent, runs 0 and 1 both start (a run counts once it
+    is complete: they overlap, held at a barrier), each charges one hour, so run 2 never starts; the cached run
+    before them is returned whatever the budget."""
+    import threading
+
+    runs = tmp_path / "runs" / "digits8"
+    runs.mkdir(parents=True)
+    (runs / "spent.json").write_text(json.dumps({**_run("digits8", "SiT", 0, 0.4), "train_seconds": 3600.0,
+                                                 "eval_seconds": 0.0}))
+    cached = digits.RunSpec("digits8", "SiT", 1, results_dir=str(tmp_path))
+    cached.result_path.write_text(json.dumps(_run("digits8", "SiT", 1, 0.4)))
+    specs = [cached] + [digits.RunSpec("digits8", "SiT lr=0.01", s, results_dir=str(tmp_path)) for s in range(3)]
+    started, both_running = [], threading.Barrier(2, timeout=30)
+
+    def fake_run(spec, threads):
+        if digits._is_cached(spec):
+            return json.loads(spec.result_path.read_text())
+        started.append(spec.seed)
+        both_running.wait()  # a sequential sweep never gets here twice: BrokenBarrierError
+        result = {**_run("digits8", spec.variant, spec.seed, 0.4), "train_seconds": 3600.0, "eval_seconds": 0.0}
+        spec.result_path.write_text(json.dumps(result))
+        return result
+
+    monkeypatch.setattr(digits, "run_one", fake_run)
+    out = digits.sweep(specs, 2, budget_core_hours=1.5, executor=ThreadPoolExecutor(2))
+    assert sorted(started) == [0, 1] and [(r["variant"], r["seed"]) for r in out] == [
+        ("SiT", 1), ("SiT lr=0.01", 0), ("SiT lr=0.01", 1)]
+    assert digits.core_hours_spent(tmp_path) == pytest.approx(3.0)  # past the budget by one run

@@ -24,7 +24,7 @@ import statistics
 import subprocess
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing import get_context
@@ -427,14 +427,14 @@ def _is_cached(spec: RunSpec) -> bool:
 
 
 def sweep(specs: Sequence[RunSpec], jobs: int = 1, budget_core_hours: float | None = None,
-          spent: Callable[[str], float] | None = None) -> list[dict[str, Any]]:
-    """Run every spec in ``jobs`` processes of one thread each (tiny models: more threads only spin).
-    With ``budget_core_hours`` (one job only), no new run starts once ``spent(results_dir)``
-    (default: the claims addition's ``core_hours_spent``, REPA runs left out) reaches it; the runs
-    not started are left out of the returned list."""
+          spent: Callable[[str], float] | None = None, executor: Executor | None = None) -> list[dict[str, Any]]:
+    """Run every spec in ``jobs`` processes of one thread each (tiny models: more threads only spin), started
+    in the order given. With ``budget_core_hours``, no new run starts once ``spent(results_dir)`` (default: the
+    claims addition's ``core_hours_spent``, REPA runs left out) reaches it; a run counts once it is complete,
+    so with ``jobs`` > 1 the runs in flight can take the spending past the budget by up to ``jobs`` − 1
+    runs. The runs not started are left out of the returned list. ``executor``: the pool for ``jobs`` > 1
+    (default: ``jobs`` spawned processes; tests pass threads)."""
     spent = spent or (lambda d: core_hours_spent(d, exclude=tuple(REPA_VARIANTS)))
-    if budget_core_hours is not None and jobs > 1:
-        raise ValueError("a core-hour budget needs jobs=1 (runs start one after another)")
     results: dict[int, dict[str, Any]] = {}
     bar = tqdm(total=len(specs), desc="digits runs", unit="run")
 
@@ -446,18 +446,32 @@ def sweep(specs: Sequence[RunSpec], jobs: int = 1, budget_core_hours: float | No
         bar.set_postfix_str(f"{r['dataset']} {r['variant']} s{r['seed']}: {score}")
         bar.update()
 
-    if jobs <= 1:  # in this process (tests, debugging, budgeted sweeps)
-        for i, spec in enumerate(specs):
-            if (budget_core_hours is not None and not _is_cached(spec)
-                    and spent(spec.results_dir) >= budget_core_hours):
-                print(f"budget of {budget_core_hours:g} core-hours spent: {len(specs) - i} runs not started")
+    def over_budget(spec: RunSpec, left: int) -> bool:
+        if budget_core_hours is None or _is_cached(spec) or spent(spec.results_dir) < budget_core_hours:
+            return False
+        print(f"budget of {budget_core_hours:g} core-hours spent: {left} runs not started")
+        return True
+
+    queue = list(enumerate(specs))
+    if jobs <= 1:  # in this process (tests, debugging)
+        for i, spec in queue:
+            if over_budget(spec, len(specs) - i):
                 break
             done(i, run_one(spec, 1))
     else:
-        with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
-            futures = {pool.submit(_worker, spec, 1): i for i, spec in enumerate(specs)}
-            for future in as_completed(futures):
-                done(futures[future], future.result())
+        running: dict[Future, int] = {}
+        with executor or ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
+            while queue or running:
+                while queue and len(running) < jobs:  # start the next runs in order, budget allowing
+                    if over_budget(queue[0][1], len(queue)):
+                        queue.clear()
+                        break
+                    i, spec = queue.pop(0)
+                    running[pool.submit(_worker, spec, 1)] = i
+                if running:
+                    finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                    for future in finished:
+                        done(running.pop(future), future.result())
     bar.close()
     return [results[i] for i in sorted(results)]
 
