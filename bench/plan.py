@@ -332,11 +332,19 @@ def cli_extras(args: argparse.Namespace) -> Extras:
         frozen = sum(p.numel() for p in vae.parameters())
         gflops = forward_gflops(vae, torch.zeros(1, 3, image_size, image_size, device="meta"), method="encode")
         return Extras(frozen, gflops, None, {"VAE encoder": gflops})
-    import timm
+    try:
+        import timm
+    except ImportError:
+        raise SystemExit("--repa-encoder builds the encoder with timm: pip install '.[repa]'") from None
 
     name = args.repa_encoder.removeprefix("timm:")
-    with torch.device("meta"):
-        encoder = timm.create_model(name, pretrained=False, num_classes=0)
+    try:
+        with torch.device("meta"):
+            encoder = timm.create_model(name, pretrained=False, num_classes=0)
+    except RuntimeError as err:  # timm: "Unknown model (...)"
+        raise SystemExit(f"--repa-encoder {name}: {err}") from None
+    if not hasattr(encoder, "set_input_size"):
+        raise SystemExit(f"--repa-encoder {name}: not a timm ViT (REPA aligns a ViT's patch tokens)")
     patch = encoder.patch_embed.patch_size[0]
     resolution = args.repa_resolution or patch * (model.input_size // model.patch_size)
     encoder.set_input_size(img_size=(resolution, resolution))
