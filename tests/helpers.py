@@ -83,3 +83,22 @@ def make_image_folder(root: Path, counts: dict[str, int], seed: int = 0) -> Path
             h, w = rng.integers(16, 40, size=2)
             Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(root / name / f"{i}.png")
     return root
+
+
+def assert_states_equal(a, b, where: str = "") -> None:
+    """Nested states (tensors, dicts, lists, plain values) equal bit for bit; ``where`` names the
+    first difference (``.model.blocks.0.attn.qkv.weight``)."""
+    import torch
+
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), where
+        for k in a:
+            assert_states_equal(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert isinstance(b, (list, tuple)) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_states_equal(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, where

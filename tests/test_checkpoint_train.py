@@ -11,7 +11,7 @@ import torch
 from sit_vit5 import io as sio
 from sit_vit5.config import load_config
 from sit_vit5.training import checkpoint as ck
-from tests.helpers import TRAIN_ARGV, load_train_cli, run_train
+from tests.helpers import TRAIN_ARGV, assert_states_equal, load_train_cli, run_train
 
 
 def make_state(step: int) -> dict:
@@ -24,27 +24,12 @@ def make_state(step: int) -> dict:
             "versions": ck.package_versions(), "model_name": "SiT-XL/2"}
 
 
-def assert_same(a, b):
-    if isinstance(a, torch.Tensor):
-        assert torch.equal(a, b)
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys()
-        for k in a:
-            assert_same(a[k], b[k])
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b)
-        for x, y in zip(a, b):
-            assert_same(x, y)
-    else:
-        assert a == b
-
-
 def test_round_trip_with_weights_only(tmp_path):
     state = make_state(5)
     path = ck.save_checkpoint(state, tmp_path, 5)
     assert path.name == "0000005.pt"
-    assert_same(ck.read_checkpoint(path), state)
-    assert_same(torch.load(path, weights_only=True), state)  # plain torch.load works too
+    assert_states_equal(ck.read_checkpoint(path), state)
+    assert_states_equal(torch.load(path, weights_only=True), state)  # plain torch.load works too
     digest, name = (tmp_path / "0000005.pt.sha256").read_text().split()
     assert name == "0000005.pt" and digest == ck.sha256_file(path)  # `sha256sum -c` format
     assert json.loads((tmp_path / ck.LATEST).read_text()) == {"file": "0000005.pt", "step": 5}
@@ -73,7 +58,7 @@ def test_interrupted_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["0000001.pt", "0000001.pt.sha256", "latest.json"]
     assert ck.latest_checkpoint(tmp_path) == tmp_path / "0000001.pt"
-    assert_same(ck.read_checkpoint(ck.resolve_resume("latest", tmp_path)), good)
+    assert_states_equal(ck.read_checkpoint(ck.resolve_resume("latest", tmp_path)), good)
 
 
 def test_killed_writer_leftovers_are_never_latest(tmp_path):
@@ -123,7 +108,7 @@ def test_resume_restores_the_global_rng_states_it_saved(tmp_path):
     torch.manual_seed(123), np.random.seed(123), random.seed(123)  # noqa: NPY002
     run = build(load_config(None, [*argv, "train.steps=4"]), "latest")
     try:
-        assert_same(ck.rng_state(), saved)
+        assert_states_equal(ck.rng_state(), saved)
     finally:
         run.logger.close()
 

@@ -18,7 +18,7 @@ from sit_vit5.models import load_model
 from sit_vit5.training import read_checkpoint, train
 from sit_vit5.training.build import build
 from sit_vit5.training.loop import train_step
-from tests.helpers import make_image_folder, run_train
+from tests.helpers import assert_states_equal, make_image_folder, run_train
 
 #: A tiny ViT5 (registers on) on the 8×8 digits; REPA: the digits encoder, a small projector.
 TINY = [
@@ -51,21 +51,6 @@ def cfg_of(tmp_path, name, *extra):
 
 def rows(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def assert_equal_states(a, b, where=""):
-    if isinstance(a, torch.Tensor):
-        assert torch.equal(a, b), where
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys(), where
-        for k in a:
-            assert_equal_states(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_equal_states(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, where
 
 
 @pytest.fixture(scope="module")
@@ -318,7 +303,7 @@ def test_repa_from_cached_latents_resumes_exactly(latent_cache, vae_dir, tiny_vi
     assert first.losses + resumed.losses == straight.losses
     a, b = read_checkpoint(straight.checkpoint), read_checkpoint(resumed.checkpoint)
     for key in ("model", "ema", "opt", "repa"):
-        assert_equal_states(a[key], b[key], key)
+        assert_states_equal(a[key], b[key], key)
 
 
 def test_images_beside_latents_must_be_the_cached_ones(latent_cache, tmp_path):
@@ -353,7 +338,7 @@ def test_encoder_frozen_projector_and_model_trained(tmp_path):
     x, y = next(iter(run.loader))
     loss, _ = train_step(run, x, y, 1e-3)
     assert all(p.grad is None and not p.requires_grad for p in run.repa.encoder.parameters())
-    assert_equal_states(run.repa.encoder.state_dict(), enc_before)
+    assert_states_equal(run.repa.encoder.state_dict(), enc_before)
     assert not run.repa.encoder.training and run.repa.projector.training
     grads = [p.grad for p in run.repa.parameters()]
     assert all(g is not None for g in grads) and sum(g.abs().sum() for g in grads) > 0
@@ -401,7 +386,7 @@ def test_coeff_zero_trains_bit_identically_to_no_repa(tmp_path):
     assert plain.losses == zero.losses
     a, b = read_checkpoint(plain.checkpoint), read_checkpoint(zero.checkpoint)
     for key in ("model", "ema", "opt"):
-        assert_equal_states(a[key], b[key], key)
+        assert_states_equal(a[key], b[key], key)
     assert [r["grad_norm"] for r in rows(plain.run_dir)] == [
         r["grad_norm"] for r in rows(zero.run_dir)
     ]
@@ -418,7 +403,7 @@ def test_repa_changes_training_and_resumes_exactly(tmp_path):
     assert first.losses + resumed.losses == straight.losses
     a, b = read_checkpoint(straight.checkpoint), read_checkpoint(resumed.checkpoint)
     for key in ("model", "ema", "opt", "repa"):
-        assert_equal_states(a[key], b[key], key)
+        assert_states_equal(a[key], b[key], key)
     assert rows(straight.run_dir) == [
         {**r, **{k: s[k] for k in ("time_s", "steps_per_s", "img_per_s")}}
         for r, s in zip(rows(tmp_path / "resumed"), rows(straight.run_dir))
@@ -648,7 +633,7 @@ def test_the_demo_with_repa_trains_and_resumes_exactly_from_the_command_line(tmp
         for out in ("straight", "resumed")
     )
     for key in ("model", "ema", "opt", "repa", "rng"):
-        assert_equal_states(a[key], b[key], key)
+        assert_states_equal(a[key], b[key], key)
     assert a["args"]["repa"]["encoder"] == "digits"
 
 

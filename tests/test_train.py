@@ -28,7 +28,7 @@ from sit_vit5.training import (
 )
 from sit_vit5.training.grids import grid_classes, grid_images
 from sit_vit5.training.optim import learning_rate
-from tests.helpers import TRAIN_ARGV, run_train
+from tests.helpers import TRAIN_ARGV, assert_states_equal, run_train
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [
@@ -41,20 +41,6 @@ TINY = [
 
 def tiny_config(out_dir, *extra):
     return load_config(None, [*TINY, f"train.out_dir={out_dir}", *extra])
-
-
-def assert_states_equal(a, b, where=""):
-    if isinstance(a, torch.Tensor):
-        assert torch.equal(a, b), where
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys(), where
-        for k in a:
-            assert_states_equal(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, (list, tuple)):
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            assert_states_equal(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, where
 
 
 def load_cli():
