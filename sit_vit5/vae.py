@@ -39,7 +39,10 @@ def downsampling_factor(vae: AutoencoderKL) -> int:
 def decoder(vae: AutoencoderKL, scaling_factor: float = SD_VAE_SCALING_FACTOR
             ) -> Callable[[torch.Tensor], torch.Tensor]:
     """``decode(latents)`` bound to ``vae`` and ``scaling_factor`` (the sampling pipeline's
-    decoder)."""
+    decoder). Freezes ``vae`` as ``load_vae`` does: for weights that require grad torch's matmul
+    takes another path on the attention's transposed inputs (~3e-6 apart), so a decoder must not
+    depend on how its VAE was loaded (a diffusers ``from_pretrained`` leaves them trainable)."""
+    vae.requires_grad_(False)
     return lambda latents: decode(vae, latents, scaling_factor=scaling_factor)
 
 

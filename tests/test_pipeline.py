@@ -74,6 +74,7 @@ def test_latent_pipeline_with_tiny_autoencoder_equals_sample_py_grid(tmp_path, v
     labels = [0, 9, 2]
     pipe = exported(ckpt, tmp_path / "export")
     assert pipe.vae is not None and pipe.vae.config.scaling_factor == pytest.approx(0.18215)
+    assert not any(p.requires_grad for p in pipe.transformer.parameters())  # as load_model's
     scheduler = json.loads((tmp_path / "export" / "scheduler" / "scheduler_config.json").read_text())
     assert scheduler["vae"]["name"] == str(vae_dir) and scheduler["sampler"]["sampling_method"] == "heun2"
     expected = grid_images(ckpt, tmp_path / "grid", labels, 11, "--cfg-scale", "1.5")

@@ -64,3 +64,21 @@ def test_uncached_hub_id_error_says_where_and_how(tmp_path):
     assert "'stabilityai/sd-vae-ft-ema'" in message
     assert str(tmp_path / "hf") in message
     assert "hf download stabilityai/sd-vae-ft-ema" in message
+
+
+def test_the_decoder_does_not_depend_on_how_the_vae_was_loaded(tmp_path):
+    """diffusers' from_pretrained leaves the weights trainable, load_vae freezes them; torch's matmul
+    takes another path for weights that require grad (the attention's transposed inputs), which put
+    the pipeline's pixels one uint8 step off sample.py's: the decoder freezes its VAE."""
+    from bench.data_path import TINY_VAE_ARCH
+    from sit_vit5.vae import decoder
+
+    torch.manual_seed(0)
+    AutoencoderKL(**TINY_VAE_ARCH).save_pretrained(tmp_path)
+    trainable = AutoencoderKL.from_pretrained(tmp_path).eval()
+    assert all(p.requires_grad for p in trainable.parameters())
+    decode_a, decode_b = decoder(trainable), decoder(load_vae(tmp_path))
+    assert not any(p.requires_grad for p in trainable.parameters())
+    latents = torch.randn(2, 4, 4, 4, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(decode_a(latents), decode_b(latents))

@@ -69,6 +69,9 @@ class SiTPipeline(DiffusionPipeline):
         id2label: Mapping[int | str, str] | None = None,
     ) -> None:
         super().__init__()
+        # frozen like load_model's (sample.py's) model: torch picks its matmul path by requires_grad,
+        # and the pipeline must give sample.py's pixels; fine-tuning takes .requires_grad_(True)
+        transformer.requires_grad_(False)
         self.register_modules(transformer=transformer, scheduler=scheduler, vae=vae)
         names = class_names(id2label, getattr(transformer, "num_classes", None))
         self.register_to_config(id2label=names or None)
