@@ -30,9 +30,17 @@ def test_every_package_is_listed_and_configs_map_to_the_top_level_folder():
     found = setuptools.find_packages(str(ROOT), include=["sit_vit5*", "fid*"])
     assert set(found) <= set(tool["packages"]), "a new package is missing from pyproject's packages list"
     assert tool["package-dir"] == {"sit_vit5.configs": "configs"}
+    configs = ROOT / tool["package-dir"]["sit_vit5.configs"]
     for package in tool["packages"]:  # each listed package is on disk (a moved one is not expected)
-        folder = ROOT / tool["package-dir"].get(package, package.replace(".", "/"))
-        assert folder.is_dir() and (package in tool["package-dir"] or (folder / "__init__.py").is_file()), package
+        in_configs = package.startswith("sit_vit5.configs")
+        folder = configs.joinpath(*package.split(".")[2:]) if in_configs else ROOT / package.replace(".", "/")
+        assert folder.is_dir() and (in_configs or (folder / "__init__.py").is_file()), package
+    # every configs/ folder holding YAML ships: listed as a package, its YAML as package data
+    yaml_folders = sorted({path.parent for path in configs.rglob("*.yaml")})
+    assert len(yaml_folders) >= 4, yaml_folders
+    for folder in yaml_folders:
+        package = ".".join(["sit_vit5", "configs", *folder.relative_to(configs).parts])
+        assert package in tool["packages"] and tool["package-data"][package] == ["*.yaml"], package
     # the digits study lives beside its results, outside the wheel: no listed package holds it
     study = ROOT / "results" / "digits" / "study"
     assert (study / "__main__.py").is_file() and not (ROOT / "sit_vit5" / "experiments" / "digits.py").exists()
