@@ -1,7 +1,8 @@
 """REPA (sit_vit5/repa.py, training/repa.py) on tiny models made here: the projector's layout, the
 loss against an independent computation, the gradient only where it belongs (the encoder frozen),
 coeff 0 = training without REPA bit for bit, exact resume, registers left out, the one-line errors
-(token grid, offline download, bad keys), timm / torch.hub / digits encoders without downloads."""
+(token grid, offline download, bad keys), timm / torch.hub / digits encoders without downloads, and
+REPA from a latent cache with its images read beside it (``data.image_root``)."""
 
 from __future__ import annotations
 
