@@ -74,15 +74,19 @@ def test_latent_pipeline_with_tiny_autoencoder_equals_sample_py_grid(tmp_path, v
     labels = [0, 9, 2]
     pipe = exported(ckpt, tmp_path / "export")
     assert pipe.vae is not None and pipe.vae.config.scaling_factor == pytest.approx(0.18215)
-    assert not any(p.requires_grad for p in pipe.transformer.parameters())  # as load_model's
     scheduler = json.loads((tmp_path / "export" / "scheduler" / "scheduler_config.json").read_text())
     assert scheduler["vae"]["name"] == str(vae_dir) and scheduler["sampler"]["sampling_method"] == "heun2"
     expected = grid_images(ckpt, tmp_path / "grid", labels, 11, "--cfg-scale", "1.5")
     pil = pipe(labels, guidance_scale=1.5, generator=11).images
     assert [im.size for im in pil] == [(16, 16)] * 3 and pil[0].mode == "RGB"
     assert all(np.array_equal(np.asarray(im), ex) for im, ex in zip(pil, expected, strict=True))
+    seen = []  # sampled frozen, as sample.py's model (torch's matmul path depends on it), then left trainable
+    hook = pipe.transformer.register_forward_hook(
+        lambda m, i, o: seen.append(any(p.requires_grad for p in m.parameters())))
     pixels = pipe(labels, guidance_scale=1.5, generator=11, output_type="uint8").images
+    hook.remove()
     assert pixels.shape == (3, 16, 16, 3) and np.array_equal(pixels, np.stack(expected))
+    assert seen and not any(seen) and all(p.requires_grad for p in pipe.transformer.parameters())
     floats = pipe(labels, guidance_scale=1.5, generator=11, output_type="pt").images  # diffusers'
     assert floats.shape == (3, 3, 16, 16) and 0 <= floats.min() and floats.max() <= 1
     # the same samples: [0, 1] floats back on sample.py's [-1, 1] -> uint8 map, up to rounding

@@ -23,7 +23,8 @@ class (:mod:`sit_vit5.hub.loader`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,18 @@ from .scheduler import SETTINGS, SiTScheduler
 OUTPUT_TYPES = ("pil", "np", "pt", "uint8")
 
 
+@contextmanager
+def frozen(module: torch.nn.Module) -> Iterator[None]:
+    """``module``'s parameters with requires_grad off inside the block, as they were after it."""
+    flags = [(p, p.requires_grad) for p in module.parameters()]
+    module.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for param, flag in flags:
+            param.requires_grad_(flag)
+
+
 class SiTPipeline(DiffusionPipeline):
     """Class-conditional image generation with a SiT / ViT-5 model (see the module docstring).
 
@@ -69,9 +82,6 @@ class SiTPipeline(DiffusionPipeline):
         id2label: Mapping[int | str, str] | None = None,
     ) -> None:
         super().__init__()
-        # frozen like load_model's (sample.py's) model: torch picks its matmul path by requires_grad,
-        # and the pipeline must give sample.py's pixels; fine-tuning takes .requires_grad_(True)
-        transformer.requires_grad_(False)
         self.register_modules(transformer=transformer, scheduler=scheduler, vae=vae)
         names = class_names(id2label, getattr(transformer, "num_classes", None))
         self.register_to_config(id2label=names or None)
@@ -205,7 +215,9 @@ class SiTPipeline(DiffusionPipeline):
         per_batch = (evaluations(pipe.spec) if isinstance(self.scheduler, SiTScheduler)
                      else adapters.set_timesteps(self.scheduler, pipe))
         total = float("inf") if per_batch is None else per_batch * len(starts)  # inf: unknown
-        with self.progress_bar(total=total) as bar:
+        # frozen while sampling, as load_model freezes sample.py's model: torch picks its matmul path by
+        # requires_grad (~1e-7 apart), and the pipeline gives sample.py's pixels; restored afterwards
+        with self.progress_bar(total=total) as bar, frozen(self.transformer):
             batches = [self._batch(pipe, gens[lo : lo + batch_size], labels[lo : lo + batch_size],
                                    bar) for lo in starts]
         pixels = torch.cat([b[0] for b in batches])
