@@ -38,6 +38,7 @@ import os
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -85,14 +86,14 @@ def block_saved(model: nn.Module) -> dict[str, float]:
     return {"stream": stream, "compute": compute}
 
 
-def forward_gflops(module: nn.Module, *inputs: torch.Tensor, method: str = "forward") -> float:
+def forward_gflops(module: nn.Module, *inputs: torch.Tensor, method: str = "forward") -> tuple[float, Any]:
     """GFLOPs (multiply-adds, as ``flops()`` counts them) of one ``module.<method>(*inputs)`` call under
-    no_grad, counted by torch's flop counter (meta tensors work: nothing is computed)."""
+    no_grad, counted by torch's flop counter (meta tensors work: nothing is computed), and its output."""
     from torch.utils.flop_counter import FlopCounterMode
 
     with FlopCounterMode(display=False) as counter, torch.no_grad():
-        getattr(module, method)(*inputs)
-    return counter.get_total_flops() / 2 / 1e9  # the counter counts a multiply-add as 2
+        out = getattr(module, method)(*inputs)
+    return counter.get_total_flops() / 2 / 1e9, out  # the counter counts a multiply-add as 2
 
 
 @dataclass(frozen=True)
@@ -106,21 +107,25 @@ class Extras:
     parts: dict[str, float] = field(default_factory=dict)  # name -> forward GFLOPs, for the printout
 
 
+def vae_extras(vae: nn.Module, image_size: int = 256) -> Extras:
+    """``Extras`` of a run whose ``vae`` (built on meta is enough) encodes (1, 3, image_size, image_size)
+    images on the fly: its resident weights and its encoder's FLOPs."""
+    pixels = torch.zeros(1, 3, image_size, image_size, device=next(vae.parameters()).device)
+    gflops, _ = forward_gflops(vae, pixels, method="encode")
+    return Extras(sum(p.numel() for p in vae.parameters()), gflops, None, {"VAE encoder": gflops})
+
+
 def repa_extras(encoder: nn.Module, resolution: int, projector_dim: int, vae: nn.Module | None = None,
                 image_size: int = 256, method: str = "forward_features") -> Extras:
     """``Extras`` of a REPA run: ``encoder`` (built on meta is enough) seeing (1, 3, resolution, resolution)
     images through ``encoder.<method>``, a projector ``projector_dim`` wide to its feature width and, when
-    the run encodes on the fly, ``vae``'s encoder on (1, 3, image_size, image_size)."""
+    the run encodes on the fly, ``vae`` (``vae_extras``)."""
     image = torch.zeros(1, 3, resolution, resolution, device=next(encoder.parameters()).device)
-    with torch.no_grad():
-        out = getattr(encoder, method)(image)  # (1, T, E) tokens, or a map whose last dim is E
-    parts = {"REPA encoder": forward_gflops(encoder, image, method=method)}
-    params = sum(p.numel() for p in encoder.parameters())
-    if vae is not None:
-        pixels = torch.zeros(1, 3, image_size, image_size, device=next(vae.parameters()).device)
-        parts["VAE encoder"] = forward_gflops(vae, pixels, method="encode")
-        params += sum(p.numel() for p in vae.parameters())
-    return Extras(params, sum(parts.values()), (projector_dim, out.shape[-1]), parts)
+    gflops, out = forward_gflops(encoder, image, method=method)  # out: (1, T, E) tokens, or a map ending in E
+    on_the_fly = vae_extras(vae, image_size) if vae is not None else Extras()
+    return Extras(sum(p.numel() for p in encoder.parameters()) + on_the_fly.frozen_params,
+                  gflops + on_the_fly.frozen_gflops, (projector_dim, out.shape[-1]),
+                  {"REPA encoder": gflops, **on_the_fly.parts})
 
 
 @dataclass
@@ -329,9 +334,7 @@ def cli_extras(args: argparse.Namespace) -> Extras:
     model = build_on_meta(args.model, **parse_overrides(args.override))
     image_size = model.input_size * (8 if vae is not None or model.in_channels == 4 else 1)
     if args.repa_encoder is None:
-        frozen = sum(p.numel() for p in vae.parameters())
-        gflops = forward_gflops(vae, torch.zeros(1, 3, image_size, image_size, device="meta"), method="encode")
-        return Extras(frozen, gflops, None, {"VAE encoder": gflops})
+        return vae_extras(vae, image_size)
     try:
         import timm
     except ImportError:

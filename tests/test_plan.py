@@ -106,7 +106,8 @@ def test_repa_extras_count_the_projector_encoder_and_vae_as_built():
     from bench.plan import Extras, forward_gflops, repa_extras
     from sit_vit5.repa import Projector
 
-    assert forward_gflops(torch.nn.Linear(64, 32), torch.zeros(10, 64)) == pytest.approx(10 * 64 * 32 / 1e9)
+    gflops, out = forward_gflops(torch.nn.Linear(64, 32), torch.zeros(10, 64))
+    assert gflops == pytest.approx(10 * 64 * 32 / 1e9) and out.shape == (10, 32)
     encoder = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=0, img_size=32)
     vae = AutoencoderKL(**TINY_VAE_ARCH)
     extras = repa_extras(encoder, 32, 96, vae, image_size=32)
