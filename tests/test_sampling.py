@@ -135,6 +135,38 @@ def test_guidance_is_wired_through_the_shared_helper():
         pipeline(SampleSpec(cfg_scale=2.0, cfg_channels=3))
 
 
+def test_samples_with_the_model_frozen_and_restores_its_flags():
+    pipe = pipeline(ODE)
+    flags = {n: p.requires_grad for n, p in pipe.model.named_parameters()}
+    assert any(flags.values()) and not all(flags.values())  # trainable weights and a frozen pos-embed
+    seen = []  # torch's matmul path depends on requires_grad: sample as a loaded (frozen) model
+    hook = pipe.model.register_forward_hook(lambda m, i, o: seen.append(any(p.requires_grad for p in m.parameters())))
+    full = pipe.generate([0, 1, 2], 3)
+    hook.remove()
+    assert seen and not any(seen)
+    assert {n: p.requires_grad for n, p in pipe.model.named_parameters()} == flags
+    loaded = pipeline(ODE)  # as load_model gives it: frozen for good
+    loaded.model.requires_grad_(False)
+    assert torch.equal(loaded.generate([0, 1, 2], 3).pixels, full.pixels)
+
+
+def test_pixels_takes_generators_and_an_integrator():
+    pipe = pipeline(SDE)
+    full = pipe.generate([4, 2], 9, labels=[1, 3])
+    gens = [torch.Generator().manual_seed(sample_seed(9, i)) for i in (4, 2)]
+    calls = []
+
+    def integrate(z, y, g):  # the default loop, observed
+        calls.append((z.shape, y.tolist(), len(g)))
+        return pipe.sample_fn(z, pipe.model_fn, generator=g, y=y)[-1]
+
+    assert torch.equal(pipe.pixels(gens, [1, 3], integrate).cpu(), full.pixels)
+    assert calls == [(torch.Size([2, 1, 8, 8]), [1, 3], 2)]
+    with pytest.raises(sampling.NonFiniteSampleError, match=r"in batch 7 from the model: .*NaN/inf weights"):
+        pipe.pixels(gens, [1, 3], lambda z, y, g: z * float("nan"), where="batch 7")
+    assert all(p.requires_grad for n, p in pipe.model.named_parameters() if "pos_embed" not in n)  # restored on error
+
+
 def test_bf16_autocast_runs_and_stays_close():
     fp32, bf16 = pipeline(ODE), pipeline(ODE, precision="bf16")
     a, b = fp32.generate([0, 1], 0), bf16.generate([0, 1], 0)

@@ -23,8 +23,7 @@ class (:mod:`sit_vit5.hub.loader`).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +36,7 @@ from torch import Tensor
 from ..images import to_uint8
 from ..models import SiT
 from ..objective import create_objective
-from ..sampling import NonFiniteSampleError, SampleSpec, SamplingPipeline
+from ..sampling import SampleSpec, SamplingPipeline
 from ..transport.rng import sample_seed
 from ..vae import downsampling_factor
 from . import adapters
@@ -48,18 +47,6 @@ from .scheduler import SETTINGS, SiTScheduler
 
 #: ``output_type`` values: diffusers' pil / np / pt (float in [0, 1]) and sample.py's uint8 pixels
 OUTPUT_TYPES = ("pil", "np", "pt", "uint8")
-
-
-@contextmanager
-def frozen(module: torch.nn.Module) -> Iterator[None]:
-    """``module``'s parameters with requires_grad off inside the block, as they were after it."""
-    flags = [(p, p.requires_grad) for p in module.parameters()]
-    module.requires_grad_(False)
-    try:
-        yield
-    finally:
-        for param, flag in flags:
-            param.requires_grad_(flag)
 
 
 class SiTPipeline(DiffusionPipeline):
@@ -168,19 +155,15 @@ class SiTPipeline(DiffusionPipeline):
     def _batch(self, pipe: SamplingPipeline, gens: list[torch.Generator], labels: list[int],
                bar: Any) -> tuple[Tensor, np.ndarray]:
         """Float pixels ``(B, C, H, W)`` (CPU, about [-1, 1]) and sample.py's uint8 images of one
-        batch; noise and labels as ``SamplingPipeline.generate`` draws them."""
-        device = pipe.device
-        z = torch.stack([torch.randn(pipe.latent_shape, generator=g, device=g.device)
-                         for g in gens]).to(device)
-        y = torch.tensor(labels, dtype=torch.long, device=device)
+        batch: ``SamplingPipeline.pixels`` with a loop that ticks ``bar`` (our sampler, or the
+        swapped-in diffusers scheduler's steps)."""
         if isinstance(self.scheduler, SiTScheduler):
-            x = pipe.sample_fn(z, Ticking(pipe.model_fn, bar), generator=gens, y=y)[-1]
+            def integrate(z: Tensor, y: Tensor, gens: list[torch.Generator]) -> Tensor:
+                return pipe.sample_fn(z, Ticking(pipe.model_fn, bar), generator=gens, y=y)[-1]
         else:
-            x = adapters.denoise(self.scheduler, pipe, z, y, gens, bar)
-        if not bool(torch.isfinite(x).all()):
-            raise NonFiniteSampleError("non-finite values (NaN/inf) in the samples: the model's "
-                                       "outputs are not finite (NaN/inf weights?)")
-        pixels = pipe.decode(x) if pipe.decode is not None else x
+            def integrate(z: Tensor, y: Tensor, gens: list[torch.Generator]) -> Tensor:
+                return adapters.denoise(self.scheduler, pipe, z, y, gens, bar)
+        pixels = pipe.pixels(gens, labels, integrate)
         return pixels.float().cpu(), to_uint8(pixels)
 
     @torch.no_grad()
@@ -215,9 +198,7 @@ class SiTPipeline(DiffusionPipeline):
         per_batch = (evaluations(pipe.spec) if isinstance(self.scheduler, SiTScheduler)
                      else adapters.set_timesteps(self.scheduler, pipe))
         total = float("inf") if per_batch is None else per_batch * len(starts)  # inf: unknown
-        # frozen while sampling, as load_model freezes sample.py's model: torch picks its matmul path by
-        # requires_grad (~1e-7 apart), and the pipeline gives sample.py's pixels; restored afterwards
-        with self.progress_bar(total=total) as bar, frozen(self.transformer):
+        with self.progress_bar(total=total) as bar:
             batches = [self._batch(pipe, gens[lo : lo + batch_size], labels[lo : lo + batch_size],
                                    bar) for lo in starts]
         pixels = torch.cat([b[0] for b in batches])

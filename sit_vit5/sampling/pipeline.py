@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +36,23 @@ from ..vae import (
 )
 
 NOISE_STREAM, LABEL_STREAM = 0, 1  # per-sample generator streams: noise (initial + SDE) and label
+
+
+#: ``integrate(z, y, gens)``: initial noise ``(B, C, h, w)``, labels ``(B,)``, one generator per
+#: sample -> the final samples (same shape as z)
+Integrator = Callable[[Tensor, Tensor, list[torch.Generator]], Tensor]
+
+
+@contextmanager
+def frozen(module: nn.Module) -> Iterator[None]:
+    """``module``'s parameters with requires_grad off inside the block, as they were after it."""
+    flags = [(p, p.requires_grad) for p in module.parameters()]
+    module.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for param, flag in flags:
+            param.requires_grad_(flag)
 
 
 def random_labels(indices: Sequence[int], global_seed: int, num_classes: int) -> np.ndarray:
@@ -257,15 +275,36 @@ class SamplingPipeline:
             raise ValueError(f"labels must lie in [0, {self.num_classes}), got "
                              f"{sorted(set(labels.tolist()))}")
         gens = [torch.Generator().manual_seed(sample_seed(global_seed, int(i))) for i in indices]
-        z = torch.stack([torch.randn(self.latent_shape, generator=g) for g in gens]).to(self.device)
-        y = torch.from_numpy(labels).to(self.device)
-        # the same generators go on to draw the SDE noise
-        x = self.sample_fn(z, self.model_fn, generator=gens, y=y)[-1]
-        if not bool(torch.isfinite(x).all()):  # one reduction per batch; NaN weights end up here
-            raise NonFiniteSampleError(
-                f"non-finite values (NaN/inf) in samples {int(indices[0])}..{int(indices[-1])} from "
-                f"{self.source}: the model's outputs are not finite (NaN/inf weights?); nothing "
-                "was written for them")
-        pixels = self.decode(x) if self.decode is not None else x
+        where = f"samples {int(indices[0])}..{int(indices[-1])}" if len(indices) else "no samples"
+        pixels = self.pixels(gens, labels, where=where)
         return Generated(indices, to_uint8(pixels), labels, pixels.float().cpu(),
                          self.sampler.last_nfe)
+
+    @torch.no_grad()
+    def pixels(
+        self,
+        gens: Sequence[torch.Generator],
+        labels: Sequence[int] | np.ndarray,
+        integrate: Integrator | None = None,
+        where: str = "the samples",
+    ) -> Tensor:
+        """Images ``(B, C, H, W)`` in about [-1, 1] (on ``device``) of one batch: sample i's
+        initial noise (float32) and any SDE noise come from ``gens[i]``, its class is
+        ``labels[i]``. ``integrate(z, y, gens)`` -> final samples (default: this pipeline's
+        sampler on its guided model; the diffusers pipeline passes its own loops). ``where``
+        names the batch in the non-finite error."""
+        z = torch.stack([torch.randn(self.latent_shape, generator=g, device=g.device)
+                         for g in gens]).to(self.device)
+        y = torch.as_tensor(np.asarray(labels), dtype=torch.long).to(self.device)
+        # frozen while sampling: torch picks its matmul path by requires_grad (~1e-7 apart), so a
+        # trainable model would not give the pixels of a loaded one; restored afterwards
+        with frozen(self.model):
+            if integrate is None:
+                x = self.sample_fn(z, self.model_fn, generator=list(gens), y=y)[-1]
+            else:
+                x = integrate(z, y, list(gens))
+        if not bool(torch.isfinite(x).all()):  # one reduction per batch; NaN weights end up here
+            raise NonFiniteSampleError(
+                f"non-finite values (NaN/inf) in {where} from {self.source}: the model's outputs "
+                "are not finite (NaN/inf weights?)")
+        return self.decode(x) if self.decode is not None else x
