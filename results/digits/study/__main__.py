@@ -41,7 +41,7 @@ def parser() -> argparse.ArgumentParser:
                    help="rewrite the report from the cached runs")
     d.add_argument("--claims", action="store_true",
                    help="run the claims addition of PROTOCOL.md (2026-12-01) in its order, within "
-                        "its core-hour budget (use --jobs 1), instead of the original sweep")
+                        "its core-hour budget (--jobs 1 or 2: one-thread runs), instead of the original sweep")
     d.add_argument("--repa", action="store_true",
                    help="run the REPA addition of PROTOCOL.md (2026-12-02) in its order, within "
                         "its core-hour budget (use --jobs 1), instead of the original sweep")
