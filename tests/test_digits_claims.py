@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
+from sit_vit5.io import atomic_write_text
 from sit_vit5.models import SIT_SWITCHES, VIT5_SWITCHES, create_model
 from sit_vit5.models.layers import sincos_pos_embed_2d
 from tests.digits_study import claims, digits
@@ -84,6 +85,19 @@ def test_family_has_the_protocols_44_tests():
     tests = claims.family()
     assert len(tests) == 44 and len({(t.claim, t.dataset, t.name) for t in tests}) == 44
     assert sum(t.claim == "C2" for t in tests) == 4 and sum(t.claim == "C4" for t in tests) == 4
+
+
+def test_the_third_learning_rate_joins_the_family_when_it_is_run():
+    calm_sit = [_run("digits8", claims.spike_variant("SiT", lr), s, 0.4)
+                for lr in digits.SPIKE_LRS for s in range(3)]
+    tests = claims.family(calm_sit)
+    c4 = [t for t in tests if t.claim == "C4"]
+    assert len(tests) == 46 and len(c4) == 6
+    assert {t.a for t in c4 if "0.03" in t.name} == {claims.spike_variant("ViT-5 (γ0=1)", 0.03)}
+    assert len(claims.evaluate_family(calm_sit)) == 46
+    spiked = [{**calm_sit[0], "loss_spikes": 2}, *calm_sit[1:]]
+    assert len(claims.family(spiked)) == 44  # SiT spiked: the third lr is not run, nor tested
+    assert len(claims.family(calm_sit[:-1])) == 44  # SiT's runs not all in yet
 
 
 def _values_results(test, a, b):
@@ -245,7 +259,7 @@ def test_parallel_sweep_starts_runs_in_order_until_the_budget_is_spent(tmp_path,
         started.append(spec.seed)
         both_running.wait()  # a sequential sweep never gets here twice: BrokenBarrierError
         result = {**_run("digits8", spec.variant, spec.seed, 0.4), "train_seconds": 3600.0, "eval_seconds": 0.0}
-        spec.result_path.write_text(json.dumps(result))
+        atomic_write_text(spec.result_path, json.dumps(result))  # as run_one: the other thread reads the folder
         return result
 
     monkeypatch.setattr(digits, "run_one", fake_run)

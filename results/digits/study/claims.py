@@ -72,6 +72,12 @@ def _sit_spiked(results: Sequence[dict[str, Any]]) -> bool | None:
     return any(r["loss_spikes"] or "diverged_at_step" in r for r in runs)
 
 
+def spike_lrs(results: Sequence[dict[str, Any]]) -> tuple[float, ...]:
+    """C4's learning rates: ``SPIKE_LRS``, and ``EXTRA_SPIKE_LR`` once SiT's runs at both are in
+    and none spiked or diverged (PROTOCOL.md; its tests then join the family)."""
+    return (*SPIKE_LRS, EXTRA_SPIKE_LR) if _sit_spiked(results) is False else SPIKE_LRS
+
+
 def _phase(d: str, first_seed_only: bool = False) -> list[tuple[str, int]]:
     """(variant, seed) in the protocol's order for dataset ``d`` (see PROTOCOL.md)."""
     out: list[tuple[str, int]] = []
@@ -107,7 +113,7 @@ def plan_claims(
         if d not in datasets:
             continue
         order = _phase(d)
-        if d == "digits8" and _sit_spiked(cached_runs(results_dir)) is False:
+        if d == "digits8" and EXTRA_SPIKE_LR in spike_lrs(cached_runs(results_dir)):
             order += [(spike_variant(b, EXTRA_SPIKE_LR), s) for s in range(3) for b in C4_BACKBONES]
         specs += [RunSpec(d, v, s, results_dir=str(results_dir), **common) for v, s in order]
     return specs
@@ -146,8 +152,9 @@ def _ablation_direction(variant: str) -> int:
     return 1  # a removed component, the qkv bias ViT-5 drops, or SwiGLU with LayerScale (C2)
 
 
-def family() -> list[Test]:
-    """The Holm family of PROTOCOL.md (addition of 2026-12-01): m = 44 tests."""
+def family(results: Sequence[dict[str, Any]] = ()) -> list[Test]:
+    """The Holm family of PROTOCOL.md (addition of 2026-12-01): m = 44 tests, 46 once the cached
+    ``results`` add C4's third learning rate (clarification of 2026-12-02)."""
     tests: list[Test] = []
     for d in ("digits8", "digits16"):
         tests.append(Test("C6", "ViT-5 (γ0=1) vs SiT", d, MAIN_PAIR[1], MAIN_PAIR[0], -1, (6, 6)))
@@ -186,7 +193,7 @@ def family() -> list[Test]:
     for d in ("digits8", "digits16"):
         for v in C3_VARIANTS:
             tests.append(Test("C3", f"{v} vs θ=100", d, v, MAIN_PAIR[1], 1, (4, 6)))
-    for lr in SPIKE_LRS:
+    for lr in spike_lrs(results):
         a, b = spike_variant(MAIN_PAIR[1], lr), spike_variant("ViT-5 − QK-Norm", lr)
         tests.append(
             Test(
@@ -338,7 +345,7 @@ def verdict(test: Test, out: dict[str, Any], adjusted: float) -> str:
 def evaluate_family(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Every test of the family with its statistics, Holm-adjusted p (pending tests count as p = 1)
     and verdict."""
-    tests = family()
+    tests = family(results)
     outs = [evaluate_test(t, results) for t in tests]
     adjusted = holm([1.0 if o["pending"] else o.get("p", 1.0) for o in outs])
     return [
@@ -389,7 +396,8 @@ CLAIMS: dict[str, tuple[str, str, str]] = {
     "C4": (
         "QK-Norm removes loss spikes",
         "QK-Norm removes the loss spikes of training (Fig. 5; no number)",
-        "lr 3e-3 and 1e-2, no gradient clipping, n=3: instability = spike steps (loss > 2× the "
+        "lr 3e-3 and 1e-2 (and 3e-2, added as pre-registered because SiT spiked at neither), no "
+        "gradient clipping, n=3: instability = spike steps (loss > 2× the "
         "median of "
         "the previous 100) + 1 per divergence, and final held-out loss; ViT-5 vs ViT-5 − QK-Norm "
         "(SiT as "
@@ -692,8 +700,9 @@ def _scale_section(results: Sequence[dict[str, Any]], out: Path) -> list[str]:
 def _spike_plot(results: Sequence[dict[str, Any]], path: Path) -> None:
     """Training-loss curves (20-step means, every seed) of the C4 runs, one panel per lr."""
     plt = report.pyplot()
-    fig, axes = plt.subplots(1, len(SPIKE_LRS), figsize=(5.5 * len(SPIKE_LRS), 4))
-    for ax, lr in zip(axes, SPIKE_LRS):
+    lrs = spike_lrs(results)
+    fig, axes = plt.subplots(1, len(lrs), figsize=(5.5 * len(lrs), 4))
+    for ax, lr in zip(axes, lrs):
         for i, b in enumerate(C4_BACKBONES):
             for j, r in enumerate(_runs(results, "digits8", spike_variant(b, lr))):
                 curve = r["loss_curve"]
