@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+
+from sit_vit5.runtime import THREAD_ENV_VARS
 
 #: A tiny SD-VAE-shaped AutoencoderKL (downsampling factor 2, 4 latent channels), built without downloads.
 TINY_VAE = dict(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,
@@ -13,11 +17,16 @@ TINY_VAE = dict(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlo
 
 @pytest.fixture(autouse=True, scope="session")
 def one_thread():
-    """Tiny tensors: extra threads only add overhead, and on a loaded 2-core runner OpenMP spins."""
-    threads = torch.get_num_threads()
+    """Tiny tensors: extra threads only add overhead, and on a loaded 2-core runner OpenMP spins.
+    The thread variables too: ``train()`` follows a user's OMP_NUM_THREADS, and tests compare
+    in-process runs with subprocesses started with one thread (bit for bit)."""
+    threads, saved = torch.get_num_threads(), {k: os.environ.get(k) for k in THREAD_ENV_VARS}
     torch.set_num_threads(1)
+    os.environ.update({k: "1" for k in THREAD_ENV_VARS})
     yield
     torch.set_num_threads(threads)
+    for key, value in saved.items():
+        os.environ.pop(key) if value is None else os.environ.__setitem__(key, value)
 
 
 @pytest.fixture(scope="session")
