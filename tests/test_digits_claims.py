@@ -13,7 +13,7 @@ import torch
 from sit_vit5.io import atomic_write_text
 from sit_vit5.models import SIT_SWITCHES, VIT5_SWITCHES, create_model
 from sit_vit5.models.layers import sincos_pos_embed_2d
-from tests.digits_study import claims, digits
+from tests.digits_study import claims, cli, digits
 
 
 def test_spelled_out_switches_are_todays_defaults():
@@ -267,3 +267,31 @@ def test_parallel_sweep_starts_runs_in_order_until_the_budget_is_spent(tmp_path,
     assert sorted(started) == [0, 1] and [(r["variant"], r["seed"]) for r in out] == [
         ("SiT", 1), ("SiT lr=0.01", 0), ("SiT lr=0.01", 1)]
     assert digits.core_hours_spent(tmp_path) == pytest.approx(3.0)  # past the budget by one run
+
+
+def test_status_counts_runs_left_and_scales_an_unrun_size_from_another_dataset(tmp_path):
+    """digits8 has 4×64 runs (0.1 core-hours each) and 8×128 runs (0.5: 5×); digits16 has only 4×64 runs
+    (0.3): its 8×128 runs are estimated at 0.3 × 5 = 1.5 each; 6×96, run nowhere, has no estimate."""
+    def write(d, variant, seed, hours):
+        spec = digits.RunSpec(d, variant, seed, results_dir=str(tmp_path))
+        spec.result_path.parent.mkdir(parents=True, exist_ok=True)
+        run = {**_run(d, variant, seed, 0.4), "train_seconds": 3000 * hours, "eval_seconds": 600 * hours}
+        atomic_write_text(spec.result_path, json.dumps(run))
+        return spec
+
+    big, mid = claims.size_variant("SiT", "8×128"), claims.size_variant("SiT", "6×96")
+    specs = [write("digits8", "SiT", s, 0.1) for s in range(3)] + [write("digits8", big, s, 0.5) for s in range(2)]
+    specs += [write("digits16", "SiT", 0, 0.3), write("digits16", "ViT-5 (γ0=1)", 0, 0.3)]
+    specs += [digits.RunSpec("digits16", v, s, results_dir=str(tmp_path)) for v in (big, mid) for s in range(3)]
+    specs += [digits.RunSpec("digits8", big, 2, results_dir=str(tmp_path))]
+    rows = {(r["dataset"], r["size"]): r for r in digits.sweep_status(specs)}
+    assert rows[("digits8", "4×64")] == {"dataset": "digits8", "size": "4×64", "planned": 3, "complete": 3,
+                                         "left": 0, "core_h_per_run": pytest.approx(0.1), "core_h_left": 0.0}
+    assert rows[("digits8", "8×128")]["left"] == 1 and rows[("digits8", "8×128")]["core_h_left"] == pytest.approx(0.5)
+    assert rows[("digits16", "8×128")]["core_h_per_run"] == pytest.approx(1.5)
+    assert rows[("digits16", "8×128")]["core_h_left"] == pytest.approx(4.5)
+    assert rows[("digits16", "6×96")]["core_h_per_run"] is None
+    text = cli.status_report(specs, 2, budget_core_hours=10.0)
+    assert "7 of 14 runs left, ≈ 5.0 core-hours (and runs of sizes no finished run allows estimating)" in text
+    assert "≈ 2.5 h of wall time at --jobs 2" in text
+    assert f"budget: {0.3 + 1.0 + 0.6:.1f} of 10 core-hours spent" in text

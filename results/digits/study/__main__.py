@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 if not __package__:  # run as a folder: import it as the package ``study``, not file by file
@@ -15,8 +16,18 @@ if not __package__:  # run as a folder: import it as the package ``study``, not 
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
     sys.path.insert(0, str(_HERE.parent))
 
+from sit_vit5.experiments.report import markdown_table  # noqa: E402
 from study.claims import BUDGET_CORE_HOURS, plan_claims, write_claims  # noqa: E402
-from study.digits import DATASETS, RESULTS, load_results, plan, sweep, write_report  # noqa: E402
+from study.digits import (  # noqa: E402
+    DATASETS,
+    RESULTS,
+    claims_spent,
+    load_results,
+    plan,
+    sweep,
+    sweep_status,
+    write_report,
+)
 from study.repa import REPA_BUDGET_CORE_HOURS, plan_repa, repa_report, spent  # noqa: E402
 
 PROG = "python results/digits/study"
@@ -45,9 +56,38 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--repa", action="store_true",
                    help="run the REPA addition of PROTOCOL.md (2026-12-02) in its order, within "
                         "its core-hour budget (use --jobs 1), instead of the original sweep")
+    d.add_argument("--status", action="store_true",
+                   help="print what the chosen sweep has done and what is left (runs, core-hours "
+                        "estimated from the finished runs), then exit; runs nothing")
     d.add_argument("overrides", nargs="*", metavar="section.key=value",
                    help="extra config overrides for every run")
     return d
+
+
+def status_report(specs: list, jobs: int, budget_core_hours: float | None = None,
+                  spent: Callable[[str], float] | None = None) -> str:
+    """The ``--status`` text: a table per dataset and model size (runs planned / complete / left,
+    core-hours per run and left), the total and, with a budget, what of it is spent."""
+    rows = sweep_status(specs)
+    left = [r["core_h_left"] for r in rows if r["left"]]
+    known = sum(x for x in left if x is not None)
+    table = [{"dataset": r["dataset"], "model size": r["size"], "runs planned": r["planned"],
+              "complete": r["complete"], "left": r["left"],
+              "core-hours per run": _hours(r["core_h_per_run"]),
+              "core-hours left": _hours(r["core_h_left"])} for r in rows]
+    lines = [markdown_table(table, list(table[0])) if table else "no runs planned"]
+    total = f"{sum(r['left'] for r in rows)} of {len(specs)} runs left, ≈ {known:.1f} core-hours"
+    if None in left:
+        total += " (and runs of sizes no finished run allows estimating)"
+    lines.append(total + f": ≈ {known / max(jobs, 1):.1f} h of wall time at --jobs {jobs}")
+    if budget_core_hours is not None and specs:
+        used = (spent or claims_spent)(specs[0].results_dir)
+        lines.append(f"budget: {used:.1f} of {budget_core_hours:g} core-hours spent")
+    return "\n".join(lines)
+
+
+def _hours(x: float | None) -> str:
+    return "?" if x is None else f"{x:.3f}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,20 +101,23 @@ def main(argv: list[str] | None = None) -> int:
                   extra_overrides=list(args.overrides))
     if args.claims and args.repa:
         parser().error("--claims and --repa are two sweeps: run one, then the other")
-    if args.repa and not args.report_only:
-        specs = plan_repa(args.datasets or tuple(DATASETS), out, **common)
-        if args.variants:
-            specs = [s for s in specs if s.variant in args.variants]
-        sweep(specs, args.jobs, budget_core_hours=REPA_BUDGET_CORE_HOURS, spent=spent)
-    elif args.claims and not args.report_only:
-        specs = plan_claims(args.datasets or tuple(DATASETS), out, **common)
-        if args.variants:
-            specs = [s for s in specs if s.variant in args.variants]
-        sweep(specs, args.jobs, budget_core_hours=BUDGET_CORE_HOURS)
-    elif not args.report_only:
-        specs = plan(args.seeds, args.ablation_seeds, args.datasets or tuple(DATASETS),
-                     args.variants, results_dir=out, **common)
-        sweep(specs, args.jobs)
+    datasets = args.datasets or tuple(DATASETS)
+    if args.repa:
+        specs = plan_repa(datasets, out, **common)
+        budget = dict(budget_core_hours=REPA_BUDGET_CORE_HOURS, spent=spent)
+    elif args.claims:
+        specs = plan_claims(datasets, out, **common)
+        budget = dict(budget_core_hours=BUDGET_CORE_HOURS)
+    else:
+        specs = plan(args.seeds, args.ablation_seeds, datasets, args.variants, results_dir=out, **common)
+        budget = {}
+    if args.variants:
+        specs = [s for s in specs if s.variant in args.variants]
+    if args.status:
+        print(status_report(specs, args.jobs, **budget))
+        return 0
+    if not args.report_only:
+        sweep(specs, args.jobs, **budget)
     results = load_results(out)
     if not results:
         print(f"no complete runs under {out}/runs", file=sys.stderr)

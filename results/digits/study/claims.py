@@ -22,7 +22,6 @@ from .digits import (
     ABLATIONS,
     EVAL_SIZES,
     EXTRA_SPIKE_LR,
-    REPA_VARIANTS,
     RESULTS,
     SIZES,
     SPIKE_LRS,
@@ -30,7 +29,7 @@ from .digits import (
     _git_commit,
     ablation_base,
     cached_runs,
-    core_hours_spent,
+    claims_spent,
 )
 from .stats import holm, welch, welch_contrast
 
@@ -512,7 +511,7 @@ def write_claims(
         "runs. "
         f"Generated from the cached runs by `{command}`; commit `{_git_commit()}`; "
         f"{sum(1 for r in results if r.get('complete'))} complete runs; "
-        f"{core_hours_spent(out, exclude=tuple(REPA_VARIANTS)):.1f} of {BUDGET_CORE_HOURS:g} "
+        f"{claims_spent(out):.1f} of {BUDGET_CORE_HOURS:g} "
         "core-hours of the addition spent.\n",
         "Verdicts use one Holm correction over the whole family of "
         f"{len(rows)} tests (a pending test counts as p = 1). *reproduced* = the paper's "

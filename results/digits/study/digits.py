@@ -419,11 +419,61 @@ def core_hours_spent(results_dir: str | os.PathLike = RESULTS,
     evaluation seconds / 3600."""
     runs = [r for r in cached_runs(results_dir) if "eval_seconds" in r
             and r["variant"] not in exclude and (variants is None or r["variant"] in variants)]
-    return sum(r.get("train_seconds", 0.0) + r["eval_seconds"] for r in runs) / 3600
+    return sum(map(run_cost, runs))
+
+
+def claims_spent(results_dir: str | os.PathLike = RESULTS) -> float:
+    """Core-hours the claims addition has spent of its budget (REPA runs have their own)."""
+    return core_hours_spent(results_dir, exclude=tuple(REPA_VARIANTS))
 
 
 def _is_cached(spec: RunSpec) -> bool:
     return spec.result_path.is_file() and json.loads(spec.result_path.read_text()).get("complete", False)
+
+
+def size_of(variant: str) -> str:
+    """A variant's model size, depth×width: one of ``SIZES`` or the base config's 4×64."""
+    dims = VARIANTS[variant]
+    return next((name for name, size in SIZES.items()
+                 if all(dims.get(k) == v for k, v in size.items())), "4×64")
+
+
+def run_cost(run: dict[str, Any]) -> float:
+    """Core-hours of one recorded run (one thread): training + evaluation seconds / 3600."""
+    return (run.get("train_seconds", 0.0) + run.get("eval_seconds", 0.0)) / 3600
+
+
+def sweep_status(specs: Sequence[RunSpec]) -> list[dict[str, Any]]:
+    """Per (dataset, model size) of ``specs``: runs planned, complete, left, the median core-hours of
+    a complete run (of every cached run of that dataset and size, any variant, evaluation time
+    recorded) and the estimate for the runs left. A size not run yet on a dataset is scaled from
+    another dataset where both it and 4×64 ran: cost(d, size) = cost(d, 4×64) × cost(d', size) /
+    cost(d', 4×64) (None when nothing allows an estimate)."""
+    known: dict[tuple[str, str], list[float]] = {}
+    for run in cached_runs(specs[0].results_dir) if specs else []:
+        if "eval_seconds" in run and run.get("complete") and run["variant"] in VARIANTS:
+            known.setdefault((run["dataset"], size_of(run["variant"])), []).append(run_cost(run))
+    median = {k: statistics.median(v) for k, v in known.items()}
+
+    def cost(d: str, size: str) -> float | None:
+        if (d, size) in median:
+            return median[(d, size)]
+        base = median.get((d, "4×64"))
+        ratios = [median[(o, size)] / median[(o, "4×64")] for o, sz in median
+                  if sz == size and (o, "4×64") in median]
+        return base * statistics.median(ratios) if base is not None and ratios else None
+
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for spec in specs:
+        key = (spec.dataset, size_of(spec.variant))
+        row = rows.setdefault(key, {"dataset": key[0], "size": key[1], "planned": 0, "complete": 0})
+        row["planned"] += 1
+        row["complete"] += _is_cached(spec)
+    for (d, size), row in rows.items():
+        row["left"] = row["planned"] - row["complete"]
+        row["core_h_per_run"] = cost(d, size)
+        row["core_h_left"] = None if row["core_h_per_run"] is None else row["left"] * row["core_h_per_run"]
+    return list(rows.values())
 
 
 def sweep(specs: Sequence[RunSpec], jobs: int = 1, budget_core_hours: float | None = None,
@@ -434,7 +484,7 @@ def sweep(specs: Sequence[RunSpec], jobs: int = 1, budget_core_hours: float | No
     so with ``jobs`` > 1 the runs in flight can take the spending past the budget by up to ``jobs`` − 1
     runs. The runs not started are left out of the returned list. ``executor``: the pool for ``jobs`` > 1
     (default: ``jobs`` spawned processes; tests pass threads)."""
-    spent = spent or (lambda d: core_hours_spent(d, exclude=tuple(REPA_VARIANTS)))
+    spent = spent or claims_spent
     results: dict[int, dict[str, Any]] = {}
     bar = tqdm(total=len(specs), desc="digits runs", unit="run")
 
