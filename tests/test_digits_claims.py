@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -295,3 +297,24 @@ def test_status_counts_runs_left_and_scales_an_unrun_size_from_another_dataset(t
     assert "7 of 14 runs left, ≈ 5.0 core-hours (and runs of sizes no finished run allows estimating)" in text
     assert "≈ 2.5 h of wall time at --jobs 2" in text
     assert f"budget: {0.3 + 1.0 + 0.6:.1f} of 10 core-hours spent" in text
+
+
+def test_a_sweep_process_writes_the_run_console_to_its_log(tmp_path, monkeypatch, capsys):
+    spec = digits.RunSpec("digits8", "SiT", 0, runs_dir=str(tmp_path / "runs"), results_dir=str(tmp_path))
+
+    def chatty(s, threads):
+        print("step 0000001 | loss 1.0")
+        print("a warning too", file=sys.stderr)
+        return {"ran": s.variant}
+
+    monkeypatch.setattr(digits, "run_one", chatty)
+    assert digits._worker(spec, 1) == {"ran": "SiT"}  # in the caller's process: its console as it is
+    assert not spec.log_path.exists() and "step 0000001" in capsys.readouterr().out
+    monkeypatch.setattr(digits, "parent_process", lambda: object())  # as in a spawned sweep process
+    monkeypatch.setenv("TQDM_DISABLE", "0")
+    assert digits._worker(spec, 1) == {"ran": "SiT"}
+    assert digits._worker(spec, 1) == {"ran": "SiT"}  # a resume appends
+    assert spec.log_path == tmp_path / "runs" / "digits8" / "sit" / "seed0.log"
+    log = spec.log_path.read_text()
+    assert log.count("step 0000001 | loss 1.0") == 2 and "a warning too" in log
+    assert "step" not in capsys.readouterr().out and os.environ["TQDM_DISABLE"] == "1"

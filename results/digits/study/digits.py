@@ -25,9 +25,9 @@ import subprocess
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, wait
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from dataclasses import dataclass, field
-from multiprocessing import get_context
+from multiprocessing import get_context, parent_process
 from pathlib import Path
 from typing import Any
 
@@ -172,6 +172,12 @@ class RunSpec:
     @property
     def result_path(self) -> Path:
         return Path(self.results_dir) / "runs" / self.dataset / f"{slug(self.variant)}-seed{self.seed}.json"
+
+    @property
+    def log_path(self) -> Path:
+        """The console of the run in a parallel sweep (beside ``run_dir``: a restart from scratch
+        keeps it; appended on resume)."""
+        return self.run_dir.with_name(f"seed{self.seed}.log")
 
     @property
     def checkpoint_steps(self) -> list[int]:
@@ -401,8 +407,15 @@ def run_one(spec: RunSpec, threads: int | None = None,
 
 
 def _worker(spec: RunSpec, threads: int) -> dict[str, Any]:
-    os.environ["TQDM_DISABLE"] = "1"  # parallel runs would garble each other's bars; the sweep has its own
-    return run_one(spec, threads)
+    """``run_one`` for a parallel sweep. In a sweep's own process (not a thread of the caller's) the
+    run's console (a line per step) goes to ``spec.log_path`` and its bars are off, so the terminal
+    shows the sweep's bar instead of interleaved runs."""
+    if parent_process() is None:
+        return run_one(spec, threads)
+    os.environ["TQDM_DISABLE"] = "1"
+    spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(spec.log_path, "a") as log, redirect_stdout(log), redirect_stderr(log):
+        return run_one(spec, threads)
 
 
 def cached_runs(results_dir: str | os.PathLike = RESULTS) -> list[dict[str, Any]]:
@@ -509,6 +522,8 @@ def sweep(specs: Sequence[RunSpec], jobs: int = 1, budget_core_hours: float | No
                 break
             done(i, run_one(spec, 1))
     else:
+        if specs:
+            print(f"{jobs} runs at a time; each run's console: {specs[0].runs_dir}/<dataset>/<variant>/seed<N>.log")
         running: dict[Future, int] = {}
         with executor or ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
             while queue or running:
