@@ -26,7 +26,10 @@ def one_thread():
     yield
     torch.set_num_threads(threads)
     for key, value in saved.items():
-        os.environ.pop(key) if value is None else os.environ.__setitem__(key, value)
+        if value is None:
+            del os.environ[key]
+        else:
+            os.environ[key] = value
 
 
 @pytest.fixture(scope="session")

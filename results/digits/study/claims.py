@@ -20,6 +20,7 @@ from sit_vit5.experiments import report
 
 from .digits import (
     ABLATIONS,
+    BASE_SIZE,
     EVAL_SIZES,
     EXTRA_SPIKE_LR,
     RESULTS,
@@ -637,7 +638,7 @@ _C5_NOTE = (
 
 def _scale_section(results: Sequence[dict[str, Any]], out: Path) -> list[str]:
     """Held-out loss at every checkpoint per size, and the plot held-out loss vs forward FLOPs."""
-    sizes = {"4×64": "", **{s: f" {s}" for s in SIZES}}
+    sizes = {BASE_SIZE: "", **{s: f" {s}" for s in SIZES}}
     rows, points = [], {}
     for d in ("digits8", "digits16"):
         for size, suffix in sizes.items():

@@ -99,7 +99,8 @@ _VIT5_ALL = {"model.name": "ViT5-S/2", "model.norm": "rmsnorm", "model.qk_norm":
              "model.pos_embed": "learned", "model.rope": True, "model.rope_theta": 10000.0,
              "model.num_registers": 4, "model.register_rope_theta": 100.0}
 SIZES = {"6×96": {"model.depth": 6, "model.hidden_size": 96, "model.num_heads": 6},
-         "8×128": {"model.depth": 8, "model.hidden_size": 128, "model.num_heads": 8}}  # 4×64 = the base config
+         "8×128": {"model.depth": 8, "model.hidden_size": 128, "model.num_heads": 8}}
+BASE_SIZE = "4×64"  # the base config's depth × width
 SPIKE_LRS = (3e-3, 1e-2)
 EXTRA_SPIKE_LR = 3e-2  # only if SiT spikes at neither of SPIKE_LRS (protocol)
 _NO_QK = {**_VIT5_ALL, "model.qk_norm": False}
@@ -445,10 +446,10 @@ def _is_cached(spec: RunSpec) -> bool:
 
 
 def size_of(variant: str) -> str:
-    """A variant's model size, depth×width: one of ``SIZES`` or the base config's 4×64."""
+    """A variant's model size, depth×width: one of ``SIZES`` or ``BASE_SIZE``."""
     dims = VARIANTS[variant]
     return next((name for name, size in SIZES.items()
-                 if all(dims.get(k) == v for k, v in size.items())), "4×64")
+                 if all(dims.get(k) == v for k, v in size.items())), BASE_SIZE)
 
 
 def run_cost(run: dict[str, Any]) -> float:
@@ -461,19 +462,21 @@ def sweep_status(specs: Sequence[RunSpec]) -> list[dict[str, Any]]:
     a complete run (of every cached run of that dataset and size, any variant, evaluation time
     recorded) and the estimate for the runs left. A size not run yet on a dataset is scaled from
     another dataset where both it and 4×64 ran: cost(d, size) = cost(d, 4×64) × cost(d', size) /
-    cost(d', 4×64) (None when nothing allows an estimate)."""
+    cost(d', 4×64) (None when nothing allows an estimate). Reads the run cache once."""
+    runs = [r for r in (cached_runs(specs[0].results_dir) if specs else []) if r.get("complete")]
+    done = {(r["dataset"], r["variant"], r["seed"]) for r in runs}
     known: dict[tuple[str, str], list[float]] = {}
-    for run in cached_runs(specs[0].results_dir) if specs else []:
-        if "eval_seconds" in run and run.get("complete") and run["variant"] in VARIANTS:
+    for run in runs:
+        if "eval_seconds" in run and run["variant"] in VARIANTS:
             known.setdefault((run["dataset"], size_of(run["variant"])), []).append(run_cost(run))
     median = {k: statistics.median(v) for k, v in known.items()}
 
     def cost(d: str, size: str) -> float | None:
         if (d, size) in median:
             return median[(d, size)]
-        base = median.get((d, "4×64"))
-        ratios = [median[(o, size)] / median[(o, "4×64")] for o, sz in median
-                  if sz == size and (o, "4×64") in median]
+        base = median.get((d, BASE_SIZE))
+        ratios = [median[(o, size)] / median[(o, BASE_SIZE)] for o, sz in median
+                  if sz == size and (o, BASE_SIZE) in median]
         return base * statistics.median(ratios) if base is not None and ratios else None
 
     rows: dict[tuple[str, str], dict[str, Any]] = {}
@@ -481,7 +484,7 @@ def sweep_status(specs: Sequence[RunSpec]) -> list[dict[str, Any]]:
         key = (spec.dataset, size_of(spec.variant))
         row = rows.setdefault(key, {"dataset": key[0], "size": key[1], "planned": 0, "complete": 0})
         row["planned"] += 1
-        row["complete"] += _is_cached(spec)
+        row["complete"] += (spec.dataset, spec.variant, spec.seed) in done
     for (d, size), row in rows.items():
         row["left"] = row["planned"] - row["complete"]
         row["core_h_per_run"] = cost(d, size)
