@@ -3,6 +3,8 @@ runs and the resolution evaluation's position tables (fast: synthetic results, n
 
 from __future__ import annotations
 
+import argparse
+import functools
 import json
 import math
 import os
@@ -271,16 +273,19 @@ def test_parallel_sweep_starts_runs_in_order_until_the_budget_is_spent(tmp_path,
     assert digits.core_hours_spent(tmp_path) == pytest.approx(3.0)  # past the budget by one run
 
 
+def _timed_run(tmp_path, d, variant, seed, hours):
+    """A complete cached run of ``hours`` core-hours (train + eval); returns its spec."""
+    spec = digits.RunSpec(d, variant, seed, results_dir=str(tmp_path))
+    spec.result_path.parent.mkdir(parents=True, exist_ok=True)
+    run = {**_run(d, variant, seed, 0.4), "train_seconds": 3000 * hours, "eval_seconds": 600 * hours}
+    atomic_write_text(spec.result_path, json.dumps(run))
+    return spec
+
+
 def test_status_counts_runs_left_and_scales_an_unrun_size_from_another_dataset(tmp_path):
     """digits8 has 4×64 runs (0.1 core-hours each) and 8×128 runs (0.5: 5×); digits16 has only 4×64 runs
     (0.3): its 8×128 runs are estimated at 0.3 × 5 = 1.5 each; 6×96, run nowhere, has no estimate."""
-    def write(d, variant, seed, hours):
-        spec = digits.RunSpec(d, variant, seed, results_dir=str(tmp_path))
-        spec.result_path.parent.mkdir(parents=True, exist_ok=True)
-        run = {**_run(d, variant, seed, 0.4), "train_seconds": 3000 * hours, "eval_seconds": 600 * hours}
-        atomic_write_text(spec.result_path, json.dumps(run))
-        return spec
-
+    write = functools.partial(_timed_run, tmp_path)
     big, mid = claims.size_variant("SiT", "8×128"), claims.size_variant("SiT", "6×96")
     specs = [write("digits8", "SiT", s, 0.1) for s in range(3)] + [write("digits8", big, s, 0.5) for s in range(2)]
     specs += [write("digits16", "SiT", 0, 0.3), write("digits16", "ViT-5 (γ0=1)", 0, 0.3)]
@@ -297,6 +302,56 @@ def test_status_counts_runs_left_and_scales_an_unrun_size_from_another_dataset(t
     assert "7 of 14 runs left, ≈ 5.0 core-hours (and runs of sizes no finished run allows estimating)" in text
     assert "≈ 2.5 h of wall time at --jobs 2" in text
     assert f"budget: {0.3 + 1.0 + 0.6:.1f} of 10 core-hours spent" in text
+
+
+def test_ends_by_starts_a_run_only_if_its_estimate_times_the_margin_fits(tmp_path):
+    """Cached 4×64 runs of 0.2 and 0.4 core-hours (median 0.3): a 4×64 run needs 0.3 × 1.25 h = 1350 s
+    before the stop; 8×128 has no estimate (run nowhere) and never starts."""
+    _timed_run(tmp_path, "digits8", "SiT", 0, 0.2)
+    _timed_run(tmp_path, "digits8", "SiT", 1, 0.4)
+    small = digits.RunSpec("digits8", "ViT-5 (γ0=1)", 0, results_dir=str(tmp_path))
+    big = digits.RunSpec("digits8", claims.size_variant("SiT", "8×128"), 0, results_dir=str(tmp_path))
+    need = 0.3 * digits.STOP_BY_MARGIN * 3600
+    assert digits.ends_by(1000.0 + need, clock=lambda: 1000.0)(small)
+    assert not digits.ends_by(1000.0 + need - 1, clock=lambda: 1000.0)(small)
+    assert not digits.ends_by(1e12, clock=lambda: 1000.0)(big)
+
+
+def test_a_sweep_with_a_stop_skips_the_runs_that_do_not_fit_and_tries_the_next(tmp_path, monkeypatch, capsys):
+    """In order: a cached run (returned though ``fits`` refuses it too), a long run that does not fit, a
+    short one that does; sequential and two at a time alike."""
+    cached = _timed_run(tmp_path, "digits8", "SiT", 0, 0.1)
+    long_run = digits.RunSpec("digits8", "SiT lr=0.01", 0, results_dir=str(tmp_path))
+    short = digits.RunSpec("digits8", "SiT lr=0.01", 1, results_dir=str(tmp_path))
+    ran = []
+
+    def fake_run(spec, threads):
+        if digits._is_cached(spec):
+            return json.loads(spec.result_path.read_text())
+        ran.append(spec.seed)
+        return {**_run("digits8", spec.variant, spec.seed, 0.4)}
+
+    monkeypatch.setattr(digits, "run_one", fake_run)
+    fits = lambda spec: spec is short  # noqa: E731
+    for jobs, executor in ((1, None), (2, ThreadPoolExecutor(2))):
+        ran.clear()
+        out = digits.sweep([cached, long_run, short], jobs, executor=executor, fits=fits)
+        assert ran == [1] and [(r["variant"], r["seed"]) for r in out] == [("SiT", 0), ("SiT lr=0.01", 1)]
+        assert "1 runs not started: not estimated to end in time (digits8 SiT lr=0.01 s0)" in capsys.readouterr().out
+
+
+def test_stop_by_is_the_next_such_time_or_an_iso_date_time():
+    from datetime import datetime
+
+    morning, evening = datetime(2026, 12, 2, 9, 30), datetime(2026, 12, 2, 20, 0)
+    assert cli.stop_by_time("14:08", morning) == datetime(2026, 12, 2, 14, 8).timestamp()
+    assert cli.stop_by_time("14:08", evening) == datetime(2026, 12, 3, 14, 8).timestamp()  # tomorrow
+    assert cli.stop_by_time("2026-12-05T01:00") == datetime(2026, 12, 5, 1, 0).timestamp()
+    for bad in ("25:00", "noon", "1:2:3"):
+        with pytest.raises(argparse.ArgumentTypeError, match=f"--stop-by '{bad}'"):
+            cli.stop_by_time(bad, morning)
+    assert cli.parser().parse_args(["--stop-by", "2026-12-05T01:00"]).stop_by == pytest.approx(
+        datetime(2026, 12, 5, 1, 0).timestamp())
 
 
 def test_a_sweep_process_writes_the_run_console_to_its_log(tmp_path, monkeypatch, capsys):

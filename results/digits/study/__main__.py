@@ -9,6 +9,7 @@ import argparse
 import shlex
 import sys
 from collections.abc import Callable
+from datetime import datetime, timedelta
 from pathlib import Path
 
 if not __package__:  # run as a folder: import it as the package ``study``, not file by file
@@ -21,7 +22,9 @@ from study.claims import BUDGET_CORE_HOURS, plan_claims, write_claims  # noqa: E
 from study.digits import (  # noqa: E402
     DATASETS,
     RESULTS,
+    STOP_BY_MARGIN,
     claims_spent,
+    ends_by,
     load_results,
     plan,
     sweep,
@@ -59,9 +62,27 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--status", action="store_true",
                    help="print what the chosen sweep has done and what is left (runs, core-hours "
                         "estimated from the finished runs), then exit; runs nothing")
+    d.add_argument("--stop-by", type=stop_by_time, default=None, metavar="HH:MM",
+                   help="start only the runs estimated (from the finished runs, with a margin of "
+                        f"{STOP_BY_MARGIN:g}×) to end by this local time (its next occurrence; or an ISO "
+                        "date-time), skipping the others: for sessions or jobs with a hard end")
     d.add_argument("overrides", nargs="*", metavar="section.key=value",
                    help="extra config overrides for every run")
     return d
+
+
+def stop_by_time(text: str, now: datetime | None = None) -> float:
+    """``--stop-by``: "HH:MM" (the next such local time after ``now``) or an ISO date-time, as seconds
+    since the epoch."""
+    now = now or datetime.now()
+    try:
+        if len(text) <= 5 and ":" in text:
+            hour, minute = (int(x) for x in text.split(":"))
+            when = now.replace(hour=hour, minute=minute, second=0, microsecond=0)
+            return (when + timedelta(days=1) if when <= now else when).timestamp()
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"--stop-by {text!r}: not HH:MM or an ISO date-time ({err})") from None
 
 
 def status_report(specs: list, jobs: int, budget_core_hours: float | None = None,
@@ -117,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         print(status_report(specs, args.jobs, **budget))
         return 0
     if not args.report_only:
-        sweep(specs, args.jobs, **budget)
+        sweep(specs, args.jobs, **budget, fits=None if args.stop_by is None else ends_by(args.stop_by))
     results = load_results(out)
     if not results:
         print(f"no complete runs under {out}/runs", file=sys.stderr)

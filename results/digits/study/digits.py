@@ -457,17 +457,14 @@ def run_cost(run: dict[str, Any]) -> float:
     return (run.get("train_seconds", 0.0) + run.get("eval_seconds", 0.0)) / 3600
 
 
-def sweep_status(specs: Sequence[RunSpec]) -> list[dict[str, Any]]:
-    """Per (dataset, model size) of ``specs``: runs planned, complete, left, the median core-hours of
-    a complete run (of every cached run of that dataset and size, any variant, evaluation time
-    recorded) and the estimate for the runs left. A size not run yet on a dataset is scaled from
+def cost_model(runs: Sequence[dict[str, Any]]) -> Callable[[str, str], float | None]:
+    """``cost(dataset, size)``: core-hours of one run, the median of the complete ``runs`` of that dataset
+    and size (any variant, evaluation time recorded). A size not run yet on a dataset is scaled from
     another dataset where both it and 4×64 ran: cost(d, size) = cost(d, 4×64) × cost(d', size) /
-    cost(d', 4×64) (None when nothing allows an estimate). Reads the run cache once."""
-    runs = [r for r in (cached_runs(specs[0].results_dir) if specs else []) if r.get("complete")]
-    done = {(r["dataset"], r["variant"], r["seed"]) for r in runs}
+    cost(d', 4×64) (None when nothing allows an estimate)."""
     known: dict[tuple[str, str], list[float]] = {}
     for run in runs:
-        if "eval_seconds" in run and run["variant"] in VARIANTS:
+        if run.get("complete") and "eval_seconds" in run and run["variant"] in VARIANTS:
             known.setdefault((run["dataset"], size_of(run["variant"])), []).append(run_cost(run))
     median = {k: statistics.median(v) for k, v in known.items()}
 
@@ -479,6 +476,15 @@ def sweep_status(specs: Sequence[RunSpec]) -> list[dict[str, Any]]:
                   if sz == size and (o, BASE_SIZE) in median]
         return base * statistics.median(ratios) if base is not None and ratios else None
 
+    return cost
+
+
+def sweep_status(specs: Sequence[RunSpec]) -> list[dict[str, Any]]:
+    """Per (dataset, model size) of ``specs``: runs planned, complete, left, the core-hours of one run
+    (``cost_model``) and the estimate for the runs left. Reads the run cache once."""
+    runs = [r for r in (cached_runs(specs[0].results_dir) if specs else []) if r.get("complete")]
+    done = {(r["dataset"], r["variant"], r["seed"]) for r in runs}
+    cost = cost_model(runs)
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     for spec in specs:
         key = (spec.dataset, size_of(spec.variant))
@@ -492,15 +498,34 @@ def sweep_status(specs: Sequence[RunSpec]) -> list[dict[str, Any]]:
     return list(rows.values())
 
 
+STOP_BY_MARGIN = 1.25  # a run's estimated time × this must fit before --stop-by (runs slow down under load)
+
+
+def ends_by(stop_by: float, margin: float = STOP_BY_MARGIN,
+            clock: Callable[[], float] = time.time) -> Callable[[RunSpec], bool]:
+    """A sweep's ``fits``: may ``spec`` start now, its one-thread run ending before ``stop_by`` (seconds
+    since the epoch)? Its duration is ``cost_model`` of the cached runs (re-read at each start) ×
+    ``margin``; a run with no estimate does not start. For sessions or cluster jobs with a hard end, where a
+    run cut off loses its work unless its run folder survives."""
+    def fits(spec: RunSpec) -> bool:
+        hours = cost_model(cached_runs(spec.results_dir))(spec.dataset, size_of(spec.variant))
+        return hours is not None and clock() + margin * hours * 3600 <= stop_by
+
+    return fits
+
+
 def sweep(specs: Sequence[RunSpec], jobs: int = 1, budget_core_hours: float | None = None,
-          spent: Callable[[str], float] | None = None, executor: Executor | None = None) -> list[dict[str, Any]]:
+          spent: Callable[[str], float] | None = None, executor: Executor | None = None,
+          fits: Callable[[RunSpec], bool] | None = None) -> list[dict[str, Any]]:
     """Run every spec in ``jobs`` processes of one thread each (tiny models: more threads only spin), started
     in the order given. With ``budget_core_hours``, no new run starts once ``spent(results_dir)`` (default: the
     claims addition's ``core_hours_spent``, REPA runs left out) reaches it; a run counts once it is complete,
     so with ``jobs`` > 1 the runs in flight can take the spending past the budget by up to ``jobs`` − 1
-    runs. The runs not started are left out of the returned list. ``executor``: the pool for ``jobs`` > 1
-    (default: ``jobs`` spawned processes; tests pass threads)."""
+    runs. With ``fits`` (e.g. ``ends_by``), a run not cached that does not fit when its turn comes is skipped
+    and the next ones are tried. The runs not started are left out of the returned list. ``executor``: the
+    pool for ``jobs`` > 1 (default: ``jobs`` spawned processes; tests pass threads)."""
     spent = spent or claims_spent
+    skipped: list[RunSpec] = []
     results: dict[int, dict[str, Any]] = {}
     bar = tqdm(total=len(specs), desc="digits runs", unit="run")
 
@@ -518,12 +543,19 @@ def sweep(specs: Sequence[RunSpec], jobs: int = 1, budget_core_hours: float | No
         print(f"budget of {budget_core_hours:g} core-hours spent: {left} runs not started")
         return True
 
+    def may_start(spec: RunSpec) -> bool:
+        if fits is None or _is_cached(spec) or fits(spec):
+            return True
+        skipped.append(spec)
+        return False
+
     queue = list(enumerate(specs))
     if jobs <= 1:  # in this process (tests, debugging)
         for i, spec in queue:
             if over_budget(spec, len(specs) - i):
                 break
-            done(i, run_one(spec, 1))
+            if may_start(spec):
+                done(i, run_one(spec, 1))
     else:
         if specs:
             print(f"{jobs} runs at a time; each run's console: {specs[0].runs_dir}/<dataset>/<variant>/seed<N>.log")
@@ -535,12 +567,16 @@ def sweep(specs: Sequence[RunSpec], jobs: int = 1, budget_core_hours: float | No
                         queue.clear()
                         break
                     i, spec = queue.pop(0)
-                    running[pool.submit(_worker, spec, 1)] = i
+                    if may_start(spec):
+                        running[pool.submit(_worker, spec, 1)] = i
                 if running:
                     finished, _ = wait(running, return_when=FIRST_COMPLETED)
                     for future in finished:
                         done(running.pop(future), future.result())
     bar.close()
+    if skipped:
+        print(f"{len(skipped)} runs not started: not estimated to end in time "
+              f"({', '.join(f'{s.dataset} {s.variant} s{s.seed}' for s in skipped)})")
     return [results[i] for i in sorted(results)]
 
 
