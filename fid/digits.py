@@ -8,9 +8,13 @@ Protocol (fixed; changing any of it changes the cache key below):
   features = the 64-d hidden layer *before* its ReLU (no dead, always-zero dimensions to make covariances
   singular).
 * training: seed 0, Adam lr 1e-3, weight decay 1e-4, batch 64, 30 epochs over the train split, no
-  augmentation, seeded shuffling, one CPU thread (so the result is deterministic for a given torch build; ~4 s).
-  The trained weights are cached as a plain state dict in <cache>/digits_featnet-<key>.pt (loaded with
-  weights_only=True) and retrained only when absent.
+  augmentation, seeded shuffling, one CPU thread (~4 s). Deterministic on one machine, but not across machines:
+  CPU kernels differ in the last bits, training amplifies them, and FIDs by two such nets differ by a few %.
+* weights: so every machine scores with the same network, the reference weights ship with the package
+  (fid/weights/digits_featnet-{8,16}.safetensors, made by ``train_digits_net`` with torch 2.14.1 on one thread)
+  and are checked against their SHA-256 before loading. ``load_digits_net(directory)`` instead trains the
+  recipe on this machine and caches it in <directory>/digits_featnet-<key>.safetensors; the key hashes the
+  config, the data and the training code, so any change to them retrains.
 * digits FID: Fréchet distance (float64) between the features of the evaluated images and of all 1,797 real
   images. Like any FID it is biased upward at small N; compare numbers at equal N.
 * accuracy: fraction of images whose argmax class equals the requested label.
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 import json
 import os
 import tempfile
@@ -37,6 +42,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from safetensors.torch import load, save
 
 from fid.metrics import feature_statistics, frechet_distance
 
@@ -104,12 +110,14 @@ def digits_split(split: str, resolution: int = 8) -> tuple[torch.Tensor, torch.T
 
 
 @torch.enable_grad()  # callers such as digits_metrics run under no_grad
-def train_digits_net(resolution: int = 8) -> DigitsNet:
-    """Train DigitsNet on the train split with ``TRAIN_CONFIGS[resolution]`` (seconds on CPU)."""
+def train_digits_net(resolution: int = 8, threads: int | None = None) -> DigitsNet:
+    """Train DigitsNet on the train split with ``TRAIN_CONFIGS[resolution]`` (seconds on CPU). ``threads``: default
+    the recipe's 1; another count changes the reduction order as another machine's kernels do (the shipped nets'
+    reproducibility check, results/digits/featnet_check.py)."""
     cfg = TRAIN_CONFIGS[resolution]
     images, labels = digits_split("train", resolution)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # same reduction order on every machine; tiny ops gain nothing from threads
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads or cfg["threads"])  # tiny ops gain nothing from threads
     try:
         torch.manual_seed(cfg["seed"])
         net = DigitsNet(resolution)
@@ -123,37 +131,76 @@ def train_digits_net(resolution: int = 8) -> DigitsNet:
                 loss.backward()
                 opt.step()
     finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(previous)
     return net.eval().requires_grad_(False)
 
 
+#: The code whose source is part of the cache key (captured here: what it trains with, whatever is patched later).
+RECIPE_CODE = (DigitsNet, digits_data, digits_split, train_digits_net)
+
+#: The reference networks that ship with the package: file under WEIGHTS_DIR and its SHA-256, per resolution.
+WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
+SHIPPED_WEIGHTS = {
+    8: ("digits_featnet-8.safetensors", "7509769c84473d725e6220b2d992670baa5c7b89834d4c982cb27c8b7fd40960"),
+    16: ("digits_featnet-16.safetensors", "54c7ba5f0576449bc87992ce47d33f251564f2af861eb5f55a216e64847f3198"),
+}
+
+
+class DigitsWeightsError(RuntimeError):
+    """The shipped digits feature network is missing or is not the file its SHA-256 names."""
+
+
 def cache_dir() -> Path:
-    """$SIT_VIT5_CACHE, else $XDG_CACHE_HOME/sit_vit5, else ~/.cache/sit_vit5."""
+    """$SIT_VIT5_CACHE, else $XDG_CACHE_HOME/sit_vit5, else ~/.cache/sit_vit5 (for ``load_digits_net(cache_dir())``)."""
     if os.environ.get("SIT_VIT5_CACHE"):
         return Path(os.environ["SIT_VIT5_CACHE"])
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sit_vit5"
 
 
 def cache_key(resolution: int = 8) -> str:
-    """12 hex digits of SHA-256 over the training config and the digits data (at 8×8 for both networks)."""
+    """12 hex digits of SHA-256 over the training config, the digits data (at 8×8 for both networks) and the
+    source of the code that makes the network (a changed recipe must not reuse an old cache)."""
     images, labels = digits_data()
     h = hashlib.sha256(json.dumps(TRAIN_CONFIGS[resolution], sort_keys=True).encode())
     h.update(images.numpy().tobytes())
     h.update(labels.numpy().tobytes())
+    for code in RECIPE_CODE:
+        h.update(inspect.getsource(code).encode())
     return h.hexdigest()[:12]
 
 
-def load_digits_net(directory: str | os.PathLike | None = None, resolution: int = 8) -> DigitsNet:
-    """The trained DigitsNet from the cache in `directory` (default cache_dir()), training it if absent."""
-    path = Path(directory or cache_dir()) / f"digits_featnet-{cache_key(resolution)}.pt"
+def _net_from(data: bytes, resolution: int) -> DigitsNet:
     net = DigitsNet(resolution)
+    net.load_state_dict(load(data))
+    return net.eval().requires_grad_(False)
+
+
+def load_digits_net(directory: str | os.PathLike | None = None, resolution: int = 8) -> DigitsNet:
+    """The digits feature network at ``resolution`` (8 or 16).
+
+    Default: the reference weights shipped in ``WEIGHTS_DIR``, SHA-256-verified (DigitsWeightsError otherwise):
+    every digits-FID reported by this project uses them. With ``directory``: the recipe trained on this
+    machine, cached there and retrained only when the cache key changes (for checking the recipe; its FIDs
+    differ from the reference's by a few %)."""
+    if resolution not in SHIPPED_WEIGHTS:
+        raise ValueError(f"DigitsNet resolution must be one of {sorted(SHIPPED_WEIGHTS)}, got {resolution}")
+    if directory is None:
+        name, sha256 = SHIPPED_WEIGHTS[resolution]
+        path = WEIGHTS_DIR / name
+        if not path.is_file():
+            raise DigitsWeightsError(f"{path}: the shipped digits feature network is missing; reinstall sit-vit5")
+        data = path.read_bytes()
+        if hashlib.sha256(data).hexdigest() != sha256:
+            raise DigitsWeightsError(f"{path}: SHA-256 {hashlib.sha256(data).hexdigest()}, expected {sha256}; "
+                                     "not the reference network, refusing to load it")
+        return _net_from(data, resolution)
+    path = Path(directory) / f"digits_featnet-{cache_key(resolution)}.safetensors"
     if path.is_file():
-        net.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
-        return net.eval().requires_grad_(False)
+        return _net_from(path.read_bytes(), resolution)
     net = train_digits_net(resolution)
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".tmp", delete=False) as tmp:
-        torch.save(net.state_dict(), tmp)
+        tmp.write(save(net.state_dict()))
     os.replace(tmp.name, path)  # atomic: a concurrent reader never sees half a file
     return net
 

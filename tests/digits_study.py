@@ -15,5 +15,6 @@ if str(STUDY.parent) not in sys.path:
 digits = importlib.import_module("study.digits")
 claims = importlib.import_module("study.claims")
 repa = importlib.import_module("study.repa")
+featnet = importlib.import_module("study.featnet")
 stats = importlib.import_module("study.stats")
 cli = importlib.import_module("study.__main__")

@@ -17,7 +17,7 @@ from sit_vit5.config import load_config
 from sit_vit5.experiments import imagenet, report
 from sit_vit5.experiments.__main__ import main as experiments_main
 from tests.digits_study import cli as digits_cli
-from tests.digits_study import digits
+from tests.digits_study import digits, featnet
 
 REPO = Path(__file__).resolve().parents[1]
 # the REPA files (*-repa.yaml, REPA's recipe in fp16, a torch.hub encoder): tests/test_repa.py
@@ -309,3 +309,27 @@ def test_a_comment_edit_of_the_base_config_keeps_the_cached_runs():
     assert not digits.same_identity(stored, changed)
     assert not digits.same_identity(stored, {**stored, "overrides": ["model.name=ViT5-S/2"]})
     assert not digits.same_identity(None, stored)
+
+
+@pytest.mark.slow
+def test_featnet_check_reproduces_a_cached_run_and_compares_networks(tmp_path):
+    common = dict(steps=8, num_samples=20, extra_overrides=["model.depth=1", "model.hidden_size=32",
+                                                            "model.num_heads=2"])
+    out = tmp_path / "results"
+    digits.run_one(digits.RunSpec(*featnet.CHECKED, runs_dir=str(tmp_path / "runs"), results_dir=str(out), **common))
+    data = featnet.featnet_check(out, str(tmp_path / "runs"), **common)
+    rows = data["rows"]
+    assert [r["samples"] for r in rows] == ["2", "4", "6", "8", "real digits16"]
+    for r in rows[:-1]:  # the same machine retrains bitwise, and the shipped nets are what scores runs
+        for key in ("heldout_loss", "digits_fid", "digits_fid16"):
+            assert r[f"committed {key}"] == r[f"retrained {key}"], key
+        assert r["FID16 shipped"] == pytest.approx(r["retrained digits_fid16"], rel=1e-12)
+        assert r["FID8 shipped"] == pytest.approx(r["retrained digits_fid"], rel=1e-12)
+        assert r["FID16 two-thread"] != r["FID16 shipped"]  # another reduction order: another network
+        assert r["FID16 two-thread"] == pytest.approx(r["FID16 shipped"], rel=0.2)
+    real = rows[-1]  # real upsamples (20 of them: FID's small-N bias) score better at 16×16 than noise-like samples
+    assert real["FID16 shipped"] < min(r["FID16 shipped"] for r in rows[:-1]) and real["FID16 shipped"] < real[
+        "FID8 shipped"]
+    text = (out / "featnet_check.md").read_text()
+    assert "| real digits16 |" in text and text.count("\n|") == 7 and json.loads((out / "featnet_check.json")
+                                                                                 .read_text()) == data

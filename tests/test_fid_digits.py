@@ -48,12 +48,52 @@ def test_real_digits_score_far_better_than_noise(net):
 
 
 def test_cached_weights_are_reloaded_not_retrained(net, cache, monkeypatch):
-    files = list(cache.glob("digits_featnet-*.pt"))
-    assert [f.name for f in files] == [f"digits_featnet-{digits.cache_key()}.pt"]
-    monkeypatch.setattr(digits, "train_digits_net", lambda: pytest.fail("retrained despite the cache"))
+    files = list(cache.glob("digits_featnet-*"))
+    assert [f.name for f in files] == [f"digits_featnet-{digits.cache_key()}.safetensors"]
+    monkeypatch.setattr(digits, "train_digits_net", lambda *a: pytest.fail("retrained despite the cache"))
     again = load_digits_net(cache)
     for a, b in zip(net.state_dict().values(), again.state_dict().values()):
         assert torch.equal(a, b)
+
+
+def test_cache_key_follows_the_training_code(monkeypatch):
+    before = digits.cache_key(8)
+    assert before != digits.cache_key(16)
+    original = digits.train_digits_net
+
+    def train_digits_net(resolution: int = 8) -> digits.DigitsNet:  # same name, other code
+        return original(resolution).requires_grad_(False)
+
+    monkeypatch.setattr(digits, "RECIPE_CODE", (*digits.RECIPE_CODE[:-1], train_digits_net))
+    assert digits.cache_key(8) != before
+
+
+@pytest.mark.parametrize("resolution", [8, 16])
+def test_shipped_reference_network_is_the_recipe(resolution, net, cache):
+    """The shipped weights load (SHA-256 checked) and score like the recipe retrained on this machine: bitwise
+    equal where the machine computes like the one that made them, within a few % of FID anywhere."""
+    shipped = load_digits_net(resolution=resolution)
+    retrained = net if resolution == 8 else load_digits_net(cache, resolution=16)
+    images, labels = digits_split("test", resolution)
+    blurred = torch.nn.functional.avg_pool2d(images, 3, stride=1, padding=1, count_include_pad=False)
+    for x in (images, 0.7 * images + 0.3 * blurred):
+        a, b = digits_metrics(x, labels, shipped), digits_metrics(x, labels, retrained)
+        assert abs(a["digits_accuracy"] - b["digits_accuracy"]) <= 0.02
+        assert a["digits_fid"] == pytest.approx(b["digits_fid"], rel=0.15, abs=0.5)
+
+
+def test_shipped_weights_are_verified_before_loading(tmp_path, monkeypatch):
+    name, _ = digits.SHIPPED_WEIGHTS[8]
+    data = bytearray((digits.WEIGHTS_DIR / name).read_bytes())
+    data[-1] ^= 1  # one bit of the last weight
+    (tmp_path / name).write_bytes(bytes(data))
+    monkeypatch.setattr(digits, "WEIGHTS_DIR", tmp_path)
+    with pytest.raises(digits.DigitsWeightsError, match=rf"{name}: SHA-256 .* expected"):
+        load_digits_net()
+    with pytest.raises(digits.DigitsWeightsError, match=r"digits_featnet-16\.safetensors.*missing"):
+        load_digits_net(resolution=16)
+    with pytest.raises(ValueError, match="resolution"):
+        load_digits_net(resolution=12)
 
 
 @pytest.mark.slow
@@ -77,15 +117,14 @@ def test_input_conversion():
     torch.testing.assert_close(uint8_to_digits_input(rgb), back)
 
 
-def test_cli_digits_mode(net, cache, tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("SIT_VIT5_CACHE", str(cache))
+def test_cli_digits_mode(tmp_path, capsys):
     x, y = digits_split("test")
     u8 = (127.5 * x + 128).clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()
     np.savez(tmp_path / "digits_samples.npz", arr_0=u8, labels=y.numpy())
     assert cli.main([str(tmp_path / "digits_samples.npz"), "digits"]) == 0
     assert "Digits accuracy" in capsys.readouterr().out
     record = (tmp_path / "digits_samples.metrics.json").read_text()
-    expected = digits_metrics(uint8_to_digits_input(u8), y, net)
+    expected = digits_metrics(uint8_to_digits_input(u8), y, load_digits_net())  # the shipped network
     assert f'"digits_fid": {expected["digits_fid"]}' in record
     np.savez(tmp_path / "wrong.npz", arr_0=u8, labels=y.numpy()[:10])
     assert cli.main([str(tmp_path / "wrong.npz"), "digits", "--no-json"]) == 2
@@ -102,8 +141,6 @@ def test_16x16_network_inputs_and_data_match_the_digits16_dataset():
     x8 = digits.digits_data()[0][:5]
     torch.testing.assert_close(to_digits_input(x8, 16), images16[:5])  # 8×8 inputs: upsampled as the data
     torch.testing.assert_close(to_digits_input(images16[:5], 8), torch.nn.functional.avg_pool2d(images16[:5], 2))
-    assert digits.cache_key(16) != digits.cache_key(8)
-    assert digits.cache_key(8) == "184492c48d96"  # the 8×8 protocol (and every digits-FID so far) unchanged
     with pytest.raises(ValueError, match="resolution"):
         digits.DigitsNet(12)
 

@@ -18,6 +18,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     tomllib = pytest.importorskip("tomli")
 
+from fid import digits as fid_digits
 from sit_vit5 import config as config_module
 from sit_vit5.config import ConfigError, configs_dir, find_config, load_config
 
@@ -91,6 +92,8 @@ def test_non_editable_install_runs_the_train_console_script_on_the_demo_config(t
                     "--no-build-isolation", "-q"], check=True, capture_output=True, timeout=300)
     assert (target / "sit_vit5" / "configs" / "imagenet" / "sit-xl-2.yaml").is_file()
     assert (target / "sit_vit5" / "py.typed").is_file()
+    for name, _ in fid_digits.SHIPPED_WEIGHTS.values():  # the reference digits feature networks
+        assert (target / "fid" / "weights" / name).is_file(), name
     work = tmp_path / "elsewhere"  # no configs/ here: the shipped copy must be used
     work.mkdir()
     env = {**os.environ, "PYTHONPATH": str(target), "OMP_NUM_THREADS": "1"}

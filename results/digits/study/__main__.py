@@ -59,6 +59,9 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--repa", action="store_true",
                    help="run the REPA addition of PROTOCOL.md (2026-12-02) in its order, within "
                         "its core-hour budget (use --jobs 1), instead of the original sweep")
+    d.add_argument("--featnet-check", action="store_true",
+                   help="retrain one committed run and score its samples by the shipped and by re-trained digits "
+                        "feature networks (study/featnet.py), then exit")
     d.add_argument("--status", action="store_true",
                    help="print what the chosen sweep has done and what is left (runs, core-hours "
                         "estimated from the finished runs), then exit; runs nothing")
@@ -134,6 +137,12 @@ def main(argv: list[str] | None = None) -> int:
         budget = {}
     if args.variants:
         specs = [s for s in specs if s.variant in args.variants]
+    if args.featnet_check:
+        from study.featnet import featnet_check
+
+        featnet_check(out, args.runs_dir)
+        print(f"wrote {out}/featnet_check.json and {out}/featnet_check.md")
+        return 0
     if args.status:
         print(status_report(specs, args.jobs, **budget))
         return 0
