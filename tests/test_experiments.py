@@ -333,3 +333,20 @@ def test_featnet_check_reproduces_a_cached_run_and_compares_networks(tmp_path):
     text = (out / "featnet_check.md").read_text()
     assert "| real digits16 |" in text and text.count("\n|") == 7 and json.loads((out / "featnet_check.json")
                                                                                  .read_text()) == data
+
+
+def test_gate_rows_average_the_final_gamma_and_gates_of_runs_that_cache_them():
+    def run(variant, seed, gamma, spread, gate):
+        return {"dataset": "digits8", "variant": variant, "seed": seed,
+                "layer_scale": None if gamma is None else {"attn": gamma, "mlp": 2 * gamma},
+                "gate_spread_attn_curve": [[20, 9.0], [40, spread]], "gate_spread_mlp_curve": [[40, 2 * spread]],
+                "gate_attn_curve": [[40, gate]], "gate_mlp_curve": [[40, 2 * gate]]}
+
+    old = {**run("SiT", 9, None, 1.0, 1.0), "gate_spread_attn_curve": []}  # the original sweep: no spread cached
+    results = [run("ViT-5 (γ0=1e-4)", 0, 0.02, 0.01, 0.04), run("ViT-5 (γ0=1e-4)", 1, 0.04, 0.03, 0.06),
+               run("SiT", 0, None, 0.1, 0.3), old, run("ViT-5 − RoPE", 0, 1.0, 0.1, 0.3)]
+    rows = digits.gate_rows(results)
+    assert [(r["variant"], r["n"]) for r in rows] == [("SiT", 1), ("ViT-5 (γ0=1e-4)", 2)]
+    assert rows[0]["mean |γ|"] == "– (no LayerScale)" and rows[0]["mean |gate·γ|"] == "0.300 / 0.600"
+    assert rows[1]["mean |γ|"] == "0.030 / 0.060"
+    assert rows[1]["spread of gate·γ across the batch"] == "0.020 / 0.040"

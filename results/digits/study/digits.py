@@ -793,6 +793,32 @@ def summary_rows(results: Sequence[dict[str, Any]], dataset: str, variants: Sequ
     return rows
 
 
+GATE_VARIANTS = ("SiT", "ViT-5 (γ0=1)", "ViT-5 (γ0=1e-4)", "ViT-5 (γ0=1e-4) + SwiGLU-official")
+
+
+def gate_rows(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The γ-stall hypothesis checked on the cached runs that record γ and the gate spread (2026-12-01 on): per
+    dataset and variant of ``GATE_VARIANTS``, n and the means over runs at the end of training of |γ|
+    (LayerScale), of the spread of gate·γ across the batch and of |gate·γ|, as "attention / MLP"."""
+    def pair(values: Sequence[dict[str, float]]) -> str:
+        return " / ".join(f"{statistics.fmean(v[b] for v in values):.3f}" for b in ("attn", "mlp"))
+
+    rows = []
+    for d in DATASETS:
+        for v in GATE_VARIANTS:
+            runs = [r for r in _by(results, d, v) if r.get("gate_spread_attn_curve")]
+            if not runs:
+                continue
+            final = {key: [{b: r[f"{key}_{b}_curve"][-1][1] for b in ("attn", "mlp")} for r in runs]
+                     for key in ("gate_spread", "gate")}
+            gammas = [r["layer_scale"] for r in runs if r.get("layer_scale")]
+            rows.append({"dataset": d, "variant": v, "n": len(runs),
+                         "mean |γ|": pair(gammas) if gammas else "– (no LayerScale)",
+                         "spread of gate·γ across the batch": pair(final["gate_spread"]),
+                         "mean |gate·γ|": pair(final["gate"])})
+    return rows
+
+
 def write_report(results: Sequence[dict[str, Any]], out_dir: str | os.PathLike, command: str) -> Path:
     """results/digits/README.md (tables per dataset, decision, plots) + results.csv, from cached runs."""
     out = Path(out_dir)
@@ -845,6 +871,12 @@ def write_report(results: Sequence[dict[str, Any]], out_dir: str | os.PathLike, 
               "of the previous 100 steps).\n",
               "![digits-FID vs step](fid_curves.png)\n", "![held-out loss vs step](loss_curves.png)\n",
               "![mean abs(gate·γ)](gates.png)\n", "![training loss](train_loss.png)\n"]
+    gates = gate_rows(results)
+    if gates:
+        lines += ["## LayerScale and the gates at the end of training\n",
+                  "From the runs that cache γ and the gate spread (those of 2026-12-01 on; the original sweep's "
+                  "runs keep neither): means over n runs, attention / MLP. The hypothesis below is about these "
+                  "numbers.\n", report.markdown_table(gates, list(gates[0]))]
     analysis = out / "analysis.md"
     if analysis.is_file():
         lines += [analysis.read_text()]
