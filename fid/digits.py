@@ -113,7 +113,7 @@ def digits_split(split: str, resolution: int = 8) -> tuple[torch.Tensor, torch.T
 def train_digits_net(resolution: int = 8, threads: int | None = None) -> DigitsNet:
     """Train DigitsNet on the train split with ``TRAIN_CONFIGS[resolution]`` (seconds on CPU). ``threads``: default
     the recipe's 1; another count changes the reduction order as another machine's kernels do (the shipped nets'
-    reproducibility check, results/digits/featnet_check.py)."""
+    reproducibility check, results/digits/study/featnet.py)."""
     cfg = TRAIN_CONFIGS[resolution]
     images, labels = digits_split("train", resolution)
     previous = torch.get_num_threads()

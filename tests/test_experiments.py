@@ -330,9 +330,11 @@ def test_featnet_check_reproduces_a_cached_run_and_compares_networks(tmp_path):
     real = rows[-1]  # real upsamples (20 of them: FID's small-N bias) score better at 16×16 than noise-like samples
     assert real["FID16 shipped"] < min(r["FID16 shipped"] for r in rows[:-1]) and real["FID16 shipped"] < real[
         "FID8 shipped"]
-    text = (out / "featnet_check.md").read_text()
-    assert "| real digits16 |" in text and text.count("\n|") == 7 and json.loads((out / "featnet_check.json")
-                                                                                 .read_text()) == data
+    spec = digits.RunSpec(*featnet.CHECKED)
+    stem = out / f"featnet_check-{spec.dataset}-{spec.result_path.stem}"
+    text = stem.with_suffix(".md").read_text()
+    assert "| real digits16 |" in text and text.count("\n|") == 7
+    assert json.loads(stem.with_suffix(".json").read_text()) == data
 
 
 def test_gate_rows_average_the_final_gamma_and_gates_of_runs_that_cache_them():

@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         from study.featnet import featnet_check
 
         featnet_check(out, args.runs_dir)
-        print(f"wrote {out}/featnet_check.json and {out}/featnet_check.md")
+        print(f"wrote {out}/featnet_check-*.json and .md")
         return 0
     if args.status:
         print(status_report(specs, args.jobs, **budget))

@@ -5,13 +5,14 @@ one-thread recipe. That is deterministic on one machine but not across machines 
 differently and 30 epochs amplify it), and the cached runs were scored on several machines. This check
 (``python results/digits/study --featnet-check``, ~15 min on one core):
 
-1. retrains one committed run (digits16 SiT seed 0, scored on the first machine) and compares its held-out
-   loss, FID (8×8 network) and FID16 at every checkpoint with the committed JSON;
+1. retrains one committed run (default: digits16 ViT-5 (γ0=1) seed 3, the first non-REPA run scored with
+   FID16, on an earlier machine) and compares its held-out loss, FID (8×8 network) and FID16 at every
+   checkpoint with the committed JSON;
 2. scores that run's samples at every checkpoint by the shipped networks and by networks trained with two
    threads (another reduction order: a stand-in for another machine), so the FID difference between two
    equally valid networks is measured over the whole FID range, real-vs-real floor included.
 
-Writes ``featnet_check.json`` and ``featnet_check.md`` beside the report.
+Writes ``featnet_check-<dataset>-<run>.json`` and ``.md`` beside the report.
 """
 
 from __future__ import annotations
@@ -30,15 +31,17 @@ from sit_vit5.training.checkpoint import checkpoint_name
 
 from .digits import RESULTS, RunSpec, generate_digits, run_one
 
-CHECKED = ("digits16", "SiT", 0)  # a run whose FID16 was scored on the machine that introduced FID16
+CHECKED = ("digits16", "ViT-5 (γ0=1)", 3)
 
 
-def featnet_check(out: str | Path = RESULTS, runs_dir: str = "runs/digits-proxy", **common: Any) -> dict[str, Any]:
-    """Run the check against the run cached under ``out`` (``common``: RunSpec's settings, for tests; default
-    the protocol's); returns (and writes to ``out``/featnet_check.json) one row per checkpoint and the floor."""
+def featnet_check(out: str | Path = RESULTS, runs_dir: str = "runs/digits-proxy", run: tuple[str, str, int] = CHECKED,
+                  **common: Any) -> dict[str, Any]:
+    """Run the check on ``run`` (dataset, variant, seed) cached under ``out`` (``common``: RunSpec's settings, for
+    tests; default the protocol's); returns (and writes to ``out``/featnet_check-<run>.json and .md) one row per
+    checkpoint and one for real images."""
     out = Path(out)
     scratch = f"{runs_dir}/featnet-check"
-    spec = RunSpec(*CHECKED, runs_dir=scratch, results_dir=scratch, **common)
+    spec = RunSpec(*run, runs_dir=scratch, results_dir=scratch, **common)
     retrained = run_one(spec, threads=1)
     committed = json.loads((out / "runs" / spec.dataset / spec.result_path.name).read_text())
     nets = {(r, source): (load_digits_net(resolution=r) if source == "shipped" else train_digits_net(r, threads=2))
@@ -55,9 +58,10 @@ def featnet_check(out: str | Path = RESULTS, runs_dir: str = "runs/digits-proxy"
     subset = torch.randperm(len(real_labels), generator=torch.Generator().manual_seed(0))[:spec.num_samples]
     floor = {key: digits_metrics(real[subset], None, net)["digits_fid"] for key, net in nets.items()}
     rows.append(_row("real digits16", {}, {}, floor))
-    data = {"run": list(CHECKED), "num_samples": spec.num_samples, "rows": rows, "torch": torch.__version__}
-    (out / "featnet_check.json").write_text(json.dumps(data, indent=1))
-    (out / "featnet_check.md").write_text(featnet_markdown(data))
+    data = {"run": list(run), "num_samples": spec.num_samples, "rows": rows, "torch": torch.__version__}
+    stem = out / f"featnet_check-{spec.dataset}-{spec.result_path.stem}"
+    stem.with_suffix(".json").write_text(json.dumps(data, indent=1))
+    stem.with_suffix(".md").write_text(featnet_markdown(data))
     return data
 
 
