@@ -9,7 +9,7 @@ Protocol (fixed; changing any of it changes the cache key below):
   singular).
 * training: seed 0, Adam lr 1e-3, weight decay 1e-4, batch 64, 30 epochs over the train split, no
   augmentation, seeded shuffling, one CPU thread (~4 s). Deterministic on one machine, but not across machines:
-  CPU kernels differ in the last bits, training amplifies them, and FIDs by two such nets differ by a few %.
+  CPU kernels differ in the last bits and training amplifies them: FIDs by two such nets differ by up to ~1 %.
 * weights: so every machine scores with the same network, the reference weights ship with the package
   (fid/weights/digits_featnet-{8,16}.safetensors, made by ``train_digits_net`` with torch 2.14.1 on one thread)
   and are checked against their SHA-256 before loading. ``load_digits_net(directory)`` instead trains the
@@ -180,8 +180,8 @@ def load_digits_net(directory: str | os.PathLike | None = None, resolution: int 
 
     Default: the reference weights shipped in ``WEIGHTS_DIR``, SHA-256-verified (DigitsWeightsError otherwise):
     every digits-FID reported by this project uses them. With ``directory``: the recipe trained on this
-    machine, cached there and retrained only when the cache key changes (for checking the recipe; its FIDs
-    differ from the reference's by a few %)."""
+    machine, cached there and retrained only when the cache key changes (for checking the recipe; on another
+    machine its FIDs differ from the reference's by up to ~1 %)."""
     if resolution not in SHIPPED_WEIGHTS:
         raise ValueError(f"DigitsNet resolution must be one of {sorted(SHIPPED_WEIGHTS)}, got {resolution}")
     if directory is None:
