@@ -259,6 +259,8 @@ def test_report_table_and_csv(tmp_path):
     rows = [{"model": "SiT-XL/2", "FID": 2.0612, "step": 7_000_000}, {"model": "ViT5-XL/2", "FID": None}]
     table = report.markdown_table(rows, ["model", "step", "FID"])
     assert table.splitlines()[2] == "| SiT-XL/2 | 7000000 | 2.061 |" and "| ViT5-XL/2 | – | – |" in table
+    piped = report.markdown_table([{"mean |γ|": "0.1 | 0.2"}], ["mean |γ|"]).splitlines()
+    assert piped[0] == r"| mean \|γ\| |" and piped[2] == r"| 0.1 \| 0.2 |"  # escaped: still one column
     path = report.write_csv(rows, ["model", "FID"], tmp_path / "t.csv")
     assert path.read_text().splitlines() == ["model,FID", "SiT-XL/2,2.0612", "ViT5-XL/2,"]
 
@@ -349,6 +351,6 @@ def test_gate_rows_average_the_final_gamma_and_gates_of_runs_that_cache_them():
                run("SiT", 0, None, 0.1, 0.3), old, run("ViT-5 − RoPE", 0, 1.0, 0.1, 0.3)]
     rows = digits.gate_rows(results)
     assert [(r["variant"], r["n"]) for r in rows] == [("SiT", 1), ("ViT-5 (γ0=1e-4)", 2)]
-    assert rows[0]["mean |γ|"] == "– (no LayerScale)" and rows[0]["mean |gate·γ|"] == "0.300 / 0.600"
-    assert rows[1]["mean |γ|"] == "0.030 / 0.060"
+    assert rows[0]["mean abs(γ)"] == "– (no LayerScale)" and rows[0]["mean abs(gate·γ)"] == "0.300 / 0.600"
+    assert rows[1]["mean abs(γ)"] == "0.030 / 0.060"
     assert rows[1]["spread of gate·γ across the batch"] == "0.020 / 0.040"

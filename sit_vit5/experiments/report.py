@@ -18,10 +18,15 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+def _escape(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
 def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
-    """A GitHub markdown table of ``rows`` restricted to ``columns`` (missing cells shown as –)."""
-    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
-    lines += ["| " + " | ".join(_fmt(row.get(c)) for c in columns) + " |" for row in rows]
+    """A GitHub markdown table of ``rows`` restricted to ``columns`` (missing cells shown as –; a "|" in a
+    name or cell is escaped, so it cannot split the column)."""
+    lines = ["| " + " | ".join(map(_escape, columns)) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    lines += ["| " + " | ".join(_escape(_fmt(row.get(c))) for c in columns) + " |" for row in rows]
     return "\n".join(lines) + "\n"
 
 

@@ -813,9 +813,9 @@ def gate_rows(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                      for key in ("gate_spread", "gate")}
             gammas = [r["layer_scale"] for r in runs if r.get("layer_scale")]
             rows.append({"dataset": d, "variant": v, "n": len(runs),
-                         "mean |γ|": pair(gammas) if gammas else "– (no LayerScale)",
+                         "mean abs(γ)": pair(gammas) if gammas else "– (no LayerScale)",
                          "spread of gate·γ across the batch": pair(final["gate_spread"]),
-                         "mean |gate·γ|": pair(final["gate"])})
+                         "mean abs(gate·γ)": pair(final["gate"])})
     return rows
 
 
