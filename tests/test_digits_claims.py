@@ -373,3 +373,12 @@ def test_a_sweep_process_writes_the_run_console_to_its_log(tmp_path, monkeypatch
     log = spec.log_path.read_text()
     assert log.count("step 0000001 | loss 1.0") == 2 and "a warning too" in log
     assert "step" not in capsys.readouterr().out and os.environ["TQDM_DISABLE"] == "1"
+
+
+def test_claims_page_puts_the_hand_written_summary_before_the_table(tmp_path):
+    without = claims.write_claims([], tmp_path, "cmd").read_text()
+    assert "## In plain words" not in without and "| C1 Scale |" in without
+    (tmp_path / "claims_summary.md").write_text("## In plain words\n\nNothing ran yet.\n")
+    text = claims.write_claims([], tmp_path, "cmd").read_text()
+    assert text.index("Verdicts use one Holm") < text.index("Nothing ran yet.") < text.index("## One row per claim")
+    assert "pending" in text.split("## One row per claim")[1]  # no run: every claim still pending

@@ -499,8 +499,9 @@ def write_claims(
     command: str,
     extra: tuple[list[dict[str, Any]], list[str]] = ([], []),
 ) -> Path:
-    """``CLAIMS.md`` (one row per claim, then every test of the family) and its plots, from cached
-    runs; ``extra``: claim-table rows and sections of later additions (REPA: ``repa.py``)."""
+    """``CLAIMS.md`` (``claims_summary.md`` of ``out_dir`` if present, one row per claim, then every test of the
+    family) and its plots, from cached runs; ``extra``: claim-table rows and sections of later additions (REPA:
+    ``repa.py``)."""
     out = Path(out_dir)
     rows = evaluate_family(results)
     by_claim: dict[str, list[dict[str, Any]]] = {}
@@ -524,8 +525,11 @@ def write_claims(
         "missing (their interim numbers are shown, not judged). Effects: a − b, relative to b's "
         "mean "
         "(held-out loss), in log units × 100 (degradation, gap), or in spike counts.\n",
-        "## One row per claim\n",
     ]
+    summary = out / "claims_summary.md"  # the hand-written reading of the table, kept beside it
+    if summary.is_file():
+        lines.append(summary.read_text())
+    lines.append("## One row per claim\n")
     claim_rows = []
     for key, (title, paper, setting) in CLAIMS.items():
         tests = by_claim.get(key, [])
