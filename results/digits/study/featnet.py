@@ -54,14 +54,14 @@ def featnet_check(out: str | Path = RESULTS, runs_dir: str = "runs/digits-proxy"
         images, labels = generate_digits(pipeline, spec.num_samples)
         rows.append(_row(str(step), committed["checkpoints"][str(step)], retrained["checkpoints"][str(step)],
                          {key: digits_metrics(images, labels, net)["digits_fid"] for key, net in nets.items()}))
-    real, real_labels = digits_split("all", 16)
+    real, real_labels = digits_split("all", 16 if spec.dataset == "digits16" else 8)
     subset = torch.randperm(len(real_labels), generator=torch.Generator().manual_seed(0))[:spec.num_samples]
     floor = {key: digits_metrics(real[subset], None, net)["digits_fid"] for key, net in nets.items()}
-    rows.append(_row("real digits16", {}, {}, floor))
+    rows.append(_row(f"real {spec.dataset}", {}, {}, floor))
     data = {"run": list(run), "num_samples": spec.num_samples, "rows": rows, "torch": torch.__version__}
-    stem = out / f"featnet_check-{spec.dataset}-{spec.result_path.stem}"
-    stem.with_suffix(".json").write_text(json.dumps(data, indent=1))
-    stem.with_suffix(".md").write_text(featnet_markdown(data))
+    stem = f"featnet_check-{spec.dataset}-{spec.result_path.stem}"  # slugs may hold dots (lr=0.003)
+    (out / f"{stem}.json").write_text(json.dumps(data, indent=1))
+    (out / f"{stem}.md").write_text(featnet_markdown(data))
     return data
 
 
@@ -94,7 +94,7 @@ def featnet_markdown(data: dict[str, Any]) -> str:
         "FID16 shipped / two-thread net": f"{num(r['FID16 shipped'])} / {num(r['FID16 two-thread'])} "
                                           f"({rel(r['FID16 two-thread'], r['FID16 shipped'])})",
     } for r in data["rows"]]
-    run = " ".join(map(str, data["run"]))
+    run = "{} {} seed {}".format(*data["run"])
     n = data["num_samples"]
     return (f"Run checked: {run}, retrained here (torch {data['torch']}); {n} samples per checkpoint, the real "
-            f"row {n} real digits16 images.\n\n" + markdown_table(table, list(table[0])))
+            f"row {n} real {data['run'][0]} images.\n\n" + markdown_table(table, list(table[0])))
