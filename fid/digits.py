@@ -190,8 +190,9 @@ def load_digits_net(directory: str | os.PathLike | None = None, resolution: int 
         if not path.is_file():
             raise DigitsWeightsError(f"{path}: the shipped digits feature network is missing; reinstall sit-vit5")
         data = path.read_bytes()
-        if hashlib.sha256(data).hexdigest() != sha256:
-            raise DigitsWeightsError(f"{path}: SHA-256 {hashlib.sha256(data).hexdigest()}, expected {sha256}; "
+        actual = hashlib.sha256(data).hexdigest()
+        if actual != sha256:
+            raise DigitsWeightsError(f"{path}: SHA-256 {actual}, expected {sha256}; "
                                      "not the reference network, refusing to load it")
         return _net_from(data, resolution)
     path = Path(directory) / f"digits_featnet-{cache_key(resolution)}.safetensors"
