@@ -150,13 +150,6 @@ class DigitsWeightsError(RuntimeError):
     """The shipped digits feature network is missing or is not the file its SHA-256 names."""
 
 
-def cache_dir() -> Path:
-    """$SIT_VIT5_CACHE, else $XDG_CACHE_HOME/sit_vit5, else ~/.cache/sit_vit5 (for ``load_digits_net(cache_dir())``)."""
-    if os.environ.get("SIT_VIT5_CACHE"):
-        return Path(os.environ["SIT_VIT5_CACHE"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sit_vit5"
-
-
 def cache_key(resolution: int = 8) -> str:
     """12 hex digits of SHA-256 over the training config, the digits data (at 8×8 for both networks) and the
     source of the code that makes the network (a changed recipe must not reuse an old cache)."""

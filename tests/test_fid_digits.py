@@ -70,8 +70,8 @@ def test_cache_key_follows_the_training_code(monkeypatch):
 
 @pytest.mark.parametrize("resolution", [8, 16])
 def test_shipped_reference_network_is_the_recipe(resolution, net, cache):
-    """The shipped weights load (SHA-256 checked) and score like the recipe retrained on this machine: bitwise
-    equal where the machine computes like the one that made them, within a few % of FID anywhere."""
+    """The shipped weights load (SHA-256 checked) and score like the recipe retrained on this machine: same
+    accuracy within 2 points and FID within 15 % (another machine's retrain differs by ~1 %)."""
     shipped = load_digits_net(resolution=resolution)
     retrained = net if resolution == 8 else load_digits_net(cache, resolution=16)
     images, labels = digits_split("test", resolution)
