@@ -32,6 +32,8 @@ from study.digits import (  # noqa: E402
     write_report,
 )
 from study.repa import REPA_BUDGET_CORE_HOURS, plan_repa, repa_report, spent  # noqa: E402
+from study.samples import SAMPLES_BUDGET_CORE_HOURS, plan_samples  # noqa: E402
+from study.samples import spent as samples_spent  # noqa: E402
 
 PROG = "python results/digits/study"
 
@@ -59,6 +61,9 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--repa", action="store_true",
                    help="run the REPA addition of PROTOCOL.md (2026-12-02) in its order, within "
                         "its core-hour budget (use --jobs 1), instead of the original sweep")
+    d.add_argument("--samples", action="store_true",
+                   help="run the sample-quality addition of PROTOCOL.md (2026-12-04) in its order, within its "
+                        "core-hour budget (--jobs 1 or 2: one-thread runs), instead of the original sweep")
     d.add_argument("--featnet-check", action="store_true",
                    help="retrain one committed run and score its samples by the shipped and by re-trained digits "
                         "feature networks (study/featnet.py), then exit")
@@ -123,10 +128,13 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or str(RESULTS)
     common = dict(steps=args.steps, runs_dir=args.runs_dir, num_samples=args.num_samples,
                   extra_overrides=list(args.overrides))
-    if args.claims and args.repa:
-        parser().error("--claims and --repa are two sweeps: run one, then the other")
+    if sum((args.claims, args.repa, args.samples)) > 1:
+        parser().error("--claims, --repa and --samples are separate sweeps: run one, then the next")
     datasets = args.datasets or tuple(DATASETS)
-    if args.repa:
+    if args.samples:
+        specs = plan_samples(datasets, out, **common)
+        budget = dict(budget_core_hours=SAMPLES_BUDGET_CORE_HOURS, spent=samples_spent)
+    elif args.repa:
         specs = plan_repa(datasets, out, **common)
         budget = dict(budget_core_hours=REPA_BUDGET_CORE_HOURS, spent=spent)
     elif args.claims:

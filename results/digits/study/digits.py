@@ -37,6 +37,7 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from fid.digits import digits_metrics, load_digits_net
+from fid.metrics import precision_recall
 from sit_vit5 import training
 from sit_vit5.config import configs_dir, load_config
 from sit_vit5.data import DigitsDataset, build_dataset
@@ -56,6 +57,7 @@ RESULTS = Path("results") / "digits"  # relative: the report goes where the comm
 #: The two datasets: dotted overrides of the base config.
 DATASETS: dict[str, list[str]] = {"digits8": ["data.image_size=8"], "digits16": ["data.image_size=16"]}
 CHECKPOINT_FRACTIONS = (0.25, 0.5, 0.75, 1.0)
+DEFAULT_STEPS = 2000  # the common recipe's run length (configs/digits/repro.yaml)
 HELDOUT_TIMES, HELDOUT_SEED = 8, 20261130  # t_k = (k + 1/2) / 8 on the transport's interval
 SAMPLE_SEED = 0  # the same initial noise for every run: paired comparisons between variants
 
@@ -128,7 +130,13 @@ REPA_SETTINGS = {"repa.encoder": "digits", "repa.weights": None, "repa.depth": 1
                  "repa.mean": None, "repa.std": None, "repa.interpolation": "bicubic"}
 REPA_VARIANTS: dict[str, dict[str, Any]] = {"SiT + REPA": {**_SIT_ALL, **REPA_SETTINGS},
                                             "ViT-5 (γ0=1) + REPA": {**_VIT5_ALL, **REPA_SETTINGS}}
-VARIANTS: dict[str, dict[str, Any]] = {**PROXY_VARIANTS, **CLAIM_VARIANTS, **REPA_VARIANTS}
+# The sample-quality addition (PROTOCOL.md, 2026-12-04): the main pair's own settings under other names, so
+# a rerun (FID16 for seeds that predate the 16×16 network) and a 5× longer run are cache entries of their own.
+LONG_STEPS = 10_000
+RERUN = {"SiT (rerun)": "SiT", "ViT-5 (γ0=1) (rerun)": "ViT-5 (γ0=1)"}
+LONG = {"SiT (10k steps)": "SiT", "ViT-5 (γ0=1) (10k steps)": "ViT-5 (γ0=1)"}
+SAMPLE_VARIANTS: dict[str, dict[str, Any]] = {v: PROXY_VARIANTS[base] for v, base in {**RERUN, **LONG}.items()}
+VARIANTS: dict[str, dict[str, Any]] = {**PROXY_VARIANTS, **CLAIM_VARIANTS, **REPA_VARIANTS, **SAMPLE_VARIANTS}
 MAIN = ("SiT", "ViT-5 (γ0=1)", "ViT-5 (γ0=1e-4)", "ViT-5 − LayerScale")
 THIRD_ROW = ("DiT w. ViT", "DiT w. ViT (cosine)")  # added after the protocol's first version: after MAIN
 LAYER_SCALE_CANDIDATES = ("ViT-5 (γ0=1)", "ViT-5 (γ0=1e-4)", "ViT-5 − LayerScale")
@@ -267,7 +275,16 @@ def evaluate_checkpoint(path: Path, spec: RunSpec, test_data: tuple[Tensor, Tens
     if images.shape[-1] == 16:  # digits16: also the 16×16 network, whose floor is not the 8×8 one's 142
         metrics16 = digits_metrics(images, labels_, load_digits_net(resolution=16))
         out.update(digits_fid16=metrics16["digits_fid"], accuracy16=metrics16["digits_accuracy"])
-    return out
+    return {**out, **pixel_precision_recall(images)}
+
+
+def pixel_precision_recall(images: Tensor, k: int = 3) -> dict[str, float]:
+    """Improved precision / recall (k-NN balls, squared distances) of ``images`` [N, 1, H, W] in [-1, 1]
+    against all 1,797 real digits at the same side H (DigitsDataset's resize), in pixel space: a
+    sample-quality measure that no feature network enters (PROTOCOL.md, 2026-12-04)."""
+    real = DigitsDataset(image_size=images.shape[-1]).images
+    precision, recall = precision_recall(real.flatten(1), images.flatten(1).float(), k=k)
+    return {"pixel_precision": precision, "pixel_recall": recall}
 
 
 def generate_digits(pipeline: SamplingPipeline, num_samples: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -458,42 +475,45 @@ def run_cost(run: dict[str, Any]) -> float:
 
 
 def cost_model(runs: Sequence[dict[str, Any]]) -> Callable[[str, str], float | None]:
-    """``cost(dataset, size)``: core-hours of one run, the median of the complete ``runs`` of that dataset
-    and size (any variant, evaluation time recorded). A size not run yet on a dataset is scaled from
+    """``cost(dataset, size, steps=2000)``: core-hours of one run, the median of the complete ``runs`` of that
+    dataset and size (any variant, evaluation time recorded), each scaled to ``steps`` in proportion. A size not run yet on a dataset is scaled from
     another dataset where both it and 4×64 ran: cost(d, size) = cost(d, 4×64) × cost(d', size) /
     cost(d', 4×64) (None when nothing allows an estimate)."""
     known: dict[tuple[str, str], list[float]] = {}
     for run in runs:
         if run.get("complete") and "eval_seconds" in run and run["variant"] in VARIANTS:
-            known.setdefault((run["dataset"], size_of(run["variant"])), []).append(run_cost(run))
+            per_run = run_cost(run) * DEFAULT_STEPS / run["steps"]  # as if it had the common 2,000 steps
+            known.setdefault((run["dataset"], size_of(run["variant"])), []).append(per_run)
     median = {k: statistics.median(v) for k, v in known.items()}
 
-    def cost(d: str, size: str) -> float | None:
+    def cost(d: str, size: str, steps: int = DEFAULT_STEPS) -> float | None:
+        scale = steps / DEFAULT_STEPS  # training dominates: a run's cost grows with its steps
         if (d, size) in median:
-            return median[(d, size)]
+            return median[(d, size)] * scale
         base = median.get((d, BASE_SIZE))
         ratios = [median[(o, size)] / median[(o, BASE_SIZE)] for o, sz in median
                   if sz == size and (o, BASE_SIZE) in median]
-        return base * statistics.median(ratios) if base is not None and ratios else None
+        return base * statistics.median(ratios) * scale if base is not None and ratios else None
 
     return cost
 
 
 def sweep_status(specs: Sequence[RunSpec]) -> list[dict[str, Any]]:
-    """Per (dataset, model size) of ``specs``: runs planned, complete, left, the core-hours of one run
+    """Per (dataset, model size, steps) of ``specs``: runs planned, complete, left, the core-hours of one run
     (``cost_model``) and the estimate for the runs left. Reads the run cache once."""
     runs = [r for r in (cached_runs(specs[0].results_dir) if specs else []) if r.get("complete")]
     done = {(r["dataset"], r["variant"], r["seed"]) for r in runs}
     cost = cost_model(runs)
-    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    rows: dict[tuple[str, str, int], dict[str, Any]] = {}
     for spec in specs:
-        key = (spec.dataset, size_of(spec.variant))
-        row = rows.setdefault(key, {"dataset": key[0], "size": key[1], "planned": 0, "complete": 0})
+        key = (spec.dataset, size_of(spec.variant), spec.steps)
+        size = key[1] if spec.steps == DEFAULT_STEPS else f"{key[1]}, {spec.steps} steps"
+        row = rows.setdefault(key, {"dataset": key[0], "size": size, "planned": 0, "complete": 0})
         row["planned"] += 1
         row["complete"] += (spec.dataset, spec.variant, spec.seed) in done
-    for (d, size), row in rows.items():
+    for (d, size, steps), row in rows.items():
         row["left"] = row["planned"] - row["complete"]
-        row["core_h_per_run"] = cost(d, size)
+        row["core_h_per_run"] = cost(d, size, steps)
         row["core_h_left"] = None if row["core_h_per_run"] is None else row["left"] * row["core_h_per_run"]
     return list(rows.values())
 
@@ -508,7 +528,7 @@ def ends_by(stop_by: float, margin: float = STOP_BY_MARGIN,
     ``margin``; a run with no estimate does not start. For sessions or cluster jobs with a hard end, where a
     run cut off loses its work unless its run folder survives."""
     def fits(spec: RunSpec) -> bool:
-        hours = cost_model(cached_runs(spec.results_dir))(spec.dataset, size_of(spec.variant))
+        hours = cost_model(cached_runs(spec.results_dir))(spec.dataset, size_of(spec.variant), spec.steps)
         return hours is not None and clock() + margin * hours * 3600 <= stop_by
 
     return fits
