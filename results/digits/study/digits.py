@@ -474,11 +474,12 @@ def run_cost(run: dict[str, Any]) -> float:
     return (run.get("train_seconds", 0.0) + run.get("eval_seconds", 0.0)) / 3600
 
 
-def cost_model(runs: Sequence[dict[str, Any]]) -> Callable[[str, str], float | None]:
-    """``cost(dataset, size, steps=2000)``: core-hours of one run, the median of the complete ``runs`` of that
-    dataset and size (any variant, evaluation time recorded), each scaled to ``steps`` in proportion. A size not run yet on a dataset is scaled from
-    another dataset where both it and 4×64 ran: cost(d, size) = cost(d, 4×64) × cost(d', size) /
-    cost(d', 4×64) (None when nothing allows an estimate)."""
+def cost_model(runs: Sequence[dict[str, Any]]) -> Callable[..., float | None]:
+    """``cost(dataset, size, steps=2000)``: core-hours of one run, the median of the complete ``runs`` of
+    that dataset and size (any variant, evaluation time recorded), each scaled to ``steps`` in proportion.
+    A size not run yet on a dataset is scaled from another dataset where both it and 4×64 ran:
+    cost(d, size) = cost(d, 4×64) × cost(d', size) / cost(d', 4×64) (None when nothing allows an
+    estimate)."""
     known: dict[tuple[str, str], list[float]] = {}
     for run in runs:
         if run.get("complete") and "eval_seconds" in run and run["variant"] in VARIANTS:
