@@ -277,7 +277,8 @@ def _timed_run(tmp_path, d, variant, seed, hours):
     """A complete cached run of ``hours`` core-hours (train + eval); returns its spec."""
     spec = digits.RunSpec(d, variant, seed, results_dir=str(tmp_path))
     spec.result_path.parent.mkdir(parents=True, exist_ok=True)
-    run = {**_run(d, variant, seed, 0.4), "train_seconds": 3000 * hours, "eval_seconds": 600 * hours}
+    run = {**_run(d, variant, seed, 0.4), "steps": spec.steps, "train_seconds": 3000 * hours,
+           "eval_seconds": 600 * hours}
     atomic_write_text(spec.result_path, json.dumps(run))
     return spec
 
@@ -302,6 +303,21 @@ def test_status_counts_runs_left_and_scales_an_unrun_size_from_another_dataset(t
     assert "7 of 14 runs left, ≈ 5.0 core-hours (and runs of sizes no finished run allows estimating)" in text
     assert "≈ 2.5 h of wall time at --jobs 2" in text
     assert f"budget: {0.3 + 1.0 + 0.6:.1f} of 10 core-hours spent" in text
+
+
+def test_status_scales_the_cost_of_a_longer_run_by_its_steps(tmp_path):
+    """2,000-step runs of 0.2 core-hours: a 10,000-step run of the same size is estimated at 1.0; a cached
+    1,000-step run of 0.2 counts as 0.4 per 2,000 steps (median of 0.2, 0.2, 0.4 = 0.2)."""
+    specs = [_timed_run(tmp_path, "digits16", "SiT", s, 0.2) for s in range(2)]
+    short = digits.RunSpec("digits16", "ViT-5 (γ0=1)", 0, steps=1000, results_dir=str(tmp_path))
+    short.result_path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(short.result_path, json.dumps({**_run("digits16", "ViT-5 (γ0=1)", 0, 0.4), "steps": 1000,
+                                                     "train_seconds": 600, "eval_seconds": 120}))
+    long = [digits.RunSpec("digits16", v, 0, steps=digits.LONG_STEPS, results_dir=str(tmp_path)) for v in digits.LONG]
+    rows = {r["size"]: r for r in digits.sweep_status(specs + long)}
+    assert rows["4×64"]["core_h_per_run"] == pytest.approx(0.2)
+    assert rows[f"4×64, {digits.LONG_STEPS} steps"]["core_h_per_run"] == pytest.approx(1.0)
+    assert rows[f"4×64, {digits.LONG_STEPS} steps"]["core_h_left"] == pytest.approx(2.0)
 
 
 def test_ends_by_starts_a_run_only_if_its_estimate_times_the_margin_fits(tmp_path):
