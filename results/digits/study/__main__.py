@@ -32,7 +32,7 @@ from study.digits import (  # noqa: E402
     write_report,
 )
 from study.repa import REPA_BUDGET_CORE_HOURS, plan_repa, repa_report, spent  # noqa: E402
-from study.samples import SAMPLES_BUDGET_CORE_HOURS, plan_samples  # noqa: E402
+from study.samples import SAMPLES_BUDGET_CORE_HOURS, plan_samples, samples_report  # noqa: E402
 from study.samples import spent as samples_spent  # noqa: E402
 
 PROG = "python results/digits/study"
@@ -160,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     if not results:
         print(f"no complete runs under {out}/runs", file=sys.stderr)
         return 1
-    claims_md = write_claims(results, out, command, extra=repa_report(results, out))
+    (repa_rows, repa_lines), (sample_rows, sample_lines) = repa_report(results, out), samples_report(results, out)
+    claims_md = write_claims(results, out, command, extra=(repa_rows + sample_rows, repa_lines + sample_lines))
     print(f"wrote {write_report(results, out, command)} and {claims_md}")
     return 0
 

@@ -144,12 +144,18 @@ class Test:
     metric: str = "loss"
 
 
+#: Rows the code had read with no direction ("differs"), a rule written after their first runs were
+#: seen; the protocol's ablation rule gives them +1. The old reading is printed as exploratory
+#: (PROTOCOL.md, dated addition of 2026-12-04).
+NO_DIRECTION_BEFORE = ("ViT-5 + SwiGLU − LayerScale", "ViT-5 + SwiGLU-official − LayerScale")
+
+
 def _ablation_direction(variant: str) -> int:
-    """+1 where the paper says the ViT-5 choice helps (so the ablated run is worse), 0 for two
-    changes."""
-    if "SwiGLU" in variant and "LayerScale" in variant:
-        return 0  # SwiGLU added and LayerScale removed at once: no single paper statement
-    return 1  # a removed component, the qkv bias ViT-5 drops, or SwiGLU with LayerScale (C2)
+    """+1 for every ablation row, the protocol's rule: the ViT-5 component helps, so the run that
+    removes one (LayerScale included, with or without SwiGLU), adds the qkv bias ViT-5 drops, or adds
+    SwiGLU with LayerScale (C2) is worse."""
+    del variant  # one rule for every row
+    return 1
 
 
 def family(results: Sequence[dict[str, Any]] = ()) -> list[Test]:
@@ -235,12 +241,17 @@ def family(results: Sequence[dict[str, Any]] = ()) -> list[Test]:
     return tests
 
 
-def _runs(results: Sequence[dict[str, Any]], dataset: str, variant: str) -> list[dict[str, Any]]:
+def _runs(
+    results: Sequence[dict[str, Any]], dataset: str, variant: str, n: int | None = None
+) -> list[dict[str, Any]]:
+    """The complete runs of ``variant`` on ``dataset`` in seed order; with ``n``, seeds 0 … n − 1 only
+    (a test reads the seeds its addition planned: later additions' seeds change none of its numbers)."""
     return sorted(
         (
             r
             for r in results
             if r["dataset"] == dataset and r["variant"] == variant and r.get("complete")
+            and (n is None or r["seed"] < n)
         ),
         key=lambda r: r["seed"],
     )
@@ -272,16 +283,19 @@ def evaluate_test(test: Test, results: Sequence[dict[str, Any]]) -> dict[str, An
     if test.metric == "shrink":
         small, large = MAIN_PAIR, tuple(size_variant(b, "8×128") for b in MAIN_PAIR)
         names = [large[1], large[0], small[1], small[0]]
-        groups = [
-            [math.log(v) for v in _values(_runs(results, test.dataset, n), "loss")] for n in names
-        ]
         planned = [3, 3, 6, 6]
+        groups = [
+            [math.log(v) for v in _values(_runs(results, test.dataset, name, n), "loss")]
+            for name, n in zip(names, planned)
+        ]
         out: dict[str, Any] = {
             "n": [len(g) for g in groups],
             "planned": planned,
             "pending": any(len(g) < p for g, p in zip(groups, planned)),
         }
         if min(len(g) for g in groups) >= 2:
+            from scipy import stats
+
             c = welch_contrast(groups, [1, -1, -1, 1])
             upper = welch_contrast(groups, [1, -1, -1, 1], level=0.90).ci[1]  # one-sided 95 % bound
             small_gap = statistics.fmean(groups[2]) - statistics.fmean(groups[3])
@@ -289,11 +303,14 @@ def evaluate_test(test: Test, results: Sequence[dict[str, Any]]) -> dict[str, An
                 effect=100 * c.estimate,
                 ci=(100 * c.ci[0], 100 * c.ci[1]),
                 p=c.p,
+                # sensitivity only: H1 "the gap shrinks" (S > 0) one-sided; the protocol's p is two-sided
+                p_one_sided=float(stats.t.sf(c.estimate / c.se, c.df)) if c.se > 0 else math.nan,
                 upper=100 * upper,
                 small_gap=100 * small_gap,
             )
         return out
-    runs_a, runs_b = _runs(results, test.dataset, test.a), _runs(results, test.dataset, test.b)
+    runs_a = _runs(results, test.dataset, test.a, test.planned[0])
+    runs_b = _runs(results, test.dataset, test.b, test.planned[1])
     a, b = _values(runs_a, test.metric), _values(runs_b, test.metric)
     out = {
         "n": [len(runs_a), len(runs_b)],
@@ -335,8 +352,8 @@ def verdict(test: Test, out: dict[str, Any], adjusted: float) -> str:
             return "reproduced (the gap keeps at least half its size)"
         return "inconclusive"
     equivalent = test.metric != "instability" and max(abs(x) for x in out["ci"]) < EQUIVALENCE_PCT
-    if test.expect == 0:
-        return "differs" if significant else "equivalent" if equivalent else "inconclusive"
+    if test.expect == 0:  # C7: the protocol names "equivalent" only; a difference stays unjudged
+        return "equivalent" if equivalent and not significant else "inconclusive"
     if significant:
         return "reproduced" if out["effect"] * test.expect > 0 else "not reproduced (opposite)"
     return "not reproduced (no effect)" if equivalent else "inconclusive"
@@ -347,11 +364,31 @@ def evaluate_family(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     and verdict."""
     tests = family(results)
     outs = [evaluate_test(t, results) for t in tests]
-    adjusted = holm([1.0 if o["pending"] else o.get("p", 1.0) for o in outs])
-    return [
+    pvalues = [1.0 if o["pending"] else o.get("p", 1.0) for o in outs]
+    adjusted = holm(pvalues)
+    rows = [
         {"test": t, **o, "p_holm": adj, "verdict": verdict(t, o, adj)}
         for t, o, adj in zip(tests, outs, adjusted)
     ]
+    for i, r in enumerate(rows):  # C1b's sensitivity line: its one-sided p in the same family
+        if r["test"].metric == "shrink" and not r["pending"] and "p_one_sided" in r:
+            adj = holm([r["p_one_sided"] if j == i else p for j, p in enumerate(pvalues)])[i]
+            r["sensitivity"] = {"p": r["p_one_sided"], "p_holm": adj, "verdict": verdict(r["test"], r, adj)}
+    return rows
+
+
+def exploratory_no_direction(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The rows of ``NO_DIRECTION_BEFORE`` read as the code read them before 2026-12-04 (no direction: a
+    significant difference either way), one line each, labelled exploratory."""
+    lines = []
+    for r in rows:
+        if r["test"].a in NO_DIRECTION_BEFORE and "p" in r:
+            old = "a difference" if r["p_holm"] < ALPHA else "no difference resolved"
+            lines.append(
+                f"* {r['test'].dataset} {r['test'].name}: {_effect(r)}, Holm {_p(r['p_holm'])}: read with no "
+                f"direction, {old}; by the protocol's ablation rule (+1): {r['verdict']}"
+            )
+    return lines
 
 
 def claim_verdict(verdicts: Sequence[str]) -> str:
@@ -413,8 +450,8 @@ CLAIMS: dict[str, tuple[str, str, str]] = {
     "C6": (
         "ViT-5 beats SiT; each component helps",
         "ViT-5 improves on SiT; each of its components contributes (leave-one-out ablations)",
-        "the main pair at n=6; 12 ablation rows vs the variant they modify, both datasets, n=4 "
-        "(− LayerScale: n=3)",
+        "the main pair at n=6; 12 ablation rows vs the variant they modify (the two C2 rows among "
+        "them), both datasets, n=4 (− LayerScale: n=3); the verdict is the conjunction of all 26",
     ),
     "C7": (
         "Exact vs tanh GELU (our deviation)",
@@ -473,11 +510,18 @@ def _runs_done(tests: Sequence[dict[str, Any]]) -> str:
 
 
 def _test_line(r: dict[str, Any]) -> str:
-    return (
+    line = (
         f"{r['test'].dataset} {r['test'].name}: {_effect(r)}, p={_p(r.get('p'))}, Holm "
         f"{_p(r['p_holm'])} "
         f"→ {r['verdict']}"
     )
+    if "sensitivity" in r:  # C1b: the protocol's two-sided p decides; the one-sided one is shown
+        sens = r["sensitivity"]
+        line += (
+            f" (sensitivity, one-sided p={_p(sens['p'])}, Holm {_p(sens['p_holm'])} → "
+            f"{sens['verdict']})"
+        )
+    return line
 
 
 def _ablation_summary(tests: Sequence[dict[str, Any]]) -> str:
@@ -533,9 +577,10 @@ def write_claims(
     claim_rows = []
     for key, (title, paper, setting) in CLAIMS.items():
         tests = by_claim.get(key, [])
-        if key == "C6":
+        if key == "C6":  # the main pair and every ablation row of the family, C2's included
             main = [r for r in tests if r["test"].name == "ViT-5 (γ0=1) vs SiT"]
             ablations = [r for r in rows if r["test"].claim in ("C2", "C6") and r not in main]
+            tests = main + ablations
             effects = "; ".join([*map(_test_line, main), _ablation_summary(ablations)])
         else:
             effects = "; ".join(map(_test_line, tests))
@@ -568,6 +613,14 @@ def write_claims(
         for r in rows
     ]
     lines.append(report.markdown_table(test_rows, list(test_rows[0])))
+    exploratory = exploratory_no_direction(rows)
+    if exploratory:
+        lines += [
+            "Exploratory (dated addition of 2026-12-04, written after the data): until then the code "
+            "gave these two rows no direction and the word “differs”, which the protocol does not "
+            "define; the table above applies the protocol's ablation rule. The old reading:\n",
+            "\n".join(exploratory) + "\n",
+        ]
     lines += _spike_section(results) + _resolution_section(results) + _scale_section(results, out)
     lines += extra[1]
     path = out / "CLAIMS.md"
@@ -630,7 +683,39 @@ def _resolution_section(results: Sequence[dict[str, Any]]) -> list[str]:
     if not rows:
         return ["## C5: resolution\n", "No run yet.\n", _C5_NOTE]
     table = report.markdown_table(rows, list(rows[0]))
-    return ["## C5: resolution (means over seeds)\n", table, _C5_NOTE]
+    out = ["## C5: resolution (means over seeds)\n", table]
+    both = resolution_references(results)
+    if both:
+        out += [
+            "Degradation D(N) = log L(N) − log L(8) of ViT-5 minus SiT's (× 100), against SiT with its "
+            "sin-cos table recomputed (the C5 test) and with it interpolated (the code's default; the "
+            "protocol's second, loss-only row: reported, not in the family; raw Welch p):\n",
+            report.markdown_table(both, list(both[0])),
+        ]
+    return [*out, _C5_NOTE]
+
+
+def resolution_references(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per size: ViT-5's degradation minus SiT's with the recomputed table (the test) and with the
+    interpolated one (the reported row), effect × 100 [95 % CI] and raw Welch p."""
+    vit = [r for r in _runs(results, "digits8", RESOLUTION_PAIR[1]) if r.get("resolution")]
+    sit = [r for r in _runs(results, "digits8", RESOLUTION_PAIR[0]) if r.get("resolution")]
+    if len(vit) < 2 or len(sit) < 2:
+        return []
+
+    def degradation(runs: Sequence[dict[str, Any]], size: int, key: str) -> list[float]:
+        return [math.log(r["resolution"][str(size)][key]) - math.log(final_loss(r)) for r in runs]
+
+    rows = []
+    for size in RESOLUTION_SIZES:
+        row: dict[str, Any] = {"size": f"{size}×{size}", "n": f"{len(vit)} / {len(sit)}"}
+        for label, key in (("recomputed", "heldout_loss"), ("interpolated", "heldout_loss_interpolated")):
+            c = welch(degradation(vit, size, "heldout_loss"), degradation(sit, size, key))
+            row[f"vs SiT {label}"] = (
+                f"{100 * c.estimate:+.1f} [{100 * c.ci[0]:+.1f}, {100 * c.ci[1]:+.1f}], p={_p(c.p)}"
+            )
+        rows.append(row)
+    return rows
 
 
 _C5_NOTE = (

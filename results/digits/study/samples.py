@@ -7,11 +7,17 @@ S, L and T), the loss-vs-FID analysis and the report section are below them.
 
 from __future__ import annotations
 
+import json
+import math
 import os
+import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from .digits import LONG, LONG_STEPS, RERUN, RESULTS, SAMPLE_VARIANTS, RunSpec, cached_runs, run_cost
+from .stats import holm, power_two_sample, welch, welch_contrast
 
 #: The addition's budget (PROTOCOL.md): runs past it are not started.
 SAMPLES_BUDGET_CORE_HOURS = 40.0
@@ -47,3 +53,333 @@ def is_sample_run(run: dict[str, Any]) -> bool:
 def spent(results_dir: str | os.PathLike) -> float:
     """Core-hours this addition's complete runs recorded (training + evaluation, one thread each)."""
     return sum(run_cost(r) for r in cached_runs(results_dir) if r.get("complete") and is_sample_run(r))
+
+
+# ------------------------------------------------------------------------ tests and verdicts
+
+ALPHA = 0.05
+FID_MARGIN = 100 * math.log(1.1)  # ±9.53 log-%: "equivalent within ±10 %" (PROTOCOL.md)
+LOSS_MARGIN = 0.5  # % of held-out loss, the claims addition's rule
+FRACTION_MARGIN = 2.0  # percentage points of precision / recall / accuracy
+
+
+@dataclass(frozen=True)
+class SampleTest:
+    """One test of the addition: ViT-5 vs SiT on ``dataset`` in ``metric`` at ``step``.
+
+    family: "S" (primary), "L" (trained longer) or "T" (secondary). metric: a checkpoint key
+    (``digits_fid``, ``digits_fid16``, ``heldout_loss``, ``pixel_precision``, ``pixel_recall``,
+    ``accuracy``, ``accuracy16``) or "gap change" (L3). long: read the 10k-step runs."""
+
+    family: str
+    name: str
+    dataset: str
+    metric: str
+    n: int
+    long: bool = False
+
+    @property
+    def scale(self) -> str:
+        """How the effect is expressed: log-% (FID), % of SiT's mean (loss) or points (fractions)."""
+        if "fid" in self.metric or self.metric == "gap change":
+            return "log"
+        return "relative" if self.metric == "heldout_loss" else "points"
+
+    @property
+    def lower_is_better(self) -> bool:
+        return self.scale != "points"
+
+    @property
+    def margin(self) -> float:
+        return {"log": FID_MARGIN, "relative": LOSS_MARGIN, "points": FRACTION_MARGIN}[self.scale]
+
+
+def sample_family() -> list[SampleTest]:
+    """Families S (m = 2), L (m = 3) and T (m = 6) of PROTOCOL.md's addition of 2026-12-04."""
+    n16, n8 = N_PLANNED["digits16"], N_PLANNED["digits8"]
+    tests = [SampleTest("S", "S8: digits-FID (8×8 net)", "digits8", "digits_fid", n8),
+             SampleTest("S", "S16: FID16 (16×16 net)", "digits16", "digits_fid16", n16),
+             SampleTest("L", "L1: FID16 at 10k steps", "digits16", "digits_fid16", N_LONG, long=True),
+             SampleTest("L", "L2: held-out loss at 10k steps", "digits16", "heldout_loss", N_LONG, long=True),
+             SampleTest("L", "L3: log-FID16 gap, 10k minus 2k steps", "digits16", "gap change", N_LONG,
+                        long=True)]
+    for d, n in (("digits8", n8), ("digits16", n16)):
+        tests += [SampleTest("T", f"pixel precision ({d})", d, "pixel_precision", n),
+                  SampleTest("T", f"pixel recall ({d})", d, "pixel_recall", n),
+                  SampleTest("T", f"class accuracy ({d})", d, "accuracy" if d == "digits8" else "accuracy16", n)]
+    return tests
+
+
+def final_metrics(results: Sequence[dict[str, Any]], dataset: str, backbone: str, n: int,
+                  long: bool = False) -> dict[int, dict[str, float]]:
+    """Seed → the final checkpoint's metrics of ``backbone``'s run, seeds 0 … n − 1 (``long``: its 10k-step
+    runs). A 2k-step run's rerun fills in the keys the committed run lacks (FID16, accuracy16, pixel
+    numbers); the committed run's own numbers, its held-out loss among them, are kept."""
+    name = next(v for v, b in LONG.items() if b == backbone) if long else backbone
+    rerun = next(v for v, b in RERUN.items() if b == backbone)
+    own: dict[int, dict[str, float]] = {}
+    filled: dict[int, dict[str, float]] = {}
+    for r in results:
+        final = r["checkpoints"].get(str(r["steps"])) if r.get("complete") else None
+        if final is None or r["dataset"] != dataset or r["seed"] >= n:
+            continue
+        if r["variant"] == name:
+            own[r["seed"]] = final
+        elif r["variant"] == rerun and not long:
+            filled[r["seed"]] = final
+    return {seed: {**filled.get(seed, {}), **m} for seed, m in sorted(own.items())}
+
+
+def _group(test: SampleTest, results: Sequence[dict[str, Any]], backbone: str, long: bool | None = None,
+           ) -> tuple[list[float], int]:
+    """(the values of ``backbone`` in the test's units: log for FID; the number of complete runs)."""
+    runs = final_metrics(results, test.dataset, backbone, test.n, test.long if long is None else long)
+    key = "digits_fid16" if test.metric == "gap change" else test.metric
+    values = [m[key] for _, m in sorted(runs.items()) if key in m]
+    return ([math.log(v) for v in values] if "fid" in key else values), len(runs)
+
+
+def evaluate_sample_test(test: SampleTest, results: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """n per arm, means and sds (in the test's units), the effect ViT-5 − SiT with its 95 % CI, Welch p, and
+    whether planned runs are missing."""
+    vit, n_vit = _group(test, results, MAIN_PAIR[1])
+    sit, n_sit = _group(test, results, MAIN_PAIR[0])
+    # a primary test needs its value from every planned run (reruns included); a secondary one counts
+    # runs, since the runs older than this addition cannot have its pixel numbers
+    have = min(n_vit, n_sit) if test.family == "T" else min(len(vit), len(sit))
+    out: dict[str, Any] = {"n": [len(vit), len(sit)], "runs": [n_vit, n_sit], "planned": test.n,
+                           "pending": have < test.n}
+    if test.metric == "gap change":
+        vit2, _ = _group(test, results, MAIN_PAIR[1], long=False)
+        sit2, _ = _group(test, results, MAIN_PAIR[0], long=False)
+        groups = [vit, sit, vit2, sit2]
+        out["n"] = [len(g) for g in groups]
+        if min(map(len, groups)) >= 2:
+            c = welch_contrast(groups, [1, -1, -1, 1])
+            out.update(effect=100 * c.estimate, ci=(100 * c.ci[0], 100 * c.ci[1]), p=c.p)
+        return out
+    if len(vit) >= 2 and len(sit) >= 2:
+        c = welch(vit, sit)
+        scale = 100 / statistics.fmean(sit) if test.scale == "relative" else 100.0
+        out.update(effect=scale * c.estimate, ci=(scale * c.ci[0], scale * c.ci[1]), p=c.p,
+                   mean=(statistics.fmean(vit), statistics.fmean(sit)),
+                   sd=(statistics.stdev(vit), statistics.stdev(sit)))
+    return out
+
+
+def sample_verdict(test: SampleTest, out: dict[str, Any], adjusted: float) -> str:
+    """The addition's verdict words (PROTOCOL.md, 2026-12-04) from the Holm-adjusted p."""
+    if out["pending"]:
+        return f"pending ({sum(out['runs'])} of {2 * test.n} runs)"
+    if "p" not in out:
+        return "inconclusive (fewer than 2 values per arm)"
+    if adjusted < ALPHA:
+        if test.metric == "gap change":
+            return "the gap moves toward ViT-5" if out["effect"] < 0 else "the gap moves toward SiT"
+        vit_better = (out["effect"] < 0) == test.lower_is_better
+        return "ViT-5 better" if vit_better else "SiT better"
+    if test.metric != "gap change" and max(abs(x) for x in out["ci"]) < test.margin:
+        return f"equivalent within ±{test.margin:.3g}"
+    return "inconclusive"
+
+
+def claims_word(verdict: str) -> str:
+    """The same verdict in the claims table's words (paper direction: ViT-5 better)."""
+    if verdict.startswith(("pending", "inconclusive")):
+        return verdict
+    return {"ViT-5 better": "reproduced", "SiT better": "not reproduced (opposite)"}.get(
+        verdict, "not reproduced (no effect)")
+
+
+def evaluate_samples(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every test with its statistics, Holm-adjusted p within its family (pending = p 1) and verdict."""
+    tests = sample_family()
+    outs = [evaluate_sample_test(t, results) for t in tests]
+    rows = []
+    for fam in ("S", "L", "T"):
+        idx = [i for i, t in enumerate(tests) if t.family == fam]
+        adjusted = holm([1.0 if outs[i]["pending"] else outs[i].get("p", 1.0) for i in idx])
+        rows += [{"test": tests[i], **outs[i], "p_holm": a, "verdict": sample_verdict(tests[i], outs[i], a)}
+                 for i, a in zip(idx, adjusted)]
+    return rows
+
+
+# ----------------------------------------------------------------------------- the report section
+
+#: The spread the power analysis used (pooled sd of log FID, PROTOCOL.md) where a test has < 2 values.
+PLANNED_SD = {"digits16": 0.128, "digits8": 0.106}
+
+
+def power_at(row: dict[str, Any]) -> str:
+    """The power for a 10 % FID difference at the n in hand, from the pooled sd of the values in hand
+    (the protocol's sd where a side has no spread yet), at α/m of the test's family ("–" below n = 2)."""
+    test = row["test"]
+    if test.scale != "log" or test.metric == "gap change":
+        return "–"
+    n = min(row["n"])
+    if n < 2:
+        return "–"
+    sd = PLANNED_SD[test.dataset]
+    if "sd" in row and n >= 2:
+        sd = math.sqrt(sum(s * s for s in row["sd"]) / 2)
+    m = sum(t.family == test.family for t in sample_family())
+    return f"{power_two_sample(n, math.log(1.1), sd, ALPHA / m):.2f} (n={n}, sd {sd:.3f})"
+
+
+def _effect(row: dict[str, Any]) -> str:
+    if "effect" not in row:
+        return "–"
+    unit = {"log": " log-%", "relative": " %", "points": " pts"}[row["test"].scale]
+    lo, hi = row["ci"]
+    return f"{row['effect']:+.2f}{unit} [{lo:+.1f}, {hi:+.1f}]"
+
+
+def _side(row: dict[str, Any], i: int) -> str:
+    if "mean" not in row:
+        return f"n={row['n'][i]}"
+    mean, sd = row["mean"][i], row["sd"][i]
+    if row["test"].scale == "log":  # the geometric mean and the sd of log FID
+        return f"{math.exp(mean):.4g} (log sd {sd:.3f}, n={row['n'][i]})"
+    return f"{mean:.4g} ± {sd:.2g} (n={row['n'][i]})"
+
+
+def _p(x: float | None) -> str:
+    return "–" if x is None or math.isnan(x) else f"{x:.2g}"
+
+
+def _line(row: dict[str, Any]) -> str:
+    return (f"{row['test'].name}: {_effect(row)}, p={_p(row.get('p'))}, Holm {_p(row['p_holm'])} → "
+            f"{claims_word(row['verdict'])}")
+
+
+def rerun_rows(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The determinism check of the reruns: committed vs rerun held-out loss and 8×8-net FID at the end."""
+    rows = []
+    for rerun, base in RERUN.items():
+        committed = {r["seed"]: r for r in results if r["dataset"] == "digits16" and r["variant"] == base}
+        for r in sorted((r for r in results if r["dataset"] == "digits16" and r["variant"] == rerun),
+                        key=lambda r: r["seed"]):
+            old, new = committed[r["seed"]]["checkpoints"]["2000"], r["checkpoints"]["2000"]
+            rows.append({"run": f"{base} seed {r['seed']}",
+                         "held-out loss: committed / rerun": f"{old['heldout_loss']:.5f} / {new['heldout_loss']:.5f}",
+                         "Δ": f"{100 * (new['heldout_loss'] / old['heldout_loss'] - 1):+.3f} %",
+                         "FID (8×8 net): committed / rerun": f"{old['digits_fid']:.2f} / {new['digits_fid']:.2f}",
+                         "FID16 (rerun)": f"{new['digits_fid16']:.2f}"})
+    return rows
+
+
+def loss_fid_rows(results: Sequence[dict[str, Any]], out: Path) -> list[dict[str, Any]]:
+    """Spearman's ρ of final held-out loss against the primary FID inside each arm (and pooled), and the
+    per-run scatter ``samples_loss_vs_fid.png``."""
+    from scipy import stats
+
+    from sit_vit5.experiments import report
+
+    plt = report.pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    rows = []
+    for ax, (d, key) in zip(axes, (("digits8", "digits_fid"), ("digits16", "digits_fid16"))):
+        pooled: list[tuple[float, float]] = []
+        for i, backbone in enumerate(MAIN_PAIR):
+            runs = final_metrics(results, d, backbone, N_PLANNED[d])
+            pts = [(m["heldout_loss"], m[key]) for m in runs.values() if key in m]
+            pooled += pts
+            if pts:
+                ax.scatter(*zip(*pts), color=f"C{i}", label=f"{backbone} (n={len(pts)})", s=18)
+            rows.append(_spearman(d, backbone, pts, stats))
+        rows.append(_spearman(d, "both arms pooled", pooled, stats))
+        ax.set_title(d)
+        ax.set_xlabel("final held-out loss")
+        ax.set_ylabel("FID16 (16×16 net)" if key == "digits_fid16" else "digits-FID (8×8 net)")
+        ax.set_yscale("log")
+        ax.grid(alpha=0.3, which="both")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    report.save_figure(fig, out / "samples_loss_vs_fid.png")
+    return rows
+
+
+def _spearman(dataset: str, group: str, pts: Sequence[tuple[float, float]], stats: Any) -> dict[str, Any]:
+    """ρ from 3 points on, its p from 5 (below that the permutation distribution has too few values)."""
+    if len(pts) < 3:
+        return {"dataset": dataset, "runs": group, "n": len(pts), "Spearman ρ (loss, FID)": "–", "p": "–"}
+    rho, p = stats.spearmanr(*zip(*pts))
+    return {"dataset": dataset, "runs": group, "n": len(pts), "Spearman ρ (loss, FID)": f"{rho:+.2f}",
+            "p": _p(float(p)) if len(pts) >= 5 else "–"}
+
+
+def featnet_lines(out: Path, rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The feature network's own variance (featnet check: FID16 by another network, at the last
+    checkpoint) beside S16's effect."""
+    paths = sorted(out.glob("featnet_check-digits16-*.json"))
+    changes = []
+    for path in paths:
+        last = json.loads(path.read_text())["rows"][-2]  # the last checkpoint (the last row: real images)
+        changes.append((path.name, 100 * math.log(last["FID16 two-thread"] / last["FID16 shipped"])))
+    s16 = next(r for r in rows if r["test"].name.startswith("S16"))
+    if not changes:
+        return []
+    effect = f"{s16['effect']:+.1f} log-%" if "effect" in s16 else "not yet estimable"
+    return ["The feature network's own variance against the arm difference: another 16×16 network (the "
+            "featnet check, two-thread retrain) moves FID16 at the last checkpoint by "
+            + ", ".join(f"{c:+.2f} log-% ({name})" for name, c in changes)
+            + f"; S16's effect (ViT-5 − SiT) is {effect}, its seed sd (log) "
+            + (" / ".join(f"{100 * s:.1f}" for s in s16["sd"]) if "sd" in s16 else "–") + " log-%.\n"]
+
+
+def samples_report(results: Sequence[dict[str, Any]], out_dir: str | os.PathLike = RESULTS
+                   ) -> tuple[list[dict[str, Any]], list[str]]:
+    """(the claim rows C9 and C9L for CLAIMS.md's table, the section's markdown lines)."""
+    from sit_vit5.experiments import report
+
+    out = Path(out_dir)
+    rows = evaluate_samples(results)
+    by = {fam: [r for r in rows if r["test"].family == fam] for fam in "SLT"}
+    spent_h = spent(out)
+    claim_rows = [
+        {"claim": "C9 ViT-5 samples better (added 2026-12-04)",
+         "paper": "FID-50K: ViT-5-XL 1.84 vs SiT-XL 2.06 (with CFG); 14.6 vs 17.2 at 400K steps without",
+         "our setting": f"main pair 4×64, 2,000 steps; FID of the final checkpoint (digits8: 8×8 net, n = "
+                        f"{N_PLANNED['digits8']}; digits16: 16×16 net, n = {N_PLANNED['digits16']} per arm, by a "
+                        "power analysis: 80 % for 10 %); Welch on log FID; own Holm family (m = 2)",
+         "runs done / planned": " / ".join(map(str, _done(by["S"]))),
+         "effect [95 % CI], p, Holm p → test verdict": "; ".join(map(_line, by["S"])),
+         "verdict": "; ".join(f"{r['test'].dataset}: {claims_word(r['verdict'])}" for r in by["S"])},
+        {"claim": "C9L … and after 5× the training (added 2026-12-04)",
+         "paper": "the gap “remains stable as training extends” (Fig. 6, 200K–400K steps)",
+         "our setting": f"the main pair on digits16 for 10,000 steps, n = {N_LONG} per arm (the budget's largest; "
+                        "45 % power for 10 %); own Holm family (m = 3)",
+         "runs done / planned": " / ".join(map(str, _done(by["L"][:1]))),
+         "effect [95 % CI], p, Holm p → test verdict": "; ".join(map(_line, by["L"])),
+         "verdict": "; ".join(f"{r['test'].name.split(':')[0]}: {r['verdict']}" for r in by["L"])},
+    ]
+    table = [{"family": r["test"].family, "dataset": r["test"].dataset, "test (ViT-5 vs SiT)": r["test"].name,
+              "ViT-5": _side(r, 0) if r["test"].metric != "gap change" else f"n={r['n']}",
+              "SiT": _side(r, 1) if r["test"].metric != "gap change" else "–",
+              "effect [95 % CI]": _effect(r), "Welch p": _p(r.get("p")), "Holm p (own family)": _p(r["p_holm"]),
+              "power for 10 % at this n": power_at(r), "verdict": r["verdict"]} for r in rows]
+    lines = [
+        "## C9: sample quality (addition of 2026-12-04)\n",
+        f"Pre-registered in PROTOCOL.md (addition of 2026-12-04) before any of its runs; {spent_h:.1f} of "
+        f"{SAMPLES_BUDGET_CORE_HOURS:g} core-hours spent. Three Holm families: S (primary, m = 2), L (trained "
+        "longer, m = 3), T (secondary, m = 6); pending tests count as p = 1 and are shown, not judged. FID "
+        "effects: 100 × (mean log FID of ViT-5 − of SiT) ≈ %, sides as geometric means; loss: % of SiT's mean; "
+        "precision / recall / accuracy: percentage points. *ViT-5 better* / *SiT better*: Holm p < 0.05; "
+        "*equivalent within ±m*: the 95 % CI inside ±m (FID ±9.53 log-% = ±10 %, loss ±0.5 %, fractions ±2 "
+        "points). Power: for a 10 % FID difference at the n in hand, α / m.\n",
+        report.markdown_table(table, list(table[0])),
+    ]
+    reruns = rerun_rows(results)
+    if reruns:
+        lines += ["Reruns of the digits16 seeds that predate the 16×16 network (same settings and seed; their "
+                  "FID16 enters S16, the committed loss stays the reported one):\n",
+                  report.markdown_table(reruns, list(reruns[0]))]
+    corr = loss_fid_rows(results, out)
+    lines += ["### Held-out loss against FID, run by run (descriptive)\n",
+              report.markdown_table(corr, list(corr[0])), "![held-out loss vs FID](samples_loss_vs_fid.png)\n",
+              *featnet_lines(out, rows)]
+    return claim_rows, lines
+
+
+def _done(rows: Sequence[dict[str, Any]]) -> tuple[int, int]:
+    return sum(sum(r["runs"]) for r in rows), sum(2 * r["test"].n for r in rows)

@@ -68,3 +68,20 @@ def holm(pvalues: Sequence[float]) -> list[float]:
         running = max(running, min(1.0, (m - rank) * clean[i]))
         adjusted[i] = running
     return adjusted
+
+
+def power_two_sample(n: int, delta: float, sd: float, alpha: float = 0.05) -> float:
+    """Power of the two-sided two-sample t-test with n per group, true difference ``delta`` and common
+    standard deviation ``sd`` at level ``alpha`` (noncentral t with 2n − 2 degrees of freedom)."""
+    from scipy import stats
+
+    if n < 2 or sd <= 0:
+        raise ValueError(f"power_two_sample needs n >= 2 and sd > 0, got n={n}, sd={sd}")
+    df, shift = 2 * n - 2, delta / (sd * math.sqrt(2 / n))
+    critical = stats.t.ppf(1 - alpha / 2, df)
+    return float(stats.nct.sf(critical, df, shift) + stats.nct.cdf(-critical, df, shift))
+
+
+def n_for_power(delta: float, sd: float, alpha: float = 0.05, power: float = 0.8, n_max: int = 10_000) -> int:
+    """The smallest n per group whose ``power_two_sample`` reaches ``power``."""
+    return next(n for n in range(2, n_max + 1) if power_two_sample(n, delta, sd, alpha) >= power)

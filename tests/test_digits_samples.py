@@ -1,0 +1,176 @@
+"""The sample-quality addition of the digits study (PROTOCOL.md, 2026-12-04): plan, budget, the merge of
+reruns, the tests and their verdicts, the power analysis, and the claims table's corrected rules."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+from scipy import stats as sps
+
+from sit_vit5.io import atomic_write_text
+from tests.digits_study import claims, digits, samples, stats
+
+
+def _run(dataset, variant, seed, steps=2000, complete=True, seconds=0.0, **final):
+    return {"dataset": dataset, "variant": variant, "seed": seed, "steps": steps, "complete": complete,
+            "train_seconds": seconds, "eval_seconds": 0.0, "loss_spikes": 0,
+            "checkpoints": {str(steps): final}}
+
+
+def test_plan_follows_the_registered_order_and_sizes():
+    specs = samples.plan_samples()
+    first = [(s.dataset, s.variant, s.seed) for s in specs[:6]]
+    assert first == [("digits16", v, s) for s in (0, 1, 2) for v in digits.RERUN]  # the reruns first
+    new = [s for s in specs if s.variant in samples.MAIN_PAIR]
+    for d, n in samples.N_PLANNED.items():
+        seeds = sorted({s.seed for s in new if s.dataset == d})
+        assert seeds == list(range(samples.FIRST_NEW_SEED, n))
+        assert sum(s.dataset == d for s in new) == 2 * (n - samples.FIRST_NEW_SEED)
+    assert [(s.dataset, s.seed) for s in new[:4]] == [("digits16", 6)] * 2 + [("digits8", 6)] * 2
+    long = [s for s in specs if s.variant in digits.LONG]
+    assert specs[-len(long):] == long and len(long) == 2 * samples.N_LONG
+    assert {s.steps for s in long} == {digits.LONG_STEPS} and {s.steps for s in specs[:-len(long)]} == {2000}
+    assert len({s.result_path for s in specs}) == len(specs)  # no two runs share a cache entry
+    # a rerun trains exactly what the committed run trained: the same overrides, only its folder differs
+    rerun, base = digits.RunSpec("digits16", "SiT (rerun)", 0), digits.RunSpec("digits16", "SiT", 0)
+    strip = lambda o: [x for x in o if not x.startswith("train.out_dir=")]  # noqa: E731
+    assert strip(rerun.overrides()) == strip(base.overrides()) and rerun.run_dir != base.run_dir
+    assert samples.plan_samples(datasets=("digits8",))[0].dataset == "digits8"
+
+
+def test_only_the_additions_runs_are_charged_to_its_budget(tmp_path):
+    runs = [_run("digits16", "SiT", 5, seconds=3600), _run("digits16", "SiT", 6, seconds=1800),
+            _run("digits16", "SiT (rerun)", 0, seconds=900), _run("digits16", "SiT (10k steps)", 0, 10_000,
+                                                                  seconds=7200),
+            _run("digits16", "ViT-5 (γ0=1)", 7, complete=False, seconds=999)]
+    for r in runs:
+        path = digits.RunSpec(r["dataset"], r["variant"], r["seed"], results_dir=str(tmp_path)).result_path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps(r))
+    assert samples.spent(tmp_path) == pytest.approx(0.5 + 0.25 + 2.0)  # seed 5 is the claims addition's
+
+
+def test_a_rerun_fills_in_the_keys_the_committed_run_lacks_and_keeps_its_loss():
+    results = [_run("digits16", "SiT", 0, heldout_loss=0.15, digits_fid=180.0),
+               _run("digits16", "SiT (rerun)", 0, heldout_loss=0.1501, digits_fid=181.0, digits_fid16=12.0),
+               _run("digits16", "SiT", 3, heldout_loss=0.16, digits_fid=170.0, digits_fid16=11.0),
+               _run("digits16", "SiT", 40, heldout_loss=0.2, digits_fid16=99.0),  # beyond n: not read
+               _run("digits16", "SiT (10k steps)", 0, 10_000, heldout_loss=0.1, digits_fid16=8.0)]
+    got = samples.final_metrics(results, "digits16", "SiT", 36)
+    assert got == {0: {"heldout_loss": 0.15, "digits_fid": 180.0, "digits_fid16": 12.0},
+                   3: {"heldout_loss": 0.16, "digits_fid": 170.0, "digits_fid16": 11.0}}
+    assert samples.final_metrics(results, "digits16", "SiT", 36, long=True) == {
+        0: {"heldout_loss": 0.1, "digits_fid16": 8.0}}
+
+
+def _arms(test, vit, sit, key=None, long=False):
+    key = key or test.metric
+    variant = (lambda b: next(v for v, x in digits.LONG.items() if x == b)) if long else (lambda b: b)
+    steps = digits.LONG_STEPS if long else 2000
+    return ([_run(test.dataset, variant("ViT-5 (γ0=1)"), i, steps, **{key: v}) for i, v in enumerate(vit)]
+            + [_run(test.dataset, variant("SiT"), i, steps, **{key: v}) for i, v in enumerate(sit)])
+
+
+def test_fid_test_is_welch_on_log_fid_and_reads_its_verdicts():
+    test = samples.SampleTest("S", "x", "digits8", "digits_fid", 4)
+    vit, sit = [8.0, 8.4, 7.9, 8.2], [11.0, 11.5, 10.8, 11.9]
+    out = samples.evaluate_sample_test(test, _arms(test, vit, sit))
+    ref = sps.ttest_ind(list(map(math.log, vit)), list(map(math.log, sit)), equal_var=False)
+    assert out["p"] == pytest.approx(ref.pvalue)
+    effect = 100 * (sum(map(math.log, vit)) / 4 - sum(map(math.log, sit)) / 4)
+    assert out["effect"] == pytest.approx(effect) and not out["pending"]
+    assert samples.sample_verdict(test, out, 0.01) == "ViT-5 better"
+    assert samples.claims_word("ViT-5 better") == "reproduced"
+    assert samples.sample_verdict(test, out, 0.2) == "inconclusive"
+    worse = samples.evaluate_sample_test(test, _arms(test, sit, vit))
+    assert samples.sample_verdict(test, worse, 0.01) == "SiT better"
+    assert samples.claims_word("SiT better") == "not reproduced (opposite)"
+    same = samples.evaluate_sample_test(test, _arms(test, [10.0, 10.1, 9.9, 10.05], [10.02, 9.95, 10.08, 10.0]))
+    assert samples.sample_verdict(test, same, 0.9) == "equivalent within ±9.53"
+    assert samples.claims_word("equivalent within ±9.53") == "not reproduced (no effect)"
+    short = samples.evaluate_sample_test(test, _arms(test, vit[:3], sit))
+    assert short["pending"] and samples.sample_verdict(test, short, 0.01) == "pending (7 of 8 runs)"
+
+
+def test_fractions_are_better_higher_and_secondary_tests_count_runs():
+    test = samples.SampleTest("T", "x", "digits8", "pixel_precision", 3)
+    results = _arms(test, [0.9, 0.92, 0.91], [0.8, 0.82, 0.81])
+    out = samples.evaluate_sample_test(test, results)
+    assert out["effect"] == pytest.approx(10.0) and samples.sample_verdict(test, out, 0.01) == "ViT-5 better"
+    # an older run without pixel numbers still counts as done for a secondary test
+    older = [_run("digits8", b, 3, heldout_loss=0.4) for b in samples.MAIN_PAIR]
+    big = samples.SampleTest("T", "x", "digits8", "pixel_precision", 4)
+    assert not samples.evaluate_sample_test(big, results + older)["pending"]
+    primary = samples.SampleTest("S", "x", "digits8", "digits_fid", 4)
+    fids = _arms(primary, [8.0, 8.1, 8.2], [9.0, 9.1, 9.2]) + older
+    assert samples.evaluate_sample_test(primary, fids)["pending"]  # a primary test needs every value
+
+
+def test_gap_change_is_the_four_group_contrast():
+    test = samples.SampleTest("L", "x", "digits16", "gap change", 3, long=True)
+    long_vit, long_sit, vit, sit = [10.0, 11.0, 10.5], [9.0, 9.5, 9.2], [15.0, 16.0, 15.5], [12.0, 13.0, 12.5]
+    results = (_arms(test, long_vit, long_sit, key="digits_fid16", long=True)
+               + _arms(test, vit, sit, key="digits_fid16"))
+    out = samples.evaluate_sample_test(test, results)
+    logs = [[math.log(x) for x in g] for g in (long_vit, long_sit, vit, sit)]
+    mean = [sum(g) / 3 for g in logs]
+    assert out["effect"] == pytest.approx(100 * (mean[0] - mean[1] - mean[2] + mean[3]))
+    assert out["n"] == [3, 3, 3, 3]
+    assert samples.sample_verdict(test, out, 0.01) == (
+        "the gap moves toward ViT-5" if out["effect"] < 0 else "the gap moves toward SiT")
+
+
+def test_families_are_corrected_separately():
+    rows = samples.evaluate_samples([])
+    assert [sum(r["test"].family == f for r in rows) for f in "SLT"] == [2, 3, 6]
+    assert all(r["verdict"].startswith("pending") and r["p_holm"] == 1 for r in rows)
+
+
+def test_power_matches_a_simulation_and_the_registered_n():
+    assert stats.power_two_sample(36, math.log(1.1), 0.128, 0.025) == pytest.approx(0.80, abs=0.01)
+    assert stats.n_for_power(math.log(1.1), 0.128, 0.025) == 36
+    assert stats.n_for_power(math.log(1.1), 0.106, 0.025) == 25
+    rng, hits, trials = random.Random(0), 0, 4000
+    for _ in range(trials):  # Monte Carlo of the pooled-variance t-test the formula describes
+        a = [rng.gauss(0.5, 1.0) for _ in range(10)]
+        b = [rng.gauss(0.0, 1.0) for _ in range(10)]
+        hits += sps.ttest_ind(a, b).pvalue < 0.05
+    assert hits / trials == pytest.approx(stats.power_two_sample(10, 0.5, 1.0), abs=0.025)
+    with pytest.raises(ValueError, match="n >= 2"):
+        stats.power_two_sample(1, 0.1, 1.0)
+
+
+def test_earlier_tests_read_only_their_planned_seeds():
+    base = [claims.Test("C6", "x", "digits8", "ViT-5 (γ0=1)", "SiT", -1, (3, 3))]
+    results = [_run("digits8", v, s, heldout_loss=0.4 + 0.01 * s + (v == "SiT") * 0.05)
+               for v in ("SiT", "ViT-5 (γ0=1)") for s in range(5)]
+    out = claims.evaluate_test(base[0], results)
+    assert out["n"] == [3, 3] and out["values"][0] == pytest.approx([0.40, 0.41, 0.42])
+
+
+def test_c6_is_the_conjunction_over_every_ablation_and_c1b_shows_its_one_sided_p():
+    rows = [{"verdict": "reproduced"}, {"verdict": "inconclusive"}, {"verdict": "not reproduced (opposite)"}]
+    assert claims.claim_verdict([r["verdict"] for r in rows]) == "not reproduced"
+    assert claims._ablation_direction("ViT-5 + SwiGLU-official − LayerScale") == 1
+    shrink = next(t for t in claims.family() if t.metric == "shrink" and t.dataset == "digits8")
+    groups = {(shrink.dataset, "ViT-5 (γ0=1) 8×128"): [0.362, 0.361, 0.363],
+              (shrink.dataset, "SiT 8×128"): [0.363, 0.364, 0.362],
+              (shrink.dataset, "ViT-5 (γ0=1)"): [0.384, 0.385, 0.383, 0.386, 0.384, 0.385],
+              (shrink.dataset, "SiT"): [0.394, 0.395, 0.393, 0.396, 0.394, 0.395]}
+    results = [_run(d, v, i, heldout_loss=x) for (d, v), xs in groups.items() for i, x in enumerate(xs)]
+    out = claims.evaluate_test(shrink, results)
+    c = stats.welch_contrast([[math.log(x) for x in groups[(shrink.dataset, v)]]
+                              for v in ("ViT-5 (γ0=1) 8×128", "SiT 8×128", "ViT-5 (γ0=1)", "SiT")], [1, -1, -1, 1])
+    assert out["effect"] > 0 and out["p_one_sided"] == pytest.approx(c.p / 2)
+    line = claims._test_line({"test": shrink, **out, "p_holm": 0.1, "verdict": "inconclusive",
+                              "sensitivity": {"p": out["p_one_sided"], "p_holm": 0.02, "verdict": "x"}})
+    assert "sensitivity, one-sided p=" in line
+
+
+def test_c7_has_no_verdict_word_the_protocol_lacks():
+    check = claims.Test("C7", "x", "digits8", "A", "B", expect=0, planned=(3, 3))
+    different = {"pending": False, "p": 1e-6, "effect": 5.0, "ci": (4.0, 6.0), "values": [[1], [1]]}
+    assert claims.verdict(check, different, 1e-5) == "inconclusive"
