@@ -2,7 +2,8 @@
 
 The protocol (datasets, variants, seeds, checkpoints, metrics, decision rules) is fixed in
 ``results/digits/PROTOCOL.md``, written and committed before any run of it was read (later additions dated,
-each before its own runs; the paper's other claims: ``claims``). In short: every variant trains on
+each saying whether it came before its runs; the paper's other claims: ``claims``; sample quality:
+``samples``). In short: every variant trains on
 the train split of the digits at 8×8 (16 tokens) and upsampled to 16×16 (64 tokens) with the recipe of
 ``configs/digits/repro.yaml``; at 25/50/75/100 % of the run its EMA weights are scored by
 
@@ -866,9 +867,10 @@ def write_report(results: Sequence[dict[str, Any]], out_dir: str | os.PathLike, 
     default, reason = decide_default(results)
     lines = [
         "# Digits proxy: ViT-5 vs SiT\n",
-        "Protocol (written and committed before any run of it was read; later additions dated, each before "
-        "its runs): [PROTOCOL.md](PROTOCOL.md); the paper's other claims with corrected verdicts: "
-        "[CLAIMS.md](CLAIMS.md)  ",
+        "Protocol (written and committed before any run of it was read; later additions dated, each saying "
+        "whether it was written before its runs: four were not, the clip-x0 addition of 2026-11-30 and the "
+        "clarifications of 2026-12-02, 2026-12-03 and 2026-12-04): [PROTOCOL.md](PROTOCOL.md); the paper's "
+        "other claims with corrected verdicts: [CLAIMS.md](CLAIMS.md)  ",
         f"Command: `{command}`  ",
         f"Commit: `{_git_commit()}`  ",
         f"Runs: {len(results)} complete; base config `configs/digits/repro.yaml`.\n",
