@@ -174,3 +174,31 @@ def test_c7_has_no_verdict_word_the_protocol_lacks():
     check = claims.Test("C7", "x", "digits8", "A", "B", expect=0, planned=(3, 3))
     different = {"pending": False, "p": 1e-6, "effect": 5.0, "ci": (4.0, 6.0), "values": [[1], [1]]}
     assert claims.verdict(check, different, 1e-5) == "inconclusive"
+
+
+def test_the_bottom_line_block_is_replaced_between_its_markers(tmp_path):
+    page = tmp_path / "README.md"
+    start, end = samples.BOTTOM_LINE_MARKERS
+    page.write_text(f"# title\n\n{start}\nold text\n{end}\n\nafter\n")
+    assert samples.update_marked_block(page, f"{start}\nnew text\n{end}")
+    assert page.read_text() == f"# title\n\n{start}\nnew text\n{end}\n\nafter\n"
+    plain = tmp_path / "other.md"
+    plain.write_text("no markers\n")
+    assert not samples.update_marked_block(plain, "x") and plain.read_text() == "no markers\n"
+
+
+def test_the_readme_bottom_line_quotes_the_committed_loss_result():
+    """The main README carries the generated paragraph; its loss numbers (fixed seeds 0–5, so new runs do not
+    move them) are those the committed runs give, and it names the GPU commands that would settle the question."""
+    from pathlib import Path
+
+    results = digits.load_results(digits.REPO / "results" / "digits")
+    assert len(results) > 200  # the committed run cache
+    text = (digits.REPO / "README.md").read_text()
+    start, end = (text.index(m) for m in samples.BOTTOM_LINE_MARKERS)
+    block = text[start:end]
+    for row in claims.evaluate_family(results):
+        if row["test"].name == "ViT-5 (γ0=1) vs SiT":
+            assert f"{row['effect']:+.2f} % on {row['test'].dataset}" in block
+    assert samples.XL_COMMANDS in block and "configs/eval/scaling.yaml" in block
+    assert Path(digits.REPO / "configs" / "eval" / "scaling.yaml").is_file()

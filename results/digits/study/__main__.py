@@ -21,6 +21,7 @@ from sit_vit5.experiments.report import markdown_table  # noqa: E402
 from study.claims import BUDGET_CORE_HOURS, plan_claims, write_claims  # noqa: E402
 from study.digits import (  # noqa: E402
     DATASETS,
+    REPO,
     RESULTS,
     STOP_BY_MARGIN,
     claims_spent,
@@ -32,7 +33,13 @@ from study.digits import (  # noqa: E402
     write_report,
 )
 from study.repa import REPA_BUDGET_CORE_HOURS, plan_repa, repa_report, spent  # noqa: E402
-from study.samples import SAMPLES_BUDGET_CORE_HOURS, plan_samples, samples_report  # noqa: E402
+from study.samples import (  # noqa: E402
+    SAMPLES_BUDGET_CORE_HOURS,
+    bottom_line,
+    plan_samples,
+    samples_report,
+    update_marked_block,  # noqa: E402
+)
 from study.samples import spent as samples_spent  # noqa: E402
 
 PROG = "python results/digits/study"
@@ -162,7 +169,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     (repa_rows, repa_lines), (sample_rows, sample_lines) = repa_report(results, out), samples_report(results, out)
     claims_md = write_claims(results, out, command, extra=(repa_rows + sample_rows, repa_lines + sample_lines))
-    print(f"wrote {write_report(results, out, command)} and {claims_md}")
+    preface = bottom_line(results)
+    readme = REPO / "README.md"
+    also = f" and the bottom line of {readme.name}" if update_marked_block(readme, preface) else ""
+    print(f"wrote {write_report(results, out, command, preface)} and {claims_md}{also}")
     return 0
 
 

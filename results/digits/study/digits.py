@@ -141,6 +141,7 @@ VARIANTS: dict[str, dict[str, Any]] = {**PROXY_VARIANTS, **CLAIM_VARIANTS, **REP
 MAIN = ("SiT", "ViT-5 (γ0=1)", "ViT-5 (γ0=1e-4)", "ViT-5 − LayerScale")
 THIRD_ROW = ("DiT w. ViT", "DiT w. ViT (cosine)")  # added after the protocol's first version: after MAIN
 LAYER_SCALE_CANDIDATES = ("ViT-5 (γ0=1)", "ViT-5 (γ0=1e-4)", "ViT-5 − LayerScale")
+DECISION_SEEDS = 3  # the LayerScale rule reads seeds 0–2, the protocol's main-variant seeds
 ABLATIONS = tuple(v for v in PROXY_VARIANTS if v not in MAIN + THIRD_ROW)
 PLOTTED = MAIN + THIRD_ROW  # the curves, as the paper's Fig. 6
 
@@ -675,7 +676,9 @@ def fid_floor(image_size: int, num_samples: int, repeats: int = 5, resolution: i
 
 def decide_default(results: Sequence[dict[str, Any]]) -> tuple[str | None, str]:
     """The protocol's rule for ViT-5's LayerScale default (see PROTOCOL.md): lowest held-out loss relative to
-    SiT, averaged over the datasets; within the seed spread of the runner-up -> keep γ0=1."""
+    SiT, averaged over the datasets; within the seed spread of the runner-up -> keep γ0=1. It reads the seeds
+    the protocol planned for it (0–2): later additions' seeds do not move the decision."""
+    results = [r for r in results if r["seed"] < DECISION_SEEDS]
     scores: dict[str, float] = {}
     for cand in LAYER_SCALE_CANDIDATES:
         ratios = []
@@ -841,8 +844,10 @@ def gate_rows(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def write_report(results: Sequence[dict[str, Any]], out_dir: str | os.PathLike, command: str) -> Path:
-    """results/digits/README.md (tables per dataset, decision, plots) + results.csv, from cached runs."""
+def write_report(results: Sequence[dict[str, Any]], out_dir: str | os.PathLike, command: str,
+                 preface: str = "") -> Path:
+    """results/digits/README.md (``preface``, then tables per dataset, decision, plots) + results.csv, from
+    cached runs."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     results = sorted(results, key=lambda r: (list(DATASETS).index(r["dataset"]), list(VARIANTS).index(r["variant"]),
@@ -867,6 +872,7 @@ def write_report(results: Sequence[dict[str, Any]], out_dir: str | os.PathLike, 
     default, reason = decide_default(results)
     lines = [
         "# Digits proxy: ViT-5 vs SiT\n",
+        *([preface + "\n"] if preface else []),
         "Protocol (written and committed before any run of it was read; later additions dated, each saying "
         "whether it was written before its runs: four were not, the clip-x0 addition of 2026-11-30 and the "
         "clarifications of 2026-12-02, 2026-12-03 and 2026-12-04): [PROTOCOL.md](PROTOCOL.md); the paper's "
