@@ -27,8 +27,8 @@ def test_plan_follows_the_registered_order_and_sizes():
     new = [s for s in specs if s.variant in samples.MAIN_PAIR]
     for d, n in samples.N_PLANNED.items():
         seeds = sorted({s.seed for s in new if s.dataset == d})
-        assert seeds == list(range(samples.FIRST_NEW_SEED, n))
-        assert sum(s.dataset == d for s in new) == 2 * (n - samples.FIRST_NEW_SEED)
+        assert seeds == list(range(digits.FIRST_SAMPLE_SEED, n))
+        assert sum(s.dataset == d for s in new) == 2 * (n - digits.FIRST_SAMPLE_SEED)
     assert [(s.dataset, s.seed) for s in new[:4]] == [("digits16", 6)] * 2 + [("digits8", 6)] * 2
     long = [s for s in specs if s.variant in digits.LONG]
     assert specs[-len(long):] == long and len(long) == 2 * samples.N_LONG
@@ -51,6 +51,7 @@ def test_only_the_additions_runs_are_charged_to_its_budget(tmp_path):
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path, json.dumps(r))
     assert samples.spent(tmp_path) == pytest.approx(0.5 + 0.25 + 2.0)  # seed 5 is the claims addition's
+    assert digits.claims_spent(tmp_path) == pytest.approx(1.0)  # ... and only seed 5 is charged to it
 
 
 def test_a_rerun_fills_in_the_keys_the_committed_run_lacks_and_keeps_its_loss():

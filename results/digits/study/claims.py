@@ -32,7 +32,7 @@ from .digits import (
     cached_runs,
     claims_spent,
 )
-from .stats import holm, welch, welch_contrast
+from .stats import holm, welch, welch_contrast, welch_summary
 
 #: The claims addition's budget (PROTOCOL.md): runs past it are not started.
 BUDGET_CORE_HOURS = 60.0
@@ -320,19 +320,12 @@ def evaluate_test(test: Test, results: Sequence[dict[str, Any]]) -> dict[str, An
         "values": [a, b],
     }
     if len(a) >= 2 and len(b) >= 2:
-        c = welch(a, b)
         scale = (
             100 / statistics.fmean(b)
             if test.metric == "loss"
             else (100 if test.metric != "instability" else 1)
         )
-        out.update(
-            effect=scale * c.estimate,
-            ci=(scale * c.ci[0], scale * c.ci[1]),
-            p=c.p,
-            sd=(statistics.stdev(a), statistics.stdev(b)),
-            mean=(statistics.fmean(a), statistics.fmean(b)),
-        )
+        out.update(welch_summary(a, b, scale))
     return out
 
 

@@ -137,6 +137,7 @@ LONG_STEPS = 10_000
 RERUN = {"SiT (rerun)": "SiT", "ViT-5 (γ0=1) (rerun)": "ViT-5 (γ0=1)"}
 LONG = {"SiT (10k steps)": "SiT", "ViT-5 (γ0=1) (10k steps)": "ViT-5 (γ0=1)"}
 SAMPLE_VARIANTS: dict[str, dict[str, Any]] = {v: PROXY_VARIANTS[base] for v, base in {**RERUN, **LONG}.items()}
+FIRST_SAMPLE_SEED = 6  # the main pair's seeds 0–5 belong to the earlier additions, 6 on to the sample-quality one
 VARIANTS: dict[str, dict[str, Any]] = {**PROXY_VARIANTS, **CLAIM_VARIANTS, **REPA_VARIANTS, **SAMPLE_VARIANTS}
 MAIN = ("SiT", "ViT-5 (γ0=1)", "ViT-5 (γ0=1e-4)", "ViT-5 − LayerScale")
 THIRD_ROW = ("DiT w. ViT", "DiT w. ViT (cosine)")  # added after the protocol's first version: after MAIN
@@ -455,9 +456,16 @@ def core_hours_spent(results_dir: str | os.PathLike = RESULTS,
     return sum(map(run_cost, runs))
 
 
+def is_sample_run(run: dict[str, Any]) -> bool:
+    """Whether a cached run belongs to the sample-quality addition (2026-12-04) and so to its budget."""
+    return run["variant"] in SAMPLE_VARIANTS or (run["variant"] in RERUN.values() and run["seed"] >= FIRST_SAMPLE_SEED)
+
+
 def claims_spent(results_dir: str | os.PathLike = RESULTS) -> float:
-    """Core-hours the claims addition has spent of its budget (REPA runs have their own)."""
-    return core_hours_spent(results_dir, exclude=tuple(REPA_VARIANTS))
+    """Core-hours the claims addition has spent of its budget (the REPA and sample-quality additions have
+    their own)."""
+    return sum(run_cost(r) for r in cached_runs(results_dir)
+               if "eval_seconds" in r and r["variant"] not in REPA_VARIANTS and not is_sample_run(r))
 
 
 def _is_cached(spec: RunSpec) -> bool:

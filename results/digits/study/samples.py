@@ -16,8 +16,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .digits import LONG, LONG_STEPS, RERUN, RESULTS, SAMPLE_VARIANTS, RunSpec, cached_runs, run_cost
-from .stats import holm, power_two_sample, welch, welch_contrast
+from .digits import (
+    FIRST_SAMPLE_SEED,
+    LONG,
+    LONG_STEPS,
+    RERUN,
+    RESULTS,
+    RunSpec,
+    cached_runs,
+    is_sample_run,
+    run_cost,
+)
+from .stats import holm, power_two_sample, welch_contrast, welch_summary
 
 #: The addition's budget (PROTOCOL.md): runs past it are not started.
 SAMPLES_BUDGET_CORE_HOURS = 40.0
@@ -25,7 +35,6 @@ MAIN_PAIR = ("SiT", "ViT-5 (γ0=1)")
 #: n per arm of the primary tests (the power analysis) and of the longer arm (the budget's largest).
 N_PLANNED = {"digits16": 36, "digits8": 25}
 N_LONG = 20
-FIRST_NEW_SEED = 6  # seeds 0–5 of the main pair belong to the earlier additions
 RERUN_SEEDS = (0, 1, 2)  # digits16 runs that predate the 16×16 network: no FID16
 
 
@@ -37,17 +46,12 @@ def plan_samples(datasets: Sequence[str] = ("digits8", "digits16"), results_dir:
     order: list[tuple[str, str, int, int | None]] = []
     if "digits16" in datasets:
         order += [("digits16", v, s, None) for s in RERUN_SEEDS for v in RERUN]
-    for s in range(FIRST_NEW_SEED, max(N_PLANNED.values())):
+    for s in range(FIRST_SAMPLE_SEED, max(N_PLANNED.values())):
         order += [(d, v, s, None) for d in ("digits16", "digits8")
                   if d in datasets and s < N_PLANNED[d] for v in MAIN_PAIR]
     if "digits16" in datasets:
         order += [("digits16", v, s, LONG_STEPS) for s in range(N_LONG) for v in LONG]
     return [RunSpec(d, v, s, **{**common, **({"steps": steps} if steps else {})}) for d, v, s, steps in order]
-
-
-def is_sample_run(run: dict[str, Any]) -> bool:
-    """Whether a cached run belongs to this addition (and so to its budget)."""
-    return run["variant"] in SAMPLE_VARIANTS or (run["variant"] in MAIN_PAIR and run["seed"] >= FIRST_NEW_SEED)
 
 
 def spent(results_dir: str | os.PathLike) -> float:
@@ -159,11 +163,7 @@ def evaluate_sample_test(test: SampleTest, results: Sequence[dict[str, Any]]) ->
             out.update(effect=100 * c.estimate, ci=(100 * c.ci[0], 100 * c.ci[1]), p=c.p)
         return out
     if len(vit) >= 2 and len(sit) >= 2:
-        c = welch(vit, sit)
-        scale = 100 / statistics.fmean(sit) if test.scale == "relative" else 100.0
-        out.update(effect=scale * c.estimate, ci=(scale * c.ci[0], scale * c.ci[1]), p=c.p,
-                   mean=(statistics.fmean(vit), statistics.fmean(sit)),
-                   sd=(statistics.stdev(vit), statistics.stdev(sit)))
+        out.update(welch_summary(vit, sit, 100 / statistics.fmean(sit) if test.scale == "relative" else 100.0))
     return out
 
 

@@ -85,3 +85,11 @@ def power_two_sample(n: int, delta: float, sd: float, alpha: float = 0.05) -> fl
 def n_for_power(delta: float, sd: float, alpha: float = 0.05, power: float = 0.8, n_max: int = 10_000) -> int:
     """The smallest n per group whose ``power_two_sample`` reaches ``power``."""
     return next(n for n in range(2, n_max + 1) if power_two_sample(n, delta, sd, alpha) >= power)
+
+
+def welch_summary(a: Sequence[float], b: Sequence[float], scale: float = 1.0) -> dict[str, object]:
+    """The report fields of a vs b: ``effect`` = scale × (mean a − mean b), its 95 % ``ci`` (scaled), Welch's
+    two-sided ``p``, and each side's ``mean`` and ``sd`` (unscaled); each side n >= 2."""
+    c = welch(a, b)
+    return {"effect": scale * c.estimate, "ci": (scale * c.ci[0], scale * c.ci[1]), "p": c.p,
+            "mean": (statistics.fmean(a), statistics.fmean(b)), "sd": (statistics.stdev(a), statistics.stdev(b))}
