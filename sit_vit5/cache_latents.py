@@ -184,7 +184,7 @@ class _CropItems(Dataset):
 def _collate(items: list[tuple[int, torch.Tensor | None, str]]):
     good = [(i, x) for i, x, _ in items if x is not None]
     bad = [(i, msg) for i, x, msg in items if x is None]
-    index = torch.tensor([i for i, _ in good], dtype=torch.long)
+    index = torch.tensor([i for i, _ in good], dtype=torch.long)  # on cpu: collate, in the loader worker
     images = torch.stack([x for _, x in good]) if good else None
     return index, images, bad
 

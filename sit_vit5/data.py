@@ -538,7 +538,7 @@ class LatentCacheDataset(EpochDataset):
         gen = item_generator(self.seed, self.epoch, index)
         flip = int(torch.randint(2, (1,), generator=gen).item()) if self.random_flip else 0
         mean, std = self.moments(index, flip)
-        latent = mean + std * torch.randn(mean.shape, generator=gen)
+        latent = mean + std * torch.randn(mean.shape, generator=gen)  # on cpu: a loader item, its own generator
         label = int(self.labels[self._indices[index]])
         if self.image_root is None:
             return latent, label

@@ -23,7 +23,7 @@ def linear_betas(num_steps: int) -> Tensor:
     """DDPM's linear betas from 1e-4 to 0.02, both scaled by ``1000 / num_steps``; float64
     ``(T,)``."""
     scale = LINEAR_REFERENCE_STEPS / num_steps
-    return torch.linspace(
+    return torch.linspace(  # on cpu: a float64 schedule table, moved by its user
         scale * LINEAR_BETA_START, scale * LINEAR_BETA_END, num_steps, dtype=torch.float64
     )
 
@@ -39,7 +39,7 @@ def cosine_betas(num_steps: int) -> Tensor:
         min(1 - alpha_bar((i + 1) / num_steps) / alpha_bar(i / num_steps), COSINE_MAX_BETA)
         for i in range(num_steps)
     ]
-    return torch.tensor(betas, dtype=torch.float64)
+    return torch.tensor(betas, dtype=torch.float64)  # on cpu: a float64 schedule table, moved by its user
 
 
 #: DiT/IDDPM names (``squaredcos_cap_v2`` is the cosine schedule's name in DiT's code)

@@ -59,7 +59,7 @@ def set_timesteps(scheduler: Any, pipe: SamplingPipeline) -> int:
         if t1 != 1.0:
             raise ValueError(f"{name} ends at sigma 0 (t = 1), but this transport integrates "
                              f"to t = {t1} ({objective.transport!r}); keep the SiTScheduler")
-        grid = time_grid(t0, t1, pipe.spec.num_steps, torch.empty(0))
+        grid = time_grid(t0, t1, pipe.spec.num_steps, torch.empty(0))  # on cpu: sigmas go out as numpy
         scheduler.set_timesteps(sigmas=(1.0 - grid[:-1].double()).numpy(), device=device)
     else:
         scheduler.set_timesteps(pipe.spec.num_steps, device=device)

@@ -107,7 +107,7 @@ class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-6, affine: bool = True) -> None:
         super().__init__()
         self.dim, self.eps = dim, eps
-        self.weight = nn.Parameter(torch.ones(dim)) if affine else None
+        self.weight = nn.Parameter(torch.ones(dim)) if affine else None  # on cpu: a parameter, moved by .to
 
     def forward(self, x: Tensor) -> Tensor:
         x32 = x.float()
@@ -344,8 +344,8 @@ class Block(nn.Module):
             self.mlp = MLPS[mlp](hidden_size, hidden)
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 6 * hidden_size))
         if layer_scale_init is not None:
-            self.gamma_1 = nn.Parameter(torch.full((hidden_size,), float(layer_scale_init)))
-            self.gamma_2 = nn.Parameter(torch.full((hidden_size,), float(layer_scale_init)))
+            self.gamma_1 = nn.Parameter(torch.full((hidden_size,), float(layer_scale_init)))  # on cpu: a parameter
+            self.gamma_2 = nn.Parameter(torch.full((hidden_size,), float(layer_scale_init)))  # on cpu: a parameter
         else:
             self.gamma_1 = self.gamma_2 = None
 
@@ -385,13 +385,13 @@ def sincos_pos_embed_2d(embed_dim: int, grid_h: int, grid_w: int | None = None) 
     """
     grid_w = grid_h if grid_w is None else grid_w
     rows, cols = torch.meshgrid(  # each (grid_h, grid_w)
-        torch.arange(grid_h, dtype=torch.float64),
-        torch.arange(grid_w, dtype=torch.float64),
+        torch.arange(grid_h, dtype=torch.float64),  # on cpu: an init-time table
+        torch.arange(grid_w, dtype=torch.float64),  # on cpu: an init-time table
         indexing="ij",
     )
 
     def one_axis(pos: Tensor) -> Tensor:
-        steps = torch.arange(embed_dim // 4, dtype=torch.float64)
+        steps = torch.arange(embed_dim // 4, dtype=torch.float64)  # on cpu: an init-time table
         omega = 1.0 / 10000 ** (steps / (embed_dim / 4))  # (D/4,)
         out = pos.reshape(-1, 1) * omega[None]  # (h*w, D/4)
         return torch.cat([torch.sin(out), torch.cos(out)], dim=1)  # (h*w, D/2)

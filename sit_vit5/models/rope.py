@@ -87,7 +87,7 @@ def register_grid(num_registers: int, register_theta: float | None) -> tuple[int
 
 def axis_positions(n: int, n_train: int) -> Tensor:
     """Positions (n,) float64 of an n-long axis, rescaled onto a model trained with n_train."""
-    return torch.arange(n, dtype=torch.float64) / n * n_train
+    return torch.arange(n, dtype=torch.float64) / n * n_train  # on cpu: angles, cached per device
 
 
 def rope_angles_2d(
@@ -96,7 +96,7 @@ def rope_angles_2d(
     """Rotation angles (h*w, head_dim) in float64 for a row-major (h, w) token grid."""
     check_head_dim(head_dim)
     d = head_dim // 2
-    freqs = (theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)).repeat_interleave(2)
+    freqs = (theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)).repeat_interleave(2)  # on cpu: angles
     (h, w), (h0, w0) = grid, train_grid
     rows = axis_positions(h, h0)[:, None] * freqs  # (h, d)
     cols = axis_positions(w, w0)[:, None] * freqs  # (w, d)
@@ -136,12 +136,12 @@ class RopeTables:
         if self.theta is not None:
             patches = rope_angles_2d(self.head_dim, self.theta, grid, self.train_grid)
         else:
-            patches = torch.zeros(n, self.head_dim, dtype=torch.float64)
+            patches = torch.zeros(n, self.head_dim, dtype=torch.float64)  # on cpu: angles, cached per device
         if self.register_theta is not None and self.num_registers:
             rgrid = self.register_grid
             regs = rope_angles_2d(self.head_dim, self.register_theta, rgrid, rgrid)
         else:
-            regs = torch.zeros(self.num_registers, self.head_dim, dtype=torch.float64)
+            regs = torch.zeros(self.num_registers, self.head_dim, dtype=torch.float64)  # on cpu: angles
         return torch.cat([patches, regs])
 
     def tables(

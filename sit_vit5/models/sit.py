@@ -158,10 +158,10 @@ class SiT(ModelMixin, ConfigMixin):
         if sw["pos_embed"] == "none":
             self.pos_embed = None
         else:  # DiT keeps the fixed table as a frozen Parameter (key "pos_embed")
-            table = torch.zeros(1, n_patches, hidden_size)
+            table = torch.zeros(1, n_patches, hidden_size)  # on cpu: a parameter, moved by .to
             self.pos_embed = nn.Parameter(table, requires_grad=sw["pos_embed"] == "learned")
         if self.num_registers:
-            self.register_tokens = nn.Parameter(torch.zeros(1, self.num_registers, hidden_size))
+            self.register_tokens = nn.Parameter(torch.zeros(1, self.num_registers, hidden_size))  # on cpu: a parameter
         patch_theta, register_theta = rope_thetas(sw)
         self.rope = None
         if patch_theta is not None or register_theta is not None:

@@ -59,13 +59,13 @@ class GaussianTarget:
 
     def log_prob(self, x: Tensor, t: float) -> Tensor:
         """``log p_t(x)`` in nats, ``(B,)``."""
-        alpha, _, _, _, var = self._coefficients(torch.tensor(float(t), dtype=x.dtype), x)
+        alpha, _, _, _, var = self._coefficients(torch.tensor(float(t), dtype=x.dtype, device=x.device), x)
         y = x - alpha * self.mean
         y = y if self.rotation is None else y @ self.rotation
         return -0.5 * (y**2 / var + torch.log(2 * math.pi * var)).sum(dim=1)
 
     def flow(self, z: Tensor, t_from: float, t_to: float) -> Tensor:
         """Exact probability-flow map from time ``t_from`` to ``t_to`` (affine for Gaussians)."""
-        a0, _, _, _, var0 = self._coefficients(torch.tensor(float(t_from), dtype=z.dtype), z)
-        a1, _, _, _, var1 = self._coefficients(torch.tensor(float(t_to), dtype=z.dtype), z)
+        a0, _, _, _, var0 = self._coefficients(torch.tensor(float(t_from), dtype=z.dtype, device=z.device), z)
+        a1, _, _, _, var1 = self._coefficients(torch.tensor(float(t_to), dtype=z.dtype, device=z.device), z)
         return a1 * self.mean + self._in_basis((var1 / var0).sqrt(), z - a0 * self.mean)

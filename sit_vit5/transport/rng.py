@@ -109,7 +109,7 @@ def uniform(batch: int, generator: Resolved, like: Tensor) -> Tensor:
     the *CPU* global RNG, as SiT does (``th.rand((B,))``), so a seeded training run draws the same
     times."""
     if generator is None:
-        return torch.rand(batch).to(like)
+        return torch.rand(batch).to(like)  # on cpu: SiT's CPU global RNG (see above)
     if isinstance(generator, torch.Generator):
         return torch.rand(batch, generator=generator, device=generator.device).to(like)
     return torch.cat([torch.rand(1, generator=g, device=g.device).to(like) for g in generator])

@@ -122,7 +122,7 @@ class Sampler:
         )
         if num_steps < 2:
             raise ValueError(f"num_steps must be >= 2 (grid points including both ends), got {num_steps}")
-        times = torch.linspace(t0, t1, num_steps, dtype=torch.float64).tolist()
+        times = torch.linspace(t0, t1, num_steps, dtype=torch.float64).tolist()  # on cpu: host floats
         dt = times[1] - times[0]
 
         def _sample(z: Tensor, model_fn: Callable[..., Tensor], *, generator: GeneratorLike = None, **model_kwargs):
