@@ -26,16 +26,22 @@ import platform
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-import scipy
-import torch
-import torch_fidelity
 
 from fid.data import InputError, load_plain_array, npz_keys, open_images
-from fid.evaluate import METRICS, check_metrics, check_sample_size, evaluate
-from fid.inception import INCEPTION_SHA256, InceptionWeightsError, default_weights_path, load_inception
-from fid.reference import PR_IMAGES, make_reference, read_reference
+
+# The arguments, the samples file (header, size, count, labels) and the reference's existence are
+# checked before torch and the networks are imported (seconds): a bad input is reported at once.
+# The constants below are copies of the heavy modules' (tests/test_fid_cli_fast.py compares them).
+METRICS = ("fid", "sfid", "is", "pr")  # fid.evaluate.METRICS
+INCEPTION_SHA256 = "6726825d0af5f729cebd5821db510b11b1cfad8faad88a03f1befd49fb9129b2"  # fid.inception
+PR_IMAGES = 10_000  # fid.reference.PR_IMAGES
+#: feature dimension of each Fréchet metric (fid.inception POOL_DIM, SPATIAL_DIM; fid.digits: the
+#: 64-d hidden layer): a covariance of N samples has rank N - 1 at most, so N must exceed it
+FEATURE_DIMS = {"fid": 2048, "sfid": 2023, "digits": 64}
+DIGITS_REFERENCE_IMAGES = 1797  # the digits reference: every real 8x8 digit
 
 PROG = "python -m fid"
 DEBUG_ENV = "SIT_VIT5_DEBUG"  # the project's switch for tracebacks, read by name
@@ -58,6 +64,50 @@ TABLE_NAMES = {
 }
 
 
+def load_inception(*args: Any, **kwargs: Any) -> Any:
+    """``fid.inception.load_inception`` (imported on first use: torch, torch-fidelity)."""
+    from fid.inception import load_inception as load
+
+    return load(*args, **kwargs)
+
+
+def evaluate(*args: Any, **kwargs: Any) -> dict[str, float | int]:
+    """``fid.evaluate.evaluate`` (imported on first use)."""
+    from fid.evaluate import evaluate as run
+
+    return run(*args, **kwargs)
+
+
+def _inception_error() -> tuple[type[BaseException], ...]:
+    """The Inception weights' error class once fid.inception is imported (else nothing to catch)."""
+    inception = sys.modules.get("fid.inception")
+    return (inception.InceptionWeightsError,) if inception is not None else ()
+
+
+def check_metrics(metrics: list[str]) -> list[str]:
+    """Validate metric names (as fid.evaluate.check_metrics); returns them deduplicated in order."""
+    unknown = [m for m in metrics if m not in METRICS]
+    if unknown or not metrics:
+        raise InputError(f"unknown metrics {unknown or '(none given)'}; choose from {list(METRICS)}")
+    return [m for m in METRICS if m in metrics]
+
+
+def check_sample_count(name: str, n: int, metrics: list[str], convention: int, why: str) -> None:
+    """Raise InputError (``--num-samples`` / the file ``name`` at fault) when ``n`` samples cannot
+    give a full-rank covariance for a Fréchet metric of ``metrics`` (n <= its feature dimension: the
+    number would be a large, meaningless value); one ``note:`` line on stderr when ``n`` is below
+    ``convention`` (``why`` says whose)."""
+    for metric in metrics:
+        dim = FEATURE_DIMS.get(metric)
+        if dim is not None and n <= dim:
+            raise InputError(f"{name}: {n} samples; {metric} compares {dim}-d feature covariances, "
+                             f"which need more than {dim} samples (use --num-samples > {dim}; "
+                             f"{convention} is the convention)")
+    if n < convention:
+        print(f"note: {n} samples; {why} use {convention} (FID is biased upward at small N)",
+              file=sys.stderr)
+
+
 def _common_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=64, help="images per Inception forward (default 64)")
     parser.add_argument("--device", default="auto", help="torch device, e.g. cuda, cuda:1, cpu (default: auto)")
@@ -65,7 +115,8 @@ def _common_args(parser: argparse.ArgumentParser) -> None:
         "--inception-weights",
         type=Path,
         default=None,
-        help=f"torch-fidelity Inception weights (default: {default_weights_path()})",
+        help="torch-fidelity Inception weights (default: <torch hub dir>/checkpoints/, where "
+        "torch-fidelity downloads them)",
     )
     parser.add_argument(
         "--weights-sha256",
@@ -135,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"{prog}: interrupted; nothing was written", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except (InputError, InceptionWeightsError, OSError) as e:
+    except (InputError, OSError, *_inception_error()) as e:
         if _debug():
             raise
         print(f"{prog}: error: {_one_line(e)}", file=sys.stderr)
@@ -152,6 +203,8 @@ def _one_line(err: BaseException) -> str:
 
 
 def _device(name: str) -> str:
+    import torch
+
     return ("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name
 
 
@@ -172,17 +225,22 @@ def _evaluate(args: argparse.Namespace) -> int:
     else:
         metrics = check_metrics([m.strip() for m in args.metrics.split(",") if m.strip()])
         samples = open_images(args.samples, args.samples_key)
+        if not Path(args.reference).exists():
+            raise InputError(f"{args.reference}: no such reference file (expected an ADM reference .npz or an "
+                             "image set)")
+        from fid.evaluate import check_sample_size
+        from fid.reference import read_reference
+
         reference = read_reference(args.reference)
         check_sample_size(samples, reference, args.resize_samples)
-        device = _device(args.device)
         n = len(samples) if args.num_samples is None else args.num_samples
-        if n < PROTOCOL_SAMPLES:
-            print(
-                f"note: {n} samples; published numbers use {PROTOCOL_SAMPLES} (FID is biased upward at small N)",
-                file=sys.stderr,
-            )
+        if n <= len(samples):  # more than it holds: evaluate names the file
+            check_sample_count(samples.name, n, metrics, PROTOCOL_SAMPLES, "published numbers")
+        device = _device(args.device)
         extractor = load_inception(args.inception_weights, args.weights_sha256, device)
         results = evaluate(samples, reference, extractor, metrics, args.batch_size, device, args.num_samples)
+        from fid.inception import default_weights_path
+
         weights = {
             "path": str(args.inception_weights or default_weights_path()),
             "sha256": args.weights_sha256.lower(),
@@ -210,8 +268,6 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def _evaluate_digits(args: argparse.Namespace) -> dict[str, float]:
-    from fid.digits import digits_metrics, uint8_to_digits_input
-
     samples = open_images(args.samples, args.samples_key, channels=(1, 3))
     n = len(samples) if args.num_samples is None else args.num_samples
     if n > len(samples):
@@ -224,15 +280,19 @@ def _evaluate_digits(args: argparse.Namespace) -> dict[str, float]:
                          "(the number is then not comparable)")
     array = np.concatenate(list(samples.batches(4096, n)))
     check_gray(samples.name, array)
-    images = uint8_to_digits_input(array)
     labels = read_labels(args.samples, n) if args.samples.suffix == ".npz" else None
     if labels is None:
         print(
             f"note: no labels ({' or '.join(LABELS_KEYS)}) in {args.samples}; accuracy not computed",
             file=sys.stderr,
         )
-    if n < 2:
-        raise InputError(f"{samples.name}: digits FID needs at least 2 images, got {n}")
+    check_sample_count(samples.name, n, ["digits"], DIGITS_REFERENCE_IMAGES,
+                       "the digits reference and its numbers")
+    import torch
+
+    from fid.digits import digits_metrics, uint8_to_digits_input
+
+    images = uint8_to_digits_input(array)
     return digits_metrics(images, None if labels is None else torch.from_numpy(labels.astype(np.int64)))
 
 
@@ -294,6 +354,8 @@ def _make_reference(args: argparse.Namespace) -> int:
     images = open_images(args.images)
     if len(images) < 2:
         raise InputError(f"{images.name}: statistics need at least 2 images, got {len(images)}")
+    from fid.reference import make_reference
+
     device = _device(args.device)
     extractor = load_inception(args.inception_weights, args.weights_sha256, device)
     stats, kept = make_reference(images, extractor, args.out, args.pr_images, args.batch_size, device, args.seed)
@@ -309,6 +371,10 @@ def format_table(results: dict[str, float | int]) -> str:
 
 
 def _versions() -> dict[str, str]:
+    import scipy
+    import torch
+    import torch_fidelity
+
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,

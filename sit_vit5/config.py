@@ -23,17 +23,12 @@ from typing import Any, NamedTuple
 import yaml
 
 from .errors import SettingError, SitVit5Error
-from .models import list_models, valid_overrides
-from .models.layers import resolve_layer_scale_init
-from .models.registry import _NAME, DATA_DERIVED_KEYS, SIZES
-from .models.rope import check_head_dim, register_grid
-from .models.sit import SIT_SWITCHES, SWITCH_CHOICES, SiT, rope_thetas
-from .models.vit5 import VIT5_SWITCHES
-from .objective import DDPM_DEFAULTS, ObjectiveError, check_objective
-from .precision import PRECISIONS
-from .repa import INTERPOLATIONS
+from .io import unwritable_dir_reason
+from .names import DDPM_DEFAULTS, INTERPOLATIONS, MODEL_NAMES, PRECISIONS, SD_VAE_SCALING_FACTOR
 from .sample_spec import SampleSpec, check_cfg_scale, config_defaults
-from .vae import SD_VAE_SCALING_FACTOR
+
+# The model and objective checks import torch (seconds): they run last, in the functions that need
+# them, so that a bad key, type, range or path is reported before torch loads (train.py).
 
 Config = dict[str, dict[str, Any]]
 
@@ -300,6 +295,10 @@ MODEL_RANGES: dict[str, Range] = {
 def model_key_types() -> dict[str, tuple[type, bool]]:
     """``model`` key → (type, nullable), read from the defaults of SiT, the SiT switches and the ViT-5
     switches (a key is nullable when any of them defaults to None, or when it is derived from the data)."""
+    from .models.registry import DATA_DERIVED_KEYS
+    from .models.sit import SIT_SWITCHES, SiT
+    from .models.vit5 import VIT5_SWITCHES
+
     defaults: dict[str, list[Any]] = {}
     for name, param in inspect.signature(SiT.__init__).parameters.items():
         if param.default is not inspect.Parameter.empty:
@@ -319,6 +318,10 @@ def validate_model_section(cfg: Config) -> None:
     """Check the ``model`` keys against ``create_model``'s accepted overrides, their types, ranges and
     choices (raises ConfigError naming ``model.<key>=<value>``). Sizes that do not fit together are checked
     when the model is built (``validate_architecture``): a config may still be edited after loading."""
+    from .models import list_models, valid_overrides
+    from .models.layers import resolve_layer_scale_init
+    from .models.sit import SWITCH_CHOICES
+
     m = cfg["model"]
     valid = ["name", *valid_overrides()]
     unknown = sorted(set(m) - set(valid))
@@ -361,6 +364,10 @@ def validate_model_section(cfg: Config) -> None:
 def validate_architecture(m: dict[str, Any]) -> None:
     """Raise ConfigError when the sizes of a (type-checked) ``model`` section cannot build a model:
     hidden_size not divisible by num_heads, a head dim RoPE cannot rotate, a non-square register grid."""
+    from .models.registry import _NAME, SIZES
+    from .models.rope import check_head_dim, register_grid
+    from .models.sit import rope_thetas
+
     _, hidden, heads = SIZES[_NAME.match(m["name"])["size"]]  # the sizes the name implies, then overrides
     hidden, heads = m.get("hidden_size", hidden), m.get("num_heads", heads)
     if hidden % heads:
@@ -388,13 +395,23 @@ def validate_architecture(m: dict[str, Any]) -> None:
 
 def _switches_of(cfg_model: dict[str, Any]) -> dict[str, Any]:
     """The architecture switches ``cfg_model`` builds with: its backbone's defaults, then the overrides."""
+    from .models.sit import SIT_SWITCHES
+    from .models.vit5 import VIT5_SWITCHES
+
     base = VIT5_SWITCHES if cfg_model["name"].startswith("ViT5") else SIT_SWITCHES
     return {k: cfg_model.get(k, v) for k, v in base.items()}
 
 
 def validate(cfg: Config) -> None:
-    """Cross-key checks that need no data: choices, numeric ranges (``RANGES``), the model section
-    (raises ConfigError naming the dotted key and its value)."""
+    """Cross-key checks that need no data (raises ConfigError naming the dotted key and its value):
+    :func:`validate_settings`, then :func:`validate_models`."""
+    validate_settings(cfg)
+    validate_models(cfg)
+
+
+def validate_settings(cfg: Config) -> None:
+    """The checks that import nothing heavy: choices, numeric ranges (``RANGES``), the repa and
+    sample sections (raises ConfigError naming the dotted key and its value)."""
     choices = {("train", "precision"): tuple(PRECISIONS), ("train", "distributed"): ("ddp", "fsdp")}
     for (section, key), valid in choices.items():
         if cfg[section][key] not in valid:
@@ -416,12 +433,22 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"optim.betas={betas!r}; expected two numbers")
     if not all(BETA_RANGE.holds(b) for b in betas):
         raise ConfigError(f"optim.betas={betas!r}; each must be {BETA_RANGE.describe()}")
-    validate_model_section(cfg)
+    if cfg["model"]["name"] not in MODEL_NAMES:
+        raise ConfigError(f"model.name={cfg['model']['name']!r} is not registered; valid: "
+                          f"{', '.join(MODEL_NAMES)}")
     validate_repa(cfg)
     try:  # the sampler keys: the spec checks its fields; a negative CFG only by sample.py's flag
         check_cfg_scale(SampleSpec.resolve(cfg["sample"]).cfg_scale)
     except SettingError as err:
         raise ConfigError(f"sample.{err}") from None
+
+
+def validate_models(cfg: Config) -> None:
+    """The model section and the objective against the model and sampler (imports the models, hence
+    torch: seconds)."""
+    from .objective import ObjectiveError, check_objective
+
+    validate_model_section(cfg)
     try:  # objective vs model (learn_sigma, DiT-* names) and sampler (sample.method)
         check_objective(cfg["transport"], learn_sigma=cfg["model"].get("learn_sigma", True),
                         model_name=cfg["model"]["name"], sample_method=cfg["sample"]["method"])
@@ -465,6 +492,16 @@ def validate_repa(cfg: Config) -> None:
                           "data.root")
 
 
+def check_out_dir(cfg: Config) -> None:
+    """Raise ConfigError naming ``train.out_dir`` when the run directory cannot be created or written
+    (a file in the way, a read-only mount, /proc); nothing is left behind by the check."""
+    out_dir = cfg["train"]["out_dir"]
+    problem = unwritable_dir_reason(out_dir) if isinstance(out_dir, str) and out_dir else "empty"
+    if problem:
+        raise ConfigError(f"train.out_dir={out_dir}: cannot write there ({problem}); set "
+                          "train.out_dir to a folder you can write")
+
+
 def configs_dir() -> Path:
     """The shipped ``configs/`` folder: inside the installed package (``sit_vit5/configs``, put there by
     ``pip install .``), else the repository's top-level ``configs/`` next to the package (a checkout)."""
@@ -490,8 +527,10 @@ def find_config(path: str | os.PathLike) -> Path:
                       f"{', '.join(shipped) or 'none'})")
 
 
-def load_config(path: str | os.PathLike | None = None, overrides: list[str] | None = None) -> Config:
-    """Defaults ← YAML file ``path`` (optional; see ``find_config``) ← dotted ``overrides``; validated.
+def load_config(path: str | os.PathLike | None = None, overrides: list[str] | None = None,
+                check_models: bool = True) -> Config:
+    """Defaults ← YAML file ``path`` (optional; see ``find_config``) ← dotted ``overrides``; validated
+    (``check_models=False``: all but :func:`validate_models`, so no torch import; call it later).
     Returns a new nested dict."""
     cfg = copy.deepcopy(DEFAULTS)
     if path is not None:
@@ -506,7 +545,9 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | No
                                   f"({getattr(err, 'problem', None) or err})") from None
         cfg = merge(cfg, loaded or {}, str(path))
     cfg = merge(cfg, parse_overrides(list(overrides or [])), "command line")
-    validate(cfg)
+    validate_settings(cfg)
+    if check_models:
+        validate_models(cfg)
     return cfg
 
 

@@ -11,7 +11,30 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from .errors import SettingError
+
 ModelFn = Callable[..., Tensor]
+#: on the first guided step, |guided| larger than this many times the larger of |cond| and |uncond|
+#: (both finite) means the scale swamps the model: the images come out saturated (one colour).
+#: Scales of 1-20 stay below 1 + 2 x scale; the ratio can pass 1000 only at scales near 500 or more.
+CFG_BLOWUP_RATIO = 1e3
+
+
+def check_guided(cond: Tensor, uncond: Tensor, guided: Tensor, cfg_scale: float) -> None:
+    """Raise SettingError naming ``cfg_scale`` when guiding finite predictions made them non-finite
+    (overflow) or ``CFG_BLOWUP_RATIO`` times larger than the model's own (constant images); non-finite
+    model outputs are left to the sampler's own check (NaN weights are not the scale's fault)."""
+    if not (bool(torch.isfinite(cond).all()) and bool(torch.isfinite(uncond).all())):
+        return
+    own = max(float(cond.abs().max()), float(uncond.abs().max()))
+    if not bool(torch.isfinite(guided).all()):
+        raise SettingError("cfg_scale", cfg_scale, ": the guided prediction overflows (inf/NaN) on "
+                           "the first step; use a scale of about 1-10 (1 = no guidance)")
+    ratio = float(guided.abs().max()) / max(own, 1e-12)
+    if ratio > CFG_BLOWUP_RATIO:
+        raise SettingError("cfg_scale", cfg_scale, f": on the first step the guided prediction is "
+                           f"{ratio:.3g} x the model's own, so the images would come out one "
+                           "constant colour; use a scale of about 1-10 (1 = no guidance)")
 
 
 def mix(cond: Tensor, uncond: Tensor, cfg_scale: float, cfg_channels: int | None = None) -> Tensor:
@@ -70,7 +93,8 @@ class ClassifierFreeGuidance:
 
     Usable with any sampler: the unconditional pass uses the null class ``null_class`` and is skipped entirely
     when ``cfg_scale == 1`` or when no sample of the batch lies inside the guidance ``interval`` (t_lo, t_hi);
-    outside the interval the conditional prediction is used alone.
+    outside the interval the conditional prediction is used alone. The first guided call is checked
+    (:func:`check_guided`): a scale that blows the prediction up is an error then, not after the run.
     """
 
     def __init__(self, model: ModelFn, cfg_scale: float, null_class: int,
@@ -78,6 +102,7 @@ class ClassifierFreeGuidance:
                  ) -> None:
         self.model, self.cfg_scale, self.null_class = model, float(cfg_scale), int(null_class)
         self.cfg_channels, self.interval = cfg_channels, interval
+        self.checked = False  # check_guided ran on a guided step
 
     def __call__(self, x: Tensor, t: Tensor, y: Tensor, **kwargs) -> Tensor:
         t = torch.as_tensor(t, device=x.device, dtype=x.dtype)
@@ -89,4 +114,7 @@ class ClassifierFreeGuidance:
         out = self.model(torch.cat([x, x]), torch.cat([t, t]), torch.cat([y, null]), **kwargs)
         cond, uncond = out.chunk(2, dim=0)
         guided = mix(cond, uncond, self.cfg_scale, self.cfg_channels)
+        if not self.checked:
+            check_guided(cond, uncond, guided, self.cfg_scale)
+            self.checked = True
         return torch.where(active.view(-1, *([1] * (x.dim() - 1))), guided, cond)

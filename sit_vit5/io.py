@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, TypeVar
@@ -99,8 +100,10 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], T]) -> T:
 
 
 def unwritable_dir_reason(path: str | os.PathLike) -> str | None:
-    """Why a directory could not be created or written at ``path`` (None when it can), without creating
-    anything: the nearest existing ancestor must be a writable directory."""
+    """Why a directory could not be created or written at ``path`` (None when it can), leaving nothing
+    behind: the nearest existing ancestor must be a directory in which a folder can be made (tried
+    with a temporary one, removed at once: ``os.access`` says yes to root on /proc or a read-only
+    mount)."""
     path = Path(path)
     probe = path
     while not probe.exists():
@@ -111,6 +114,10 @@ def unwritable_dir_reason(path: str | os.PathLike) -> str | None:
         return f"{probe} is a file, not a folder"
     if not os.access(probe, os.W_OK | os.X_OK):
         return f"{probe} is not writable"
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".write-test-", dir=probe))
+    except OSError as err:
+        return f"cannot create a folder in {probe}: {err.strerror or err}"
     return None
 
 

@@ -10,15 +10,13 @@ the front doors render it as ``--num-steps 1: ...`` or ``sample.num_steps=1: ...
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from .diffusion import METHODS as DIFFUSION_METHODS
 from .errors import SettingError
-from .transport import DIFFUSION_FORMS, LAST_STEPS
-from .transport.integrators import is_adaptive
-from .transport.sampler import METHODS as TRANSPORT_METHODS
+from .names import DIFFUSION_FORMS, DIFFUSION_METHODS, LAST_STEPS, TRANSPORT_METHODS
 
 #: sample.method values of each objective: SiT's transport, DiT's diffusion
 SAMPLE_METHODS: dict[str, tuple[str, ...]] = {"sit": TRANSPORT_METHODS, "ddpm": DIFFUSION_METHODS}
@@ -34,6 +32,18 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def finite_float(text: str) -> float:
+    """argparse type: a finite number (``nan`` / ``inf`` are refused at parse time, naming the flag,
+    instead of sampling for minutes into non-finite images)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
     return value
 
 
@@ -73,25 +83,25 @@ class SampleSpec:
                             "respaced diffusion steps", solvers=("ode", "sde"), type=positive_int,
                             aliases=("--num-sampling-steps",))
     atol: float = option(1e-6, "adaptive ODE absolute tolerance (default {default})",
-                         solvers=("ode",), type=float)
+                         solvers=("ode",), type=finite_float)
     rtol: float = option(1e-3, "adaptive ODE relative tolerance (default {default})",
-                         solvers=("ode",), type=float)
+                         solvers=("ode",), type=finite_float)
     # sigma, not SiT's Sampler-API default SBDM: it is SiT's sample.py default, the setting
     # behind the published FID 2.06 (docs/DESIGN.md §4)
     diffusion_form: str = option("sigma", "SDE diffusion coefficient D(t) (default {default})",
                                  solvers=("sde",), choices=tuple(DIFFUSION_FORMS))
     diffusion_norm: float = option(1.0, "SDE diffusion scale (default {default})",
-                                   solvers=("sde",), type=float)
+                                   solvers=("sde",), type=finite_float)
     last_step: str | None = option("Mean", "SDE final step (default {default})", solvers=("sde",),
                                    choices=(*(k for k in LAST_STEPS if k is not None), "None"))
     last_step_size: float = option(0.04, "SDE final step size (default {default})",
-                                   solvers=("sde",), type=float)
+                                   solvers=("sde",), type=finite_float)
     cfg_scale: float = option(1.0, "classifier-free guidance scale (default {default:g} = off; < 0 "
-                              "needs --allow-negative-cfg)", type=float)
+                              "needs --allow-negative-cfg)", type=finite_float)
     cfg_channels: int | None = option(None, "guided channels: all (default) or 3 for the SiT/DiT "
                                       "legacy mode behind the published numbers", type=_channels)
     cfg_interval: tuple[float, float] | None = option(
-        None, "guide only for t in [T_LO, T_HI] (t = 0 noise, 1 data)", type=float, nargs=2,
+        None, "guide only for t in [T_LO, T_HI] (t = 0 noise, 1 data)", type=finite_float, nargs=2,
         metavar=("T_LO", "T_HI"))
 
     def __post_init__(self) -> None:
@@ -103,6 +113,8 @@ class SampleSpec:
             if isinstance(value, bool) or not isinstance(value, kinds):
                 raise SettingError(name, value, ": expected "
                                    + ("an int" if kinds is int else "a number"))
+            if not math.isfinite(value):  # nan / inf: every image would come out non-finite
+                raise SettingError(name, value, ": expected a finite number")
         diffusion = self.method in SAMPLE_METHODS["ddpm"]
         if self.num_steps < (1 if diffusion else 2):  # a 1-point time grid integrates nothing
             raise SettingError("num_steps", self.num_steps,
@@ -167,6 +179,8 @@ class SampleSpec:
     @property
     def batch_coupled(self) -> bool:
         """True when images depend on the batch composition (adaptive ODE step-size control)."""
+        from .transport.integrators import is_adaptive  # torch: not needed to parse or check
+
         return self.method == "ode" and is_adaptive(self.sampling_method)
 
 
@@ -202,6 +216,7 @@ __all__ = [
     "add_arguments",
     "check_cfg_scale",
     "config_defaults",
+    "finite_float",
     "option",
     "positive_int",
 ]

@@ -125,6 +125,9 @@ def test_evaluate_input_checks(tmp_path):
 @pytest.fixture
 def fake_network(monkeypatch):
     monkeypatch.setattr(cli, "load_inception", lambda *args, **kwargs: FakeExtractor())
+    # these tests evaluate a dozen images: the refusal of too few samples is tested with the real
+    # dimensions in test_fid_cli_fast.py
+    monkeypatch.setattr(cli, "FEATURE_DIMS", dict.fromkeys(cli.FEATURE_DIMS, 4))
 
 
 def test_cli_prints_table_and_writes_json(tmp_path, fake_network, capsys):

@@ -49,12 +49,18 @@ def fake_digits(monkeypatch):
         return {"digits_fid": 1.0, "num_samples": images.shape[0]}
 
     monkeypatch.setattr(fid.digits, "digits_metrics", metrics)
+    # these tests evaluate a dozen images: the refusal of too few samples is tested with the real
+    # dimensions in test_fid_cli_fast.py
+    monkeypatch.setattr(cli, "FEATURE_DIMS", dict.fromkeys(cli.FEATURE_DIMS, 4))
     return seen
 
 
 @pytest.fixture
 def fake_network(monkeypatch):
     monkeypatch.setattr(cli, "load_inception", lambda *args, **kwargs: FakeExtractor())
+    # these tests evaluate a dozen images: the refusal of too few samples is tested with the real
+    # dimensions in test_fid_cli_fast.py
+    monkeypatch.setattr(cli, "FEATURE_DIMS", dict.fromkeys(cli.FEATURE_DIMS, 4))
 
 
 def test_16x16_samples_against_digits_need_the_resize_flag(tmp_path, capsys, fake_digits):

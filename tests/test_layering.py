@@ -13,9 +13,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: Components of sit_vit5 by layer, bottom first: a module may import only from lower layers.
 LAYERS: list[tuple[str, ...]] = [
-    ("errors",),
+    ("errors", "names"),
     ("io", "guidance", "precision", "vae", "distributed", "runtime", "repa"),
-    ("images", "transport"),
+    ("images", "transport", "run_files"),
     ("models", "diffusion"),
     ("sample_spec",),
     ("objective",),
@@ -25,6 +25,15 @@ LAYERS: list[tuple[str, ...]] = [
     ("experiments", "export", "pipeline"),  # pipeline: the import path exported folders run
     ("cli",),
 ]
+#: Modules that import some project modules inside functions, and why: they check their inputs before
+#: the heavy imports (torch, diffusers: seconds), so that a bad flag or key is reported at once
+#: (issue 41). The direction rule still holds for these imports.
+DEFERRED_IMPORTS = {
+    "sit_vit5/config.py": "keys, types and ranges before the model checks import torch",
+    "sit_vit5/sample_spec.py": "parsing sample.py's flags needs no torch",
+    "sit_vit5/cli/train.py": "the config and paths before the trainer",
+    "sit_vit5/cli/sample.py": "the flags and --ckpt file before the models",
+}
 RANK = {component: rank for rank, layer in enumerate(LAYERS) for component in layer}
 CLI_RANK = len(LAYERS)  # sample.py, train.py: on top of everything
 
@@ -101,7 +110,9 @@ def test_no_upward_or_hidden_imports(path):
             continue
         where = f"{path.relative_to(ROOT)}:{line} imports {module}"
         assert RANK[target] < own_rank, f"{where}: upward or sideways edge ({own} -> {target})"
-        assert at_top, f"{where} inside a function: project imports belong at module top"
+        deferred = path.relative_to(ROOT).as_posix() in DEFERRED_IMPORTS
+        assert at_top or deferred, (f"{where} inside a function: project imports belong at module "
+                                    "top (or in DEFERRED_IMPORTS, with the reason)")
 
 
 @pytest.mark.parametrize("package", sorted(PACKAGE_RANK))

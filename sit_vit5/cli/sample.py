@@ -24,20 +24,32 @@ import argparse
 import sys
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from sit_vit5.distributed import describe_group, join_launcher_group
+from sit_vit5.cli.preflight import check_checkpoint_file, check_torch_pair
 from sit_vit5.errors import KNOWN_ERRORS, SettingError, SitVit5Error, one_line, run_cli
-from sit_vit5.models import LoadedModel, load_model, name_objective, resolve_checkpoint
-from sit_vit5.models.official import OFFICIAL_WEIGHTS
-from sit_vit5.objective import OBJECTIVES, create_objective
-from sit_vit5.precision import PRECISIONS
-from sit_vit5.sample_spec import SAMPLE_METHODS, SampleSpec, positive_int
+from sit_vit5.io import unwritable_dir_reason
+from sit_vit5.names import (
+    OBJECTIVES,
+    OFFICIAL_NAMES,
+    PATHS,
+    PRECISIONS,
+    PREDICTIONS,
+    SD_VAE_IDS,
+    name_objective,
+)
+from sit_vit5.sample_spec import SAMPLE_METHODS, SampleSpec, finite_float, positive_int
 from sit_vit5.sample_spec import add_arguments as add_sampler_arguments
-from sit_vit5.sampling import SamplingPipeline, sample_bulk, sample_grid
-from sit_vit5.transport import PATHS, PREDICTIONS
-from sit_vit5.vae import SD_VAE_EMA, SD_VAE_IDS, vae_enabled
+
+if TYPE_CHECKING:
+    import torch
+
+    from sit_vit5.models import LoadedModel
+    from sit_vit5.sampling import SamplingPipeline
+
+# The flags, --out and a local --ckpt file are checked before torch, the models and the sampler are
+# imported (seconds; see _preflight): a bad input is reported at once.
+SD_VAE_EMA = SD_VAE_IDS[0]
 
 #: SiT/DiT's --vae words -> decoders (their sample.py: stabilityai/sd-vae-ft-{ema,mse})
 VAE_WORDS = {"ema": SD_VAE_IDS[0], "mse": SD_VAE_IDS[1]}
@@ -96,7 +108,7 @@ def _common_parser() -> argparse.ArgumentParser:
                    "default Linear). Ours: must match the checkpoint")
     g.add_argument("--prediction", choices=list(PREDICTIONS), help="what the model predicts "
                    "(official checkpoints; default velocity). Ours: must match the checkpoint")
-    g.add_argument("--sample-eps", type=float,
+    g.add_argument("--sample-eps", type=finite_float,
                    help="sampling time-interval eps (default: the transport's)")
 
     # every sampler flag defaults to None: the checkpoint's sample section, else SampleSpec's
@@ -139,8 +151,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="images (default: len(--classes), else 16)")
     grid.add_argument("--nrow", type=positive_int,
                       help="images per grid row (default ceil(sqrt(n)))")
-    grid.add_argument("--out", "--sample-dir", default="samples/grid",
-                      help="output folder: grid.png + 000000.png ...")
+    grid.add_argument("--out", "--sample-dir",
+                      help="output folder: grid.png + 000000.png ... (default samples/grid; "
+                      "samples/grid-<size>px-trained<size>px at another --image-size than the "
+                      "model's)")
     bulk = sub.add_parser("bulk", parents=[common], epilog=PROTOCOL, formatter_class=fmt,
                           help="N samples with uniform labels -> samples_NxHxWx3.npz (sharded, "
                           "resumable)")
@@ -148,7 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="samples (default 50000)")
     bulk.add_argument("--out", "--sample-dir",
                       help="output folder (parts/, settings.json, the .npz); default "
-                      "samples/<ckpt>-<method>-<steps>-cfg<scale>-seed<seed>, as DiT names it")
+                      "samples/<ckpt>-<method>-<steps>-cfg<scale>-seed<seed>, as DiT names it "
+                      "(+ -<size>px-trained<size>px at another --image-size than the model's)")
     bulk.add_argument("--png", action="store_true", help="also write out/images/{index:06d}.png")
     return parser
 
@@ -174,9 +189,18 @@ def translate_mode_word(argv: list[str]) -> list[str]:
     return [args[0], "--method", method, *args[1:]]
 
 
+def load_model(*args: object, **kwargs: object) -> LoadedModel:
+    """``sit_vit5.models.load_model`` (imported on first use: torch, the models)."""
+    from sit_vit5.models import load_model as load
+
+    return load(*args, **kwargs)
+
+
 def default_checkpoint(model: str | None, image_size: int | None) -> str:
     """DiT/SiT's sample.py without ``--ckpt``: the official file of ``--model`` at ``--image-size``
     (default 256), e.g. DiT-XL/2 -> DiT-XL-2-256x256.pt, SiT-XL/2 -> SiT-XL-2-256.pt."""
+    from sit_vit5.models.official import OFFICIAL_WEIGHTS
+
     side = image_size or 256
     objective = name_objective(model) if model else None
     arch = model.replace("DiT-", "SiT-", 1) if objective == "ddpm" else model
@@ -231,6 +255,8 @@ def resolve_transport(args: argparse.Namespace, info: LoadedModel) -> dict:
 
 def resolve_vae(args: argparse.Namespace, info: LoadedModel) -> dict:
     """The decoder config; a pixel model cannot take a VAE and a latent model needs one."""
+    from sit_vit5.vae import vae_enabled
+
     vae = dict(info.vae)
     if args.vae is not None:
         trained_on_latents = vae_enabled(vae.get("name"))
@@ -251,6 +277,10 @@ def build_pipeline(args: argparse.Namespace, device: torch.device
                    ) -> tuple[SamplingPipeline, LoadedModel, int]:
     """Load the model, transport and decoder named by ``args``; returns (pipeline, loaded, image
     side)."""
+    from sit_vit5.models import resolve_checkpoint
+    from sit_vit5.objective import create_objective
+    from sit_vit5.sampling import SamplingPipeline
+
     # a local file, or an official name -> the hub cache (SHA-256 checked, licence printed);
     # after the launcher check of bulk runs, so a bad launch is reported before any download
     args.ckpt = args.ckpt or default_checkpoint(args.model, args.image_size)
@@ -285,9 +315,22 @@ def _describe(info: LoadedModel, pipe: SamplingPipeline, image_size: int, ckpt: 
 # ----------------------------------------------------------------------------- commands
 
 
+def _size_suffix(info: LoadedModel, pipe: SamplingPipeline) -> str:
+    """``-16px-trained8px`` when the images are not at the model's training size, else ``""``: the
+    default output folder says so."""
+    trained = info.input_size * pipe.vae_factor
+    return "" if pipe.image_size == trained else f"-{pipe.image_size}px-trained{trained}px"
+
+
 def _grid(args: argparse.Namespace) -> int:
+    import torch
+
+    from sit_vit5.sampling import sample_grid
+
+    set_tf32(args.tf32)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     pipe, info, image_size = build_pipeline(args, device)
+    args.out = args.out or f"samples/grid{_size_suffix(info, pipe)}"
     num_images = args.num_images or (len(args.classes) if args.classes else 16)
     labels = None
     if args.classes:
@@ -306,6 +349,12 @@ def _grid(args: argparse.Namespace) -> int:
 
 
 def _bulk(args: argparse.Namespace) -> int:
+    import torch
+
+    from sit_vit5.distributed import describe_group, join_launcher_group
+    from sit_vit5.sampling import sample_bulk
+
+    set_tf32(args.tf32)
     # the launcher's group (gloo without a GPU): else every process would draw every sample
     on_cpu = args.device is not None and torch.device(args.device).type == "cpu"
     state = join_launcher_group(cpu=on_cpu)
@@ -313,12 +362,14 @@ def _bulk(args: argparse.Namespace) -> int:
     pipe, info, image_size = build_pipeline(args, device)
     spec = pipe.spec
     args.out = args.out or (f"samples/{Path(args.ckpt).stem}-{spec.method}-{spec.num_steps}-"
-                            f"cfg{spec.cfg_scale:g}-seed{args.seed}")
+                            f"cfg{spec.cfg_scale:g}-seed{args.seed}{_size_suffix(info, pipe)}")
     if state.is_main_process:
         print(_describe(info, pipe, image_size, args.ckpt))
         print(f"bulk sampling on {describe_group(state.num_processes, device)} into {args.out}")
     settings = {"ckpt": str(args.ckpt_path.resolve()), "which": info.which, "model": info.name,
-                "image_size": image_size, "vae": args.vae or info.vae.get("name"),
+                "image_size": image_size,
+                "trained_image_size": info.input_size * pipe.vae_factor,
+                "vae": args.vae or info.vae.get("name"),
                 "precision": args.precision, "transport": repr(pipe.transport),
                 "objective": info.objective, **pipe.input_digests()}
     barrier = state.wait_for_everyone if state.num_processes > 1 else None
@@ -345,6 +396,8 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 def set_tf32(enabled: bool | None) -> None:
     """--tf32 / --no-tf32: TF32 for CUDA matmuls and cuDNN convolutions (None: leave PyTorch's)."""
     if enabled is not None:
+        import torch
+
         torch.backends.cuda.matmul.allow_tf32 = enabled
         torch.backends.cudnn.allow_tf32 = enabled
 
@@ -362,14 +415,33 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(err))
     args = parser.parse_args(argv)
     args.vae = VAE_WORDS.get(args.vae, args.vae)
-    set_tf32(args.tf32)
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         warnings.showwarning = _show_warning  # restored by catch_warnings
         command = _grid if args.command == "grid" else _bulk
-        return run_cli(f"sample.py {args.command}", lambda: command(args),
-                       errors=(*KNOWN_ERRORS, ValueError), render=_message,
-                       resumable=args.command == "bulk")
+
+        def run() -> int:
+            _preflight(args)
+            return command(args)
+
+        return run_cli(f"sample.py {args.command}", run, errors=(*KNOWN_ERRORS, ValueError),
+                       render=_message, resumable=args.command == "bulk")
+
+
+def _preflight(args: argparse.Namespace) -> None:
+    """The checks that need neither torch nor the model (UsageError naming the flag): a local
+    ``--ckpt`` file is whole (and matches its sidecar), any other value is an official name;
+    ``--out`` can be written; torch and torchvision belong together."""
+    if args.ckpt is not None:
+        if Path(args.ckpt).is_file():
+            check_checkpoint_file(args.ckpt, "--ckpt", flag="--ckpt")
+        elif not Path(args.ckpt).exists() and args.ckpt not in OFFICIAL_NAMES:
+            raise UsageError(f"--ckpt {args.ckpt}: checkpoint not found (not a file, nor an "
+                             f"official name: {', '.join(OFFICIAL_NAMES)})")
+    problem = unwritable_dir_reason(args.out) if args.out else None
+    if problem:
+        raise UsageError(f"--out {args.out}: cannot write there ({problem})")
+    check_torch_pair()
 
 
 if __name__ == "__main__":

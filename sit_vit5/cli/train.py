@@ -32,12 +32,25 @@ import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from sit_vit5.config import Config, ConfigError, configs_dir, load_config
-from sit_vit5.data import UnreadableImageError
+from sit_vit5.cli.preflight import check_resume, check_torch_pair
+from sit_vit5.config import (
+    Config,
+    ConfigError,
+    check_out_dir,
+    configs_dir,
+    load_config,
+    validate_models,
+)
 from sit_vit5.errors import KNOWN_ERRORS, one_line, run_cli
-from sit_vit5.models import name_objective
-from sit_vit5.training import NonFiniteLossError, TrainResult, train
+from sit_vit5.names import name_objective
+
+if TYPE_CHECKING:
+    from sit_vit5.training import TrainResult
+
+# The arguments, the config (keys, types, ranges), train.out_dir and the --resume file are checked
+# before torch and the trainer are imported (seconds): a bad input is reported at once.
 
 DEMO_CONFIG = "demo.yaml"  # in the shipped configs, found wherever the command runs
 EXIT_PREEMPTED = 3  # a signal stopped the run after a checkpoint; rerun with --resume latest
@@ -123,14 +136,17 @@ def habit_overrides(args: argparse.Namespace) -> list[str]:
 
 def _message(err: BaseException) -> str:
     hint = " (set data.skip_bad=true to skip unreadable images)"
-    return one_line(err) + (hint if isinstance(err, UnreadableImageError) else "")
+    data = sys.modules.get("sit_vit5.data")  # imported by then if the error came from the data
+    unreadable = data is not None and isinstance(err, data.UnreadableImageError)
+    return one_line(err) + (hint if unreadable else "")
 
 
 def main(argv: list[str] | None = None,
-         train_fn: Callable[[Config, str | None], TrainResult] = train) -> int:
-    """Run the command on ``argv``; returns the exit status. ``train_fn(cfg, resume)`` trains (tests
-    pass a stand-in)."""
+         train_fn: Callable[[Config, str | None], TrainResult] | None = None) -> int:
+    """Run the command on ``argv``; returns the exit status. ``train_fn(cfg, resume)`` trains
+    (default ``sit_vit5.training.train``; tests pass a stand-in)."""
     args = parser().parse_args(argv)
+    statuses: dict[type[BaseException], int] = {}  # filled once the trainer is imported
 
     def run() -> int:
         habits = habit_overrides(args)
@@ -138,15 +154,30 @@ def main(argv: list[str] | None = None,
             config, implied = args.config, []
         else:
             config, implied = default_config(args.resume)
-        result = train_fn(load_config(config, implied + habits + args.overrides), args.resume)
+        cfg = load_config(config, implied + habits + args.overrides, check_models=False)
+        check_out_dir(cfg)
+        if args.resume is not None:
+            check_resume(args.resume, cfg["train"]["out_dir"])
+        check_torch_pair()
+        validate_models(cfg)  # imports the models (torch)
+        result = _trainer(train_fn, statuses)(cfg, args.resume)
         if result.preempted:
             print(f"stopped by {result.preempted} after step {result.step}; checkpoint "
                   f"{result.checkpoint} written. Continue with --resume latest", file=sys.stderr)
             return EXIT_PREEMPTED
         return 0
 
-    return run_cli("train.py", run, errors=(*KNOWN_ERRORS, UnreadableImageError), render=_message,
-                   statuses={NonFiniteLossError: 1})
+    return run_cli("train.py", run, errors=KNOWN_ERRORS, render=_message, statuses=statuses)
+
+
+def _trainer(train_fn: Callable[[Config, str | None], Any] | None,
+             statuses: dict[type[BaseException], int]) -> Callable[[Config, str | None], Any]:
+    """``train_fn``, else the trainer (imported now: torch, accelerate, diffusers); registers the
+    exit status of a loss that became NaN/inf (1)."""
+    from sit_vit5.training import NonFiniteLossError, train
+
+    statuses[NonFiniteLossError] = 1
+    return train_fn or train
 
 
 if __name__ == "__main__":

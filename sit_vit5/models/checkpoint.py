@@ -24,6 +24,7 @@ from ..io import (
     verify_sha256,
     verify_sidecar,
 )
+from ..run_files import truncation
 
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP and torch.compile wrappers
 
@@ -54,7 +55,9 @@ def read_checkpoint(path: str | os.PathLike, sha256: str | None = None) -> dict:
             verify_sha256(path, sha256)
         file_verified = bool(sha256) or verify_sidecar(path)
     except ChecksumError as err:
-        raise CheckpointError(f"checkpoint {path} is corrupt or was altered: {err}") from err
+        cut = truncation(path)
+        what = f"is truncated or not a checkpoint ({cut})" if cut else "is corrupt or was altered"
+        raise CheckpointError(f"checkpoint {path} {what}: {err}") from err
     if path.endswith(".safetensors"):
         from safetensors.torch import load_file
 
@@ -64,6 +67,10 @@ def read_checkpoint(path: str | os.PathLike, sha256: str | None = None) -> dict:
         try:
             obj = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as err:
+            cut = truncation(path)
+            if cut is not None:
+                raise CheckpointError(f"{path}: truncated or not a checkpoint ({cut}); copy or "
+                                      "download it again") from err
             raise CheckpointError(f"{path}: cannot be read as a weights-only checkpoint "
                                   f"({err})") from err
     if not isinstance(obj, dict):

@@ -26,12 +26,14 @@ from ..io import unwritable_dir_reason
 from ..models import count_params, model_from_config
 from ..objective import Objective, create_objective
 from ..precision import grad_scaler
+from ..run_files import previous_checkpoint
 from ..runtime import set_cpu_threads
 from ..vae import downsampling_factor, load_vae, vae_enabled
 from . import fsdp
 from .batching import StepBatchSampler
 from .checkpoint import (
     CKPT_DIR,
+    CheckpointError,
     check_compatible,
     latest_checkpoint,
     read_checkpoint,
@@ -201,7 +203,8 @@ def _run_dir(cfg: Config, resume: str | None) -> tuple[Path, Path | None]:
     run_dir = Path(t["out_dir"])
     problem = unwritable_dir_reason(run_dir)
     if problem:
-        raise ConfigError(f"train.out_dir={t['out_dir']}: cannot write there ({problem})")
+        raise ConfigError(f"train.out_dir={t['out_dir']}: cannot write there ({problem}); set "
+                          "train.out_dir to a folder you can write")
     validate_architecture(cfg["model"])
     ckpt_path = resolve_resume(resume, run_dir) if resume else None
     if ckpt_path is None and latest_checkpoint(run_dir / CKPT_DIR) is not None:
@@ -265,7 +268,14 @@ def build(cfg: Config, resume: str | None, loss_fn: LossFn = objective_loss) -> 
         model.set_grad_checkpointing(True)
     checkpoint = None
     if ckpt_path is not None:
-        checkpoint = read_checkpoint(ckpt_path)
+        try:
+            checkpoint = read_checkpoint(ckpt_path)
+        except CheckpointError as err:  # a damaged newest file: name the one a rerun can use
+            previous = previous_checkpoint(ckpt_path)
+            if previous is None:
+                raise
+            raise CheckpointError(f"{err}; --resume {previous} continues from the one before "
+                                  "it") from err
         check_compatible(checkpoint, cfg, ckpt_path)
         model.load_state_dict(checkpoint.pop("model"))
     ema = create_ema(model).to(device)

@@ -27,7 +27,6 @@ import errno
 import json
 import os
 import random
-import re
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -48,13 +47,12 @@ from ..io import (
     sidecar,
 )
 from ..models.checkpoint import CheckpointError, read_checkpoint
+from ..run_files import CKPT_DIR, LATEST, checkpoint_name, latest_checkpoint, list_checkpoints
 
-__all__ = ["CheckpointError", "CheckpointWriteError", "IncompatibleCheckpointError", "read_checkpoint",
-           "save_checkpoint", "sha256_file"]
+__all__ = ["CKPT_DIR", "LATEST", "CheckpointError", "CheckpointWriteError", "IncompatibleCheckpointError",
+           "checkpoint_name", "latest_checkpoint", "list_checkpoints", "read_checkpoint", "save_checkpoint",
+           "sha256_file"]
 
-CKPT_DIR = "checkpoints"
-LATEST = "latest.json"
-_CKPT_NAME = re.compile(r"^(\d+)(-milestone)?\.pt$")
 
 #: Config keys that must match to resume (besides these, anything may change: steps, lr, logging, ...).
 RESUME_FIXED = ("model", "transport", "vae", "data.image_size", "data.global_batch_size",
@@ -73,37 +71,6 @@ class CheckpointWriteError(CheckpointError):
 
 
 # ----------------------------------------------------------------------------- save / load
-
-
-def checkpoint_name(step: int, milestone: bool) -> str:
-    """``0005000.pt`` or ``0100000-milestone.pt``."""
-    return f"{step:07d}{'-milestone' if milestone else ''}.pt"
-
-
-def list_checkpoints(ckpt_dir: str | os.PathLike) -> list[tuple[int, Path, bool]]:
-    """Complete checkpoints (those with a sidecar) as (step, path, is_milestone), oldest first."""
-    ckpt_dir = Path(ckpt_dir)
-    if not ckpt_dir.is_dir():
-        return []
-    found = []
-    for path in ckpt_dir.iterdir():
-        match = _CKPT_NAME.match(path.name)
-        if match and sidecar(path).is_file():
-            found.append((int(match[1]), path, bool(match[2])))
-    return sorted(found, key=lambda item: (item[0], item[2]))
-
-
-def latest_checkpoint(ckpt_dir: str | os.PathLike) -> Path | None:
-    """The file ``latest.json`` names; without a usable pointer, the newest complete checkpoint; else None."""
-    ckpt_dir = Path(ckpt_dir)
-    try:
-        target = ckpt_dir / json.loads((ckpt_dir / LATEST).read_text())["file"]
-        if target.is_file():
-            return target
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    found = list_checkpoints(ckpt_dir)
-    return found[-1][1] if found else None
 
 
 def _sweep(ckpt_dir: Path) -> None:

@@ -1,0 +1,92 @@
+"""Checks the command lines make before the heavy imports (torch, diffusers, accelerate, timm take
+several seconds): the torch / torchvision pair, and the checkpoint a command will read.
+
+Each raises :class:`PreflightError` with one line naming the flag, key or file at fault and the fix.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from importlib import metadata
+from pathlib import Path
+
+from sit_vit5.errors import SitVit5Error
+from sit_vit5.io import ChecksumError, verify_sidecar
+from sit_vit5.run_files import previous_checkpoint, resume_file, truncation
+
+#: sidecars of files up to this size are verified here too (the loader verifies every file again
+#: after the imports; above this the second read would cost seconds)
+SIDECAR_CHECK_BYTES = 256 * 2**20
+_RELEASE = re.compile(r"^(\d+)\.(\d+)")
+
+
+class PreflightError(SitVit5Error, ValueError):
+    """An input found wrong before the heavy imports (exit status 2)."""
+
+
+def torchvision_for(torch_version: str) -> str | None:
+    """The torchvision minor release built against ``torch_version`` (``2.14.1`` -> ``0.29``;
+    torch 2.m pairs with torchvision 0.(m + 15), 1.m with 0.(m + 1)), None when unparsable."""
+    match = _RELEASE.match(torch_version)
+    if match is None:
+        return None
+    major, minor = int(match[1]), int(match[2])
+    return f"0.{minor + (15 if major == 2 else 1)}" if major in (1, 2) else None
+
+
+def torch_pair_problem(torch_version: str, torchvision_version: str) -> str | None:
+    """Why these two builds cannot run together (None when they can): another release pairing, or
+    two local builds (``+cpu`` / ``+cu124``) of different kinds."""
+    expected = torchvision_for(torch_version)
+    got = _RELEASE.match(torchvision_version)
+    if expected is not None and got is not None and f"{got[1]}.{got[2]}" != expected:
+        return f"torch {torch_version} needs torchvision {expected}.x"
+    local = [v.partition("+")[2] for v in (torch_version, torchvision_version)]
+    if all(local) and local[0] != local[1]:
+        return f"a +{local[0]} torch with a +{local[1]} torchvision"
+    return None
+
+
+def check_torch_pair() -> None:
+    """Raise PreflightError when the installed torch and torchvision do not belong together (they
+    would fail later in a 30-line traceback: "operator torchvision::nms does not exist"). Reads the
+    installed versions only; imports neither."""
+    try:
+        versions = metadata.version("torch"), metadata.version("torchvision")
+    except metadata.PackageNotFoundError:
+        return  # a missing package is reported by its import, with its own message
+    problem = torch_pair_problem(*versions)
+    if problem:
+        raise PreflightError(
+            f"torch {versions[0]} and torchvision {versions[1]} do not match ({problem}); install "
+            "both from one index, e.g. pip install --force-reinstall torch torchvision --index-url "
+            "https://download.pytorch.org/whl/cpu")
+
+
+def check_checkpoint_file(path: str | os.PathLike, what: str, flag: str = "--resume") -> None:
+    """Raise PreflightError when ``path`` is cut short (no zip end record) or, for files up to
+    ``SIDECAR_CHECK_BYTES``, differs from its ``.sha256`` sidecar; ``what`` names the input
+    (``--resume latest``). The error names the complete checkpoint before it, as ``flag FILE``, when
+    its folder holds one."""
+    path = Path(path)
+    cut = truncation(path)
+    problem = f"truncated or not a checkpoint ({cut})" if cut else None
+    if problem is None and path.stat().st_size <= SIDECAR_CHECK_BYTES:
+        try:
+            verify_sidecar(path)
+        except ChecksumError as err:
+            problem = f"corrupt or altered ({err})"
+    if problem is None:
+        return
+    previous = previous_checkpoint(path)
+    hint = f"; {flag} {previous} continues from the one before it" if previous else ""
+    raise PreflightError(f"{what}: {path} is {problem}{hint}")
+
+
+def check_resume(spec: str, out_dir: str | os.PathLike) -> None:
+    """``train.py --resume spec``: the checkpoint it names is whole (see :func:`check_checkpoint_file`);
+    a spec that names no checkpoint is left to the trainer, which says why."""
+    path = resume_file(spec, out_dir)
+    if path is not None:
+        check_checkpoint_file(path, f"--resume {spec}")

@@ -1,0 +1,57 @@
+"""The names the command lines and the config check, without importing torch.
+
+``python train.py`` / ``sample.py`` parse and check their arguments and config before the heavy
+imports (torch, diffusers, accelerate, timm: several seconds), so that a bad flag or key is reported
+at once. The modules that implement these choices (``transport``, ``diffusion``, ``objective``,
+``precision``, ``vae``, ``repa``, ``models.official``) import torch at their top; their names are
+copied here, and ``tests/test_names.py`` checks that each copy equals its source.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+#: transport sampler methods (``transport.sampler.METHODS``) and DiT's (``diffusion.METHODS``)
+TRANSPORT_METHODS: tuple[str, ...] = ("ode", "sde")
+DIFFUSION_METHODS: tuple[str, ...] = ("ddpm", "ddim")
+#: SDE diffusion coefficients D(t) (keys of ``transport.DIFFUSION_FORMS``)
+DIFFUSION_FORMS: tuple[str, ...] = ("constant", "SBDM", "sigma", "linear", "decreasing",
+                                    "increasing-decreasing")
+#: SDE last steps (keys of ``transport.LAST_STEPS``; None / "none" = stop at t1)
+LAST_STEPS: tuple[str | None, ...] = ("Mean", "Tweedie", "Euler", None, "none")
+#: transport paths and model predictions (keys of ``transport.PATHS`` / ``PREDICTIONS``)
+PATHS: tuple[str, ...] = ("Linear", "GVP", "VP")
+PREDICTIONS: tuple[str, ...] = ("velocity", "score", "noise")
+#: training objectives (``objective.OBJECTIVES``) and DiT's diffusion defaults (``DDPM_DEFAULTS``)
+OBJECTIVES: tuple[str, ...] = ("sit", "ddpm")
+DDPM_DEFAULTS: dict[str, Any] = {"diffusion_steps": 1000, "noise_schedule": "linear",
+                                 "ddpm_variance": "learned"}
+#: model precisions (keys of ``precision.PRECISIONS``)
+PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
+#: the SD-VAE decoders of SiT/DiT (``vae.SD_VAE_IDS``) and their latent scaling factor
+SD_VAE_IDS: tuple[str, ...] = ("stabilityai/sd-vae-ft-ema", "stabilityai/sd-vae-ft-mse")
+SD_VAE_SCALING_FACTOR = 0.18215
+#: REPA resize modes (``repa.INTERPOLATIONS``)
+INTERPOLATIONS: tuple[str, ...] = ("bicubic", "bilinear", "nearest", "area")
+#: ``--ckpt`` names fetched from their hosts (``models.official``: OFFICIAL_WEIGHTS, then ALIASES)
+OFFICIAL_NAMES: tuple[str, ...] = (
+    "SiT-XL-2-256.pt", "SiT-XL-2-512.pt", "SiT-L-2-256.pt", "SiT-B-2-256.pt", "SiT-S-2-256.pt",
+    "DiT-XL-2-256x256.pt", "DiT-XL-2-512x512.pt", "SiT-XL-2-256x256.pt", "SiT-XL-2-512x512.pt",
+)
+
+
+#: registry names ``<backbone>-<size>/<patch>`` and the backbones that imply an objective
+#: (``models.registry._NAME`` / ``NAME_OBJECTIVES``)
+MODEL_NAME = re.compile(r"^(?P<backbone>\w+?)-(?P<size>S|B|L|XL)/(?P<patch>\d+)$")
+NAME_OBJECTIVES: dict[str, str] = {"DiT": "ddpm"}
+#: every registered name (``models.list_models()``): backbone x size x patch
+MODEL_NAMES: tuple[str, ...] = tuple(f"{b}-{s}/{p}" for b in ("SiT", "ViT5", "DiT")
+                                     for s in ("S", "B", "L", "XL") for p in (2, 4, 8))
+
+
+def name_objective(model_name: str) -> str | None:
+    """The objective a model name implies ("ddpm" for ``DiT-*``: DiT's network is SiT's), None when
+    the name leaves it open (``models.name_objective``, without importing the models)."""
+    match = MODEL_NAME.match(model_name)
+    return NAME_OBJECTIVES.get(match["backbone"]) if match else None

@@ -1,0 +1,96 @@
+"""The files of a training run's ``checkpoints/`` folder, read without torch: names, the latest
+pointer, and whether a checkpoint file is complete.
+
+``train.py --resume`` checks the file it will resume from here, before the heavy imports: a
+truncated checkpoint is reported at once, naming the complete one before it. The layout is written
+by ``sit_vit5.training.checkpoint`` (see its docstring).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+from .io import sidecar
+
+CKPT_DIR = "checkpoints"
+LATEST = "latest.json"
+CKPT_NAME = re.compile(r"^(\d+)(-milestone)?\.pt$")
+ZIP_LOCAL_HEADER = b"PK\x03\x04"  # torch.save files are zip archives (since torch 1.6)
+ZIP_END_RECORD = b"PK\x05\x06"  # end of central directory: within the last 22 + 65535 bytes
+_ZIP_TAIL = 22 + 65535
+
+
+def checkpoint_name(step: int, milestone: bool) -> str:
+    """``0005000.pt`` or ``0100000-milestone.pt``."""
+    return f"{step:07d}{'-milestone' if milestone else ''}.pt"
+
+
+def list_checkpoints(ckpt_dir: str | os.PathLike) -> list[tuple[int, Path, bool]]:
+    """Complete checkpoints (those with a sidecar) as (step, path, is_milestone), oldest first."""
+    ckpt_dir = Path(ckpt_dir)
+    if not ckpt_dir.is_dir():
+        return []
+    found = []
+    for path in ckpt_dir.iterdir():
+        match = CKPT_NAME.match(path.name)
+        if match and sidecar(path).is_file():
+            found.append((int(match[1]), path, bool(match[2])))
+    return sorted(found, key=lambda item: (item[0], item[2]))
+
+
+def latest_checkpoint(ckpt_dir: str | os.PathLike) -> Path | None:
+    """The file ``latest.json`` names; without a usable pointer, the newest complete checkpoint; else None."""
+    ckpt_dir = Path(ckpt_dir)
+    try:
+        target = ckpt_dir / json.loads((ckpt_dir / LATEST).read_text())["file"]
+        if target.is_file():
+            return target
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    found = list_checkpoints(ckpt_dir)
+    return found[-1][1] if found else None
+
+
+def resume_file(spec: str, out_dir: str | os.PathLike) -> Path | None:
+    """The checkpoint ``--resume spec`` names (``latest``: the newest of ``out_dir``; a run
+    directory: its newest; a file: itself), or None when there is none (the trainer's
+    ``resolve_resume`` then says why)."""
+    target = Path(out_dir) if spec == "latest" else Path(spec)
+    if target.is_file():
+        return target
+    if target.is_dir():
+        return latest_checkpoint(target / CKPT_DIR if (target / CKPT_DIR).is_dir() else target)
+    return None
+
+
+def truncation(path: str | os.PathLike) -> str | None:
+    """Why ``path`` cannot be a whole ``torch.save`` file, read from its first and last bytes (None
+    when it may be one, or is another format such as safetensors or a legacy pickle): a zip archive
+    without its end record was cut short (a copy or a download that stopped)."""
+    path = Path(path)
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(len(ZIP_LOCAL_HEADER))
+        if size == 0:
+            return "0 bytes"
+        if head != ZIP_LOCAL_HEADER:
+            return None
+        f.seek(max(0, size - _ZIP_TAIL))
+        tail = f.read()
+    if ZIP_END_RECORD not in tail:
+        return f"{size:,} bytes, and the zip archive torch.save writes has no end record"
+    return None
+
+
+def previous_checkpoint(path: str | os.PathLike) -> Path | None:
+    """The newest complete, untruncated checkpoint of ``path``'s folder older than ``path`` (what a
+    run continues from when ``path`` is damaged), or None."""
+    path = Path(path)
+    match = CKPT_NAME.match(path.name)
+    step = int(match[1]) if match else None
+    older = [p for s, p, _ in list_checkpoints(path.parent)
+             if p != path and (step is None or s < step) and truncation(p) is None]
+    return older[-1] if older else None
