@@ -5,10 +5,13 @@
     python -m bench.suite --out /tmp/dry --device cpu          # dry run: every stage, tiny, depth 1 (seconds)
 
 Stages (each catches its own failure, so one error does not lose the others):
+  correctness  first, ~30 s: SiT, ViT5 and the DiT-objective model at XL/2, CUDA forward (fp32 with TF32, and
+               bf16 with SDPA held to flash attention) against the CPU fp32 forward; odeint and SDE steps on CUDA
   xl_eager     XL/2 bf16 eager, batch 32 and 64: SiT, ViT5, timm-SiT: img/s, MFU, peak memory (and
                bench.plan's prediction of it)
   xl_compile   XL/2 bf16 torch.compile, batch 32: SiT, ViT5 (compilation takes a minute or two each)
   small        S/2 and B/2, fp32 and bf16, eager, batch 32: the ViT5/SiT and SiT/timm ratios
+  vit5_overhead  ViT5/SiT step ratio per FLOP ratio, S/2 and B/2 at latents 32 and 16, fp32 and bf16, batch 32
   fsdp         XL/2 bf16 eager, batch 32, FSDP2-sharded in a 1-process group: SiT, ViT5
   sample       XL/2 bf16, 250-step Euler-Maruyama SDE with CFG 4.0, 32 images: img/s
   sample_nocfg the same without guidance (one model call per step instead of a doubled batch)
@@ -25,14 +28,16 @@ import argparse
 import traceback
 from pathlib import Path
 
-from bench import data_path, pipeline, sample, train_step
+from bench import correctness, data_path, pipeline, sample, train_step, vit5_overhead
 
 TIMING = "--warmup 2 --steps 4 --rounds 3"
 STAGES = {
+    "correctness": (correctness.main, "--size XL --batch-size 4 --num-steps 4"),
     "xl_eager": (train_step.main, f"--sizes XL --precisions bf16 --batch-size 32 64 {TIMING}"),
     "xl_compile": (train_step.main, f"--sizes XL --precisions bf16 --modes compile --models SiT ViT5 "
                                     f"--batch-size 32 {TIMING}"),
     "small": (train_step.main, f"--sizes S B --precisions fp32 bf16 --batch-size 32 {TIMING}"),
+    "vit5_overhead": (vit5_overhead.main, "--batch-size 32 --warmup 2 --steps 5 --rounds 5"),
     "fsdp": (train_step.main, f"--sizes XL --precisions bf16 --models SiT ViT5 --fsdp --batch-size 32 {TIMING}"),
     "sample": (sample.main, "--sizes XL --precisions bf16 --samplers sde --num-steps 250 --cfg-scale 4.0 "
                             "--batch-size 32 --rounds 2"),
@@ -44,6 +49,8 @@ STAGES = {
 #: --smoke: appended to every stage of that script (argparse keeps the last value given).
 TINY = "--device cpu --depth 1 --batch-size 2 --warmup 1 --steps 1 --rounds 1"
 SMOKE = {
+    "correctness": "--device cpu --size S --input-size 8 --batch-size 2 --num-steps 3",
+    "vit5_overhead": f"{TINY} --settings S:8:fp32 S:8:bf16",
     "train_step": f"{TINY} --sizes S --input-size 8 --precisions fp32 --modes eager",
     "sample": f"{TINY} --sizes S --input-size 8 --precisions fp32 --num-steps 3",
     "data_path": f"{TINY} --vae tiny --image-size 32 --num-images 4 --model SiT-S/2 --precision fp32",

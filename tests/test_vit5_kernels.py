@@ -85,8 +85,12 @@ def test_fusion_is_taken_only_where_it_applies(monkeypatch):
     assert type(norm_and_rotate(q, RMSNorm(16, affine=False), rotation).grad_fn).__name__ != name
     identity = norm_and_rotate(q, torch.nn.Identity(), rotation)  # RoPE without QK-norm
     assert torch.equal(identity, rotation(q))
-    bf16 = norm_and_rotate(q.bfloat16(), norm, _rotation(torch.bfloat16))  # no complex bf16
-    assert type(bf16.grad_fn).__name__ != name and bf16.dtype == torch.bfloat16
+    bf16 = norm_and_rotate(q.bfloat16(), norm, _rotation(torch.bfloat16))  # in fp32 inside the node
+    assert type(bf16.grad_fn).__name__ == name and bf16.dtype == torch.bfloat16
+    from sit_vit5.models.rope import Rotation
+
+    cos, sin = _rotation(torch.bfloat16).source  # bf16 tables without fp32 ones: the real form
+    assert type(norm_and_rotate(q.bfloat16(), norm, Rotation(cos, sin)).grad_fn).__name__ != name
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)  # inductor gets the real form
     assert type(norm_and_rotate(q, norm, rotation).grad_fn).__name__ != name
 
@@ -117,3 +121,31 @@ def test_vit5_model_with_fusion_equals_the_unfused_model(monkeypatch):
     assert len(calls) == 2 * TINY["depth"]  # the reference run did not go through the fused node
     assert torch.equal(out, out_ref)
     assert all(torch.equal(a, b) for a, b in zip(grads, grads_ref))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_fused_node_is_the_unfused_chain_within_its_rounding(dtype):
+    """bf16/fp16 q (autocast): the fused node (fp32 inside, one rounding) against the unfused chain it
+    replaces (fp32 norm rounded to bf16, then the real-form rotation in bf16) and the fp32 formula; forward and
+    gradients, through the strided q slice of a qkv activation."""
+    rotation, norm = _rotation(dtype), _norm()
+    qkv, q = _q_slice()
+    half = q.to(dtype)
+    grad_out = torch.randn(2, 20, 2, 16, generator=torch.Generator().manual_seed(6)).to(dtype)
+    fused = norm_and_rotate(half, norm, rotation)
+    assert type(fused.grad_fn).__name__ == "_QKNormRopeFunctionBackward" and fused.dtype == dtype
+    unfused = rotation(norm(half))  # the previous code path: Rotation's real form in the half dtype
+    assert type(unfused.grad_fn).__name__ != "_QKNormRopeFunctionBackward"
+    exact = _formula(half.float(), norm, _rotation(torch.float32))
+    g_fused = torch.autograd.grad(fused, (qkv, norm.weight), grad_out)
+    g_unfused = torch.autograd.grad(unfused, (qkv, norm.weight), grad_out)
+    g_exact = torch.autograd.grad(exact, (qkv, norm.weight), grad_out.float())
+    eps = torch.finfo(dtype).eps  # 2^-7 (bf16), 2^-10 (fp16): one rounding of a value near 1
+    scale = exact.abs().max()
+    assert (fused.float() - exact).abs().max() <= eps * scale  # one rounding of the fp32 result
+    assert (fused.float() - unfused.float()).abs().max() <= 4 * eps * scale  # the old path: a few more
+    assert (unfused.float() - exact).abs().max() > (fused.float() - exact).abs().max()  # and no closer
+    for a, b, c in zip(g_fused, g_unfused, g_exact):
+        assert a.dtype == c.dtype == torch.float32
+        assert (a - c).abs().max() <= 2 * eps * c.abs().max()
+        assert (a - b).abs().max() <= 8 * eps * c.abs().max()

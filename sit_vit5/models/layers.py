@@ -61,39 +61,44 @@ class _RMSNormFunction(torch.autograd.Function):
 
 
 class _QKNormRopeFunction(torch.autograd.Function):
-    """``rotation(rms_norm(x) * weight)`` for q or k in one autograd node (CPU, fp32, complex
-    RoPE).
+    """``rotation(rms_norm(x) * weight)`` for q or k in one autograd node (CPU, complex RoPE).
 
-    The forward runs the unfused ops in the same order (bitwise equal); the backward undoes the
-    rotation with the conjugate table and goes straight into the RMSNorm backward, skipping the
-    intermediate gradient tensors and autograd nodes of the three-op chain.
+    fp32/fp64 x: the forward runs the unfused ops in the same order (bitwise equal). bf16/fp16 x
+    (autocast): computed in fp32 with fp32 tables and rounded once at the end, where the unfused
+    chain rounds after the norm and again after each rotation product (within bf16 rounding of it).
+    The backward undoes the rotation with the conjugate table and goes straight into the RMSNorm
+    backward, skipping the intermediate gradient tensors and autograd nodes of the three-op chain.
     """
 
     @staticmethod
     def forward(
         ctx, x: Tensor, weight: Tensor, eps: float, cis: Tensor, cis_conj: Tensor
     ) -> Tensor:
-        rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True).add_(eps))
-        x_hat = x * rstd
+        x32 = x if x.dtype in (torch.float32, torch.float64) else x.float()
+        rstd = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True).add_(eps))
+        x_hat = x32 * rstd
         y = x_hat * weight
         torch.view_as_complex(y.unflatten(-1, (-1, 2))).mul_(cis)  # rotate in place: y is ours
         ctx.save_for_backward(x_hat, rstd, weight, cis_conj)
-        return y
+        ctx.in_dtype = x.dtype
+        return y.to(x.dtype)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor | None, None, None, None]:
         x_hat, rstd, weight, cis_conj = ctx.saved_tensors
+        grad = grad.to(x_hat.dtype)  # fp32 for a bf16/fp16 x, as the forward computed
         if grad.stride(-1) != 1 or any(s % 2 for s in grad.stride()[:-1]):
             grad = grad.contiguous()  # view_as_complex needs (re, im) pairs adjacent
-        # gradient w.r.t. x_hat * weight: rotate back, then the RMSNorm backward (_RMSNormFunction)
-        grad_pairs = torch.view_as_complex(grad.unflatten(-1, (-1, 2)))  # (..., head_dim / 2)
-        grad_y = torch.view_as_real(grad_pairs * cis_conj).flatten(-2)
-        grad_x_hat = grad_y * x_hat
-        grad_weight = grad_x_hat.flatten(0, -2).sum(0) if ctx.needs_input_grad[1] else None
-        dot = (grad_x_hat @ weight).unsqueeze(-1).div_(x_hat.shape[-1])
-        grad_x = grad_y.mul_(weight).addcmul_(x_hat, dot, value=-1).mul_(rstd)
-        return grad_x, grad_weight, None, None, None
+        with torch.autocast("cpu", enabled=False):  # a backward inside autocast: keep the GEMV fp32
+            # gradient w.r.t. x_hat * weight: rotate back, then the RMSNorm backward
+            grad_pairs = torch.view_as_complex(grad.unflatten(-1, (-1, 2)))  # (..., head_dim / 2)
+            grad_y = torch.view_as_real(grad_pairs * cis_conj).flatten(-2)
+            grad_x_hat = grad_y * x_hat
+            grad_weight = grad_x_hat.flatten(0, -2).sum(0) if ctx.needs_input_grad[1] else None
+            dot = (grad_x_hat @ weight).unsqueeze(-1).div_(x_hat.shape[-1])
+            grad_x = grad_y.mul_(weight).addcmul_(x_hat, dot, value=-1).mul_(rstd)
+        return grad_x.to(ctx.in_dtype), grad_weight, None, None, None
 
 
 class RMSNorm(nn.Module):
@@ -203,13 +208,16 @@ class LabelEmbedder(nn.Module):
 
 def norm_and_rotate(x: Tensor, norm: nn.Module, rope: Rotation | None) -> Tensor:
     """``rope(norm(x))`` for q or k (B, N, H, head_dim); one fused autograd node where that pays
-    (CPU fp32 eager, RMSNorm with weight, complex RoPE): same forward bits, gradients within float
-    rounding."""
+    (CPU eager, RMSNorm with an fp32 weight, complex RoPE): fp32 x: same forward bits, gradients
+    within float rounding; bf16/fp16 x: computed in fp32, within that dtype's rounding."""
     if (
         rope is not None and isinstance(norm, RMSNorm) and norm.weight is not None
-        and x.device.type == "cpu" and x.dtype == torch.float32 and rope.complex_ok(x)
+        and x.device.type == "cpu" and norm.weight.dtype == torch.float32
     ):
-        return _QKNormRopeFunction.apply(x, norm.weight, norm.eps, rope.cis, rope.cis_conj)
+        if x.dtype == torch.float32 and rope.complex_ok(x):
+            return _QKNormRopeFunction.apply(x, norm.weight, norm.eps, rope.cis, rope.cis_conj)
+        if rope.half_cis is not None and x.dtype == rope.cos.dtype and not torch.compiler.is_compiling():
+            return _QKNormRopeFunction.apply(x, norm.weight, norm.eps, rope.half_cis, rope.half_cis_conj)
     x = norm(x)
     return x if rope is None else rope(x)
 

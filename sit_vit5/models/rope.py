@@ -46,7 +46,7 @@ class Rotation:
     to ``apply_rope`` on CPU.
     """
 
-    def __init__(self, cos: Tensor, sin: Tensor) -> None:
+    def __init__(self, cos: Tensor, sin: Tensor, fp32: tuple[Tensor, Tensor] | None = None) -> None:
         self.source = (cos, sin)  # the (N, head_dim) tables this was built from
         self.cos = cos.unsqueeze(-2)  # (N, 1, head_dim): broadcast over heads
         folded = torch.stack((-sin[:, 0::2], sin[:, 1::2]), dim=-1)  # (N, head_dim / 2, 2)
@@ -55,6 +55,12 @@ class Rotation:
         # (N, 1, head_dim / 2) complex angles, and their conjugate: the inverse rotation
         self.cis = torch.complex(cos[:, 0::2], sin[:, 0::2]).unsqueeze(-2) if complex_ok else None
         self.cis_conj = self.cis.conj().resolve_conj() if complex_ok else None
+        # bf16/fp16 tables with their fp32 ones (``fp32``): complex fp32 angles for the fused
+        # QK-norm + RoPE node, which normalises and rotates half-precision q/k in fp32
+        self.half_cis = self.half_cis_conj = None
+        if fp32 is not None and not complex_ok:
+            self.half_cis = torch.complex(fp32[0][:, 0::2], fp32[1][:, 0::2]).unsqueeze(-2)
+            self.half_cis_conj = self.half_cis.conj().resolve_conj()
 
     def complex_ok(self, x: Tensor) -> bool:
         """Whether x is rotated by the complex multiply (eager, x in the tables' fp32/fp64)."""
@@ -165,5 +171,7 @@ class RopeTables:
         key = (grid, device, dtype)
         rotation = self._rotations.get(key)
         if rotation is None or rotation.source[0] is not cos or rotation.source[1] is not sin:
-            rotation = self._rotations[key] = Rotation(cos, sin)
+            half = dtype in (torch.bfloat16, torch.float16)
+            fp32 = self.tables(grid, device, torch.float32) if half else None  # the fused node's
+            rotation = self._rotations[key] = Rotation(cos, sin, fp32)
         return rotation

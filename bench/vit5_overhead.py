@@ -1,0 +1,110 @@
+"""ViT-5's training-step cost per FLOP: the ViT5/SiT step-time ratio against their FLOP ratio, side by side.
+
+    python -m bench.vit5_overhead --device cpu --threads 1 --json results/bench/cpu/vit5_overhead.json
+    python -m bench.vit5_overhead --device cpu --threads 1 --settings S:16:fp32 --ablate --rounds 9
+
+A setting is ``size:latent_side:precision`` (default: S and B, latents 32 and 16, fp32 and bf16: eight). For
+each, SiT and ViT5 train steps (``bench.train_step.make_train_step``: loss, backward, AdamW) run in interleaved
+rounds; ``per_flop`` = median per-round step ratio / FLOP ratio (``sit_vit5.models.flops``, forward multiply-adds;
+the step's 3x cancels). 1.00 means ViT-5 costs exactly what its extra tokens say; the goal is <= 1.03.
+
+``--ablate`` adds ViT5 variants with one component switched back to SiT's (``-rmsnorm``: LayerNorm blocks,
+``-qknorm``, ``-rope``, ``-registers``, ``-learned_ape``: a frozen table) to the same rounds: each one's own
+per-FLOP ratio, so ViT5's excess minus a variant's is what that component costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+from bench.common import (
+    add_common_args,
+    interleaved_timings,
+    perturb_zero_init,
+    print_table,
+    setup,
+    write_json,
+)
+from bench.train_step import make_train_step
+from sit_vit5.models import SIZES, create_model, flops
+
+DEFAULT_SETTINGS = [f"{s}:{n}:{p}" for s in ("S", "B") for n in (32, 16) for p in ("fp32", "bf16")]
+#: ViT5 with one component switched back to its SiT value (the --ablate variants)
+ABLATIONS: dict[str, dict] = {
+    "-rmsnorm": dict(norm="layernorm"),
+    "-qknorm": dict(qk_norm=False),
+    "-rope": dict(rope=False, register_rope_theta=None),
+    "-registers": dict(num_registers=0, register_rope_theta=None),
+    "-learned_ape": dict(pos_embed="fixed"),
+}
+COLUMNS = ("setting", "variant", "batch", "flop_ratio", "step_ratio", "per_flop", "per_round_min",
+           "per_round_max", "rounds", "step_ms")
+
+
+def parse_setting(text: str) -> tuple[str, int, str]:
+    """``"S:16:fp32"`` -> ("S", 16, "fp32"); SystemExit on a malformed one."""
+    try:
+        size, side, precision = text.split(":")
+        if size not in SIZES or precision not in ("fp32", "bf16"):
+            raise ValueError
+        return size, int(side), precision
+    except ValueError:
+        raise SystemExit(f"--settings: expected SIZE:SIDE:fp32|bf16 (e.g. S:16:fp32), got {text!r}") from None
+
+
+def measure_setting(args: argparse.Namespace, device, size: str, side: int, precision: str) -> list[dict]:
+    """One row per ViT5 variant (ViT5, and the ablations with --ablate): step and FLOP ratios against SiT."""
+    variants = {"SiT": ("SiT", {}), "ViT5": ("ViT5", {})}
+    if args.ablate:
+        variants.update({f"ViT5{k}": ("ViT5", kw) for k, kw in ABLATIONS.items()})
+    batch = args.batch_size or max(2, 16 * 16 * 16 // side**2)  # ~ the same tokens per step at either side
+    depth = args.depth or SIZES[size][0]
+    steps, gflops = {}, {}
+    for name, (backbone, kw) in variants.items():
+        model = create_model(f"{backbone}-{size}/2", input_size=side, depth=depth, **kw)
+        gflops[name] = flops(model)
+        model = perturb_zero_init(model).to(device).train()
+        steps[name] = make_train_step(model, device, precision, "eager", batch, side, 1000, args.seed)
+        for _ in range(args.warmup):
+            steps[name]()
+    times = interleaved_timings(steps, rounds=args.rounds, steps=args.steps, clock=args.clock, device=device)
+    rows = []
+    for name in variants:
+        if name == "SiT":
+            continue
+        per_round = [a / b for a, b in zip(times[name], times["SiT"])]
+        flop_ratio = gflops[name] / gflops["SiT"]
+        step_ratio = statistics.median(per_round)
+        rows.append(dict(setting=f"{size}/2 {side}x{side} {precision}", variant=name, batch=batch,
+                         flop_ratio=flop_ratio, step_ratio=step_ratio, per_flop=step_ratio / flop_ratio,
+                         per_round_min=min(per_round) / flop_ratio, per_round_max=max(per_round) / flop_ratio,
+                         rounds=len(per_round), step_ms=statistics.median(times[name]) * 1e3,
+                         sit_step_ms=statistics.median(times["SiT"]) * 1e3,
+                         per_round_ratio=[round(r, 4) for r in per_round]))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(prog="python -m bench.vit5_overhead", description=__doc__.split("\n")[0])
+    p.add_argument("--settings", nargs="+", default=DEFAULT_SETTINGS, help="SIZE:SIDE:PRECISION, e.g. S:16:fp32")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="default: 16 at side 16, 4 at side 32 (the same tokens per step)")
+    p.add_argument("--ablate", action="store_true", help="add ViT5 variants with one component removed")
+    add_common_args(p, steps=1, warmup=2, rounds=7)
+    args = p.parse_args(argv)
+    settings = [parse_setting(s) for s in args.settings]
+    device = setup(args)
+    rows = []
+    for size, side, precision in settings:
+        rows += measure_setting(args, device, size, side, precision)
+        print_table(rows[-1:] if not args.ablate else rows[-1 - len(ABLATIONS):], COLUMNS)
+    unit = "wall" if args.clock == "wall" else "process-CPU"
+    print_table(rows, COLUMNS, f"ViT5 / SiT train step per FLOP ({args.device}, {unit} time, interleaved; "
+                               "per_round_*: the extremes of the per-round ratio / FLOP ratio)")
+    write_json(args.json, "vit5_overhead", args, device, rows=rows)
+    return dict(rows=rows)
+
+
+if __name__ == "__main__":
+    main()
