@@ -17,56 +17,19 @@ from collections.abc import Mapping
 
 import torch
 
-from .errors import SitVit5Error
+from .launcher import RANK_VARS, WORLD_SIZE_VARS, LaunchError, check_launcher_env, launcher_world_size
 
-#: Variables that announce the world size, in the order accelerate reads them, and the variables
-#: that give this process's rank alongside each.
-RANK_VARS = {"WORLD_SIZE": ("RANK", "LOCAL_RANK"), "PMI_SIZE": ("PMI_RANK",),
-             "OMPI_COMM_WORLD_SIZE": ("OMPI_COMM_WORLD_RANK",),
-             "MV2_COMM_WORLD_SIZE": ("MV2_COMM_WORLD_RANK",)}
-WORLD_SIZE_VARS = tuple(RANK_VARS)
+__all__ = ["RANK_VARS", "WORLD_SIZE_VARS", "LaunchError", "launcher_world_size", "prepare_launch",
+           "check_group", "join_launcher_group", "describe_group", "backend_in_use"]
+
 _CPU_FLAGS = "train.cpu=true / --device cpu / --cpu"
 
 
-class LaunchError(SitVit5Error, RuntimeError):
-    """The process group does not match what the launcher announced; the message names the variable
-    and the fix, in one line."""
-
-
-def launcher_world_size(environ: Mapping[str, str] | None = None) -> tuple[int, str | None]:
-    """(world size, the variable that says so) from the launcher's environment, or (1, None)."""
-    environ = os.environ if environ is None else environ
-    for var in WORLD_SIZE_VARS:
-        if var in environ:
-            try:
-                size = int(environ[var])
-            except ValueError:
-                raise LaunchError(f"{var}={environ[var]!r} is not an integer; unset it or fix the "
-                                  "launcher") from None
-            if size < 1:
-                raise LaunchError(f"{var}={size} must be >= 1; unset it or fix the launcher")
-            return size, var
-    return 1, None
-
-
 def prepare_launch(cpu: bool, environ: Mapping[str, str] | None = None) -> bool:
-    """Check the launcher's variables before any group is formed; returns whether this process
-    computes on the CPU: when asked (``cpu``), or when no GPU is visible (under a multi-process
-    launcher the group is then a gloo group; accelerate would otherwise not form one).
-
-    A world size without a rank (``WORLD_SIZE=2 python train.py``) is a LaunchError: accelerate
-    would wait forever for the other processes, or fail with a message about ``MASTER_ADDR``.
-    """
-    environ = os.environ if environ is None else environ
-    size, var = launcher_world_size(environ)
-    if size > 1 and not any(rank in environ for rank in RANK_VARS[var]):
-        if var == "WORLD_SIZE":
-            raise LaunchError(f"WORLD_SIZE={size} is set but RANK/LOCAL_RANK are not: start the "
-                              "processes with torchrun or accelerate launch (or "
-                              "examples/slurm/task.sh), or unset WORLD_SIZE")
-        raise LaunchError(f"{var}={size} is set but {RANK_VARS[var][0]} is not: start the "
-                          "processes with your MPI launcher, torchrun or accelerate launch, or "
-                          f"unset {var}")
+    """Check the launcher's variables before any group is formed (``check_launcher_env``); returns
+    whether this process computes on the CPU: when asked (``cpu``), or when no GPU is visible (under a
+    multi-process launcher the group is then a gloo group; accelerate would otherwise not form one)."""
+    check_launcher_env(environ)
     return cpu or not torch.cuda.is_available()
 
 

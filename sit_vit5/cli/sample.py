@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from sit_vit5.cli.preflight import check_checkpoint_file, check_torch_pair
 from sit_vit5.errors import KNOWN_ERRORS, SettingError, SitVit5Error, one_line, run_cli
 from sit_vit5.io import unwritable_dir_reason
+from sit_vit5.launcher import check_launcher_env
 from sit_vit5.names import (
     OBJECTIVES,
     OFFICIAL_NAMES,
@@ -431,7 +432,10 @@ def main(argv: list[str] | None = None) -> int:
 def _preflight(args: argparse.Namespace) -> None:
     """The checks that need neither torch nor the model (UsageError naming the flag): a local
     ``--ckpt`` file is whole (and matches its sidecar), any other value is an official name;
-    ``--out`` can be written; torch and torchvision belong together."""
+    ``--out`` can be written; torch and torchvision belong together. Bulk sampling first checks
+    the launcher's environment, the first thing wrong in a bad launch."""
+    if args.command == "bulk":
+        check_launcher_env()
     if args.ckpt is not None:
         if Path(args.ckpt).is_file():
             check_checkpoint_file(args.ckpt, "--ckpt", flag="--ckpt")

@@ -44,6 +44,7 @@ from sit_vit5.config import (
     validate_models,
 )
 from sit_vit5.errors import KNOWN_ERRORS, one_line, run_cli
+from sit_vit5.launcher import check_launcher_env
 from sit_vit5.names import name_objective
 
 if TYPE_CHECKING:
@@ -149,6 +150,7 @@ def main(argv: list[str] | None = None,
     statuses: dict[type[BaseException], int] = {}  # filled once the trainer is imported
 
     def run() -> int:
+        check_launcher_env()  # a bad launch is the first thing wrong, whatever the config says
         habits = habit_overrides(args)
         if args.config or (habits and args.resume is None):  # SiT/DiT flags: on the defaults
             config, implied = args.config, []
