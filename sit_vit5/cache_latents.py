@@ -404,7 +404,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     files_text = "".join(f"{f}\n" for f in images.files)
     sizes = np.asarray([os.stat(images.root / f).st_size for f in images.files], dtype=np.int64)
-    vae = load_vae(args.vae, device=state.device, dtype=VAE_DTYPES[args.vae_dtype])
+    vae = load_vae(args.vae, device=state.device, dtype=VAE_DTYPES[args.vae_dtype],
+                   key="--vae")
     latent_shape = latent_shape_of(vae, args.image_size)
     vae_id = args.vae if not os.path.isdir(args.vae) else str(Path(args.vae).resolve())
     settings = {

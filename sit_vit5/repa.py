@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from . import hub_access
 from .errors import SitVit5Error
 
 #: ImageNet mean / std: REPA normalises DINOv2's input with timm's IMAGENET_DEFAULT_* (train.py)
@@ -279,8 +280,12 @@ def _timm_encoder(spec: str, name: str, weights: str | None) -> tuple[nn.Module,
     if named and not timm.is_model(name):
         raise RepaError(f"repa.encoder={spec}: {name!r} is not a timm model name "
                         "(timm.list_models() lists them)")
+    pretrained = weights is None
+    if pretrained and not name.startswith("local-dir:"):
+        hub_access.is_offline()  # unreachable: offline mode now, so timm looks in the cache only
     try:
-        net = timm.create_model(name, pretrained=weights is None, num_classes=0)
+        with hub_access.quiet_hub_logs():
+            net = timm.create_model(name, pretrained=pretrained, num_classes=0)
     except Exception as err:  # noqa: BLE001  timm/hf raise many kinds; the offline ones get a hint
         if name.startswith("local-dir:") or not _offline_hint(err):
             raise RepaError(f"repa.encoder={spec}: timm could not build it ({err})") from err
@@ -288,8 +293,8 @@ def _timm_encoder(spec: str, name: str, weights: str | None) -> tuple[nn.Module,
         if named:
             hub_id = getattr(timm.models.get_pretrained_cfg(name), "hf_hub_id", None) or name
         raise RepaError(
-            f"repa.encoder={spec}: its weights are not in the local cache and the Hugging Face "
-            f"hub cannot be reached ({type(err).__name__}); download them once online "
+            f"repa.encoder={spec}: its weights are not in the local cache and "
+            f"{hub_access.offline_reason()} ({type(err).__name__}); download them once online "
             f"(hf download {hub_id}, or python -c \"import timm; "
             f"timm.create_model('{name}', pretrained=True)\"), or pass a local folder / "
             "repa.weights") from err
@@ -317,12 +322,31 @@ def _read_state_dict(path: str, spec: str) -> dict[str, Tensor]:
     return state.get("state_dict", state.get("model", state)) if isinstance(state, dict) else state
 
 
+def _cached_hub_checkout(repo: str) -> Path | None:
+    """torch.hub's cached checkout of ``owner/name[:ref]`` (``<hub dir>/owner_name_ref``; without a
+    ref, main then master as torch.hub tries them), None when there is none."""
+    name, _, ref = repo.partition(":")
+    stem = name.replace("/", "_")
+    refs = [ref.replace("/", "_")] if ref else ["main", "master"]
+    found = [Path(torch.hub.get_dir()) / f"{stem}_{r}" for r in refs]
+    return next((path for path in found if (path / "hubconf.py").is_file()), None)
+
+
 def _hub_encoder(spec: str, target: str) -> nn.Module:
     repo, sep, entry = target.rpartition(":")
     if not sep or not repo or not entry:
         raise RepaError(f"repa.encoder={spec}: expected hub:OWNER/REPO:ENTRY (e.g. "
                         "hub:facebookresearch/dinov2:dinov2_vitb14) or hub:/local/repo:ENTRY")
     source = "local" if Path(repo).is_dir() else "github"
+    if source == "github" and hub_access.is_offline(hub_access.GITHUB):
+        cached = _cached_hub_checkout(repo)
+        if cached is None:
+            raise RepaError(
+                f"repa.encoder={spec}: no cached copy of {repo} in {torch.hub.get_dir()} and "
+                f"{hub_access.offline_reason(hub_access.GITHUB)}; run once online: python -c "
+                f"\"import torch; torch.hub.load('{repo}', '{entry}')\", or pass "
+                "hub:/path/to/checkout:ENTRY")
+        repo, source = str(cached), "local"  # torch.hub would ask GitHub for the branch first
     try:  # trust_repo: the config names the repository explicitly; no interactive prompt on a job
         net = torch.hub.load(repo, entry, source=source, trust_repo=True)
     except Exception as err:  # noqa: BLE001

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from . import hub_access
+
 if TYPE_CHECKING:
     from diffusers import AutoencoderKL
 
@@ -59,8 +61,8 @@ def _fetch_hint(hub_id: str) -> str:
 @contextlib.contextmanager
 def _quiet_hub() -> Iterator[None]:
     """Hide the deprecation warning diffusers triggers in huggingface_hub (an argument it still
-    passes): it is noise above the one-line error of an offline or failed download."""
-    with warnings.catch_warnings():
+    passes) and the hub's retry warnings: noise above the one-line error of a failed download."""
+    with warnings.catch_warnings(), hub_access.quiet_hub_logs():
         warnings.filterwarnings("ignore", message=".*local_dir_use_symlinks", category=UserWarning)
         yield
 
@@ -68,14 +70,15 @@ def _quiet_hub() -> Iterator[None]:
 def load_vae(name_or_path: str | os.PathLike, device: str | torch.device = "cpu",
              dtype: torch.dtype = torch.float32, *, subfolder: str | None = None,
              local_files_only: bool | None = None,
-             cache_dir: str | os.PathLike | None = None) -> AutoencoderKL:
+             cache_dir: str | os.PathLike | None = None, key: str = "vae.name") -> AutoencoderKL:
     """An AutoencoderKL in eval mode without gradients, from a local diffusers directory
     (config.json + weights, e.g. written by `save_pretrained`) or a hub id such as
     "stabilityai/sd-vae-ft-ema".
 
     A hub id is looked up in the Hugging Face cache (`cache_dir`, default HF_HUB_CACHE) first, then
-    downloaded unless `local_files_only` (default: the HF_HUB_OFFLINE setting). On failure the error
-    names what was looked for, where, and the command that fetches it.
+    downloaded unless `local_files_only` (default: offline when HF_HUB_OFFLINE is set or the hub
+    cannot be reached, see ``hub_access``). On failure the error names `key` (the setting that gave
+    the name), what was looked for, where, and the command that fetches it.
     """
     from diffusers import AutoencoderKL  # heavy: only when a VAE is actually loaded
 
@@ -98,21 +101,23 @@ def load_vae(name_or_path: str | os.PathLike, device: str | torch.device = "cpu"
         from huggingface_hub import constants
 
         cache = Path(cache_dir) if cache_dir is not None else Path(constants.HF_HUB_CACHE)
-        offline = constants.HF_HUB_OFFLINE if local_files_only is None else local_files_only
-        try:
+        # probed before any hub call: unreachable, huggingface_hub is offline before its first request
+        offline = hub_access.is_offline() if local_files_only is None else local_files_only
+        try:  # the cache first: no connection is needed for a VAE already fetched
             with _quiet_hub():
                 vae = AutoencoderKL.from_pretrained(name, subfolder=subfolder, cache_dir=cache_dir,
                                                     local_files_only=True, torch_dtype=dtype)
         except (OSError, ValueError) as local_err:
             if offline:
-                raise OSError(f"VAE {name!r} is not in the local Hugging Face cache {cache} and downloads "
-                              "are disabled (offline); " + _fetch_hint(name)) from local_err
+                why = hub_access.offline_reason()
+                raise OSError(f"{key}={name}: not in the local Hugging Face cache {cache} and {why}; "
+                              + _fetch_hint(name)) from local_err
             try:
                 with _quiet_hub():
                     vae = AutoencoderKL.from_pretrained(name, subfolder=subfolder,
                                                         cache_dir=cache_dir, torch_dtype=dtype)
             except (OSError, ValueError) as err:
-                raise OSError(f"VAE {name!r} is not in the local Hugging Face cache {cache} and downloading "
+                raise OSError(f"{key}={name}: not in the local Hugging Face cache {cache} and downloading "
                               f"it failed ({type(err).__name__}: {err}); " + _fetch_hint(name)) from err
     return vae.to(device=device).eval().requires_grad_(False)
 

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import hub_access
 from ..io import ChecksumError, sha256_file, sidecar, verify_sha256, verify_sidecar
 from .checkpoint import CheckpointError
 
@@ -109,12 +110,6 @@ def _url_cache_dir() -> Path:
     return Path(torch.hub.get_dir()) / "checkpoints"  # $TORCH_HOME/hub/checkpoints
 
 
-def _hub_offline() -> bool:
-    from huggingface_hub import constants
-
-    return bool(constants.HF_HUB_OFFLINE)
-
-
 def _verify(path: Path, entry: OfficialWeights, name: str) -> str:
     """Check ``path`` against the best digest available; returns how it was checked (for the log
     line)."""
@@ -143,24 +138,25 @@ def _from_hub(
     from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, LocalEntryNotFoundError
 
     try:
-        return Path(
-            hf_hub_download(
-                entry.repo, entry.filename, cache_dir=cache_dir, local_files_only=offline
+        with hub_access.quiet_hub_logs():
+            return Path(
+                hf_hub_download(
+                    entry.repo, entry.filename, cache_dir=cache_dir, local_files_only=offline
+                )
             )
-        )
     except LocalEntryNotFoundError as err:
         why = (
-            "offline (HF_HUB_OFFLINE)"
+            hub_access.offline_reason()
             if offline
             else f"the hub cannot be reached ({type(err).__name__})"
         )
         raise WeightsUnavailableError(
-            f"{name}: {entry.source} is not in the Hugging Face cache and {why}; "
+            f"--ckpt {name}: {entry.source} is not in the Hugging Face cache and {why}; "
             f"download it with: {entry.download_command()}"
         ) from None
     except (EntryNotFoundError, HfHubHTTPError) as err:
         raise WeightsUnavailableError(
-            f"{name}: the hub has no {entry.source} ({type(err).__name__}); see "
+            f"--ckpt {name}: the hub has no {entry.source} ({type(err).__name__}); see "
             f"https://huggingface.co/{entry.repo}"
         ) from None
 
@@ -174,8 +170,8 @@ def _from_url(
         return path
     if offline:
         raise WeightsUnavailableError(
-            f"{name}: not in {target_dir} and offline (HF_HUB_OFFLINE); download it "
-            f"with: {entry.download_command(target_dir)}"
+            f"--ckpt {name}: not in {target_dir} and {hub_access.offline_reason(entry.url)}; "
+            f"download it with: {entry.download_command(target_dir)}"
         )
     import torch
 
@@ -186,7 +182,7 @@ def _from_url(
         )  # temp file, then a rename
     except OSError as err:
         raise WeightsUnavailableError(
-            f"{name}: download of {entry.url} failed ({err}); download it with: "
+            f"--ckpt {name}: download of {entry.url} failed ({err}); download it with: "
             f"{entry.download_command(target_dir)}"
         ) from None
     if entry.sha256 is None:  # trust on first use: later loads are checked against this digest
@@ -204,7 +200,8 @@ def resolve_checkpoint(
 
     An existing path wins (entry None). Otherwise ``ckpt`` must be a name of ``OFFICIAL_WEIGHTS``:
     the file comes from the Hugging Face cache (``cache_dir``, default ``HF_HUB_CACHE``),
-    downloading it unless ``offline`` (default: ``HF_HUB_OFFLINE``), is SHA-256-checked, and one
+    downloading it unless ``offline`` (default: ``HF_HUB_OFFLINE`` set, or its host cannot be
+    reached: ``hub_access.is_offline``), is SHA-256-checked, and one
     line naming its source and licence goes to ``log`` (default stderr). Raises CheckpointError
     (WeightsUnavailableError when it cannot be fetched: the message names the repo, the file and the
     download command).
@@ -218,7 +215,8 @@ def resolve_checkpoint(
             f"checkpoint not found: {name} (not a file, nor an official name: "
             f"{', '.join([*OFFICIAL_WEIGHTS, *ALIASES])})"
         )
-    offline = _hub_offline() if offline is None else offline
+    if offline is None:  # the file's own host decides: the hub, or DiT's file server
+        offline = hub_access.is_offline(None if entry.repo else entry.url)
     fetch = _from_hub if entry.repo else _from_url
     path = fetch(entry, name, cache_dir, offline)
     checked = _verify(path, entry, name)
