@@ -133,6 +133,9 @@ def test_another_image_size_is_in_the_output_names_and_settings(tmp_path, capsys
     out = next(p for p in (tmp_path / "samples").glob("*-16px-trained8px") if p.name[:4] != "grid")
     settings = json.loads((out / "settings.json").read_text())
     assert (settings["image_size"], settings["trained_image_size"]) == (16, 8)
+    (npz,) = out.glob("samples_2x16x16x3.npz")
+    with np.load(npz, allow_pickle=False) as f:  # the npz carries the same record, arr_0 unchanged
+        assert json.loads(str(f["settings"])) == settings and f["arr_0"].shape == (2, 16, 16, 3)
     assert "the model was trained at 8" in capsys.readouterr().err  # the one-line warning stays
 
 

@@ -5,7 +5,8 @@ Layout of ``out_dir``::
     settings.json                 what the samples depend on; a resumed run must match it
     parts/0000000-0000031.npz     one file per generated batch: indices, images (uint8 NHWC), labels
     images/000000.png             optional single images
-    samples_{N}x{H}x{W}x3.npz     arr_0 uint8 [N, H, W, 3], arr_1 int64 labels [N] (index order)
+    samples_{N}x{H}x{W}x3.npz     arr_0 uint8 [N, H, W, 3], arr_1 int64 labels [N] (index order),
+                                  settings: settings.json's text (a 0-d string array)
 """
 
 from __future__ import annotations
@@ -167,11 +168,11 @@ def _check_settings(out: Path, settings: dict[str, Any]) -> None:
 
 def _write_npz_streamed(
     path: Path, num: int, done: dict[int, tuple[Path, int]], progress: bool = True,
-    cache_size: int = 64,
+    cache_size: int = 64, settings: str | None = None,
 ) -> None:
     """Write ``arr_0`` uint8 [num, H, W, 3] and ``arr_1`` labels in index order, streaming rows from
     the parts (an uncompressed zip of .npy members, as ``np.savez`` writes) so the whole array is
-    never in memory."""
+    never in memory; ``settings`` (settings.json's text) becomes the 0-d string member ``settings``."""
     cache: OrderedDict[Path, tuple[np.ndarray, np.ndarray]] = OrderedDict()
 
     def row(i: int) -> tuple[np.ndarray, int]:
@@ -207,6 +208,9 @@ def _write_npz_streamed(
                     f.write(to_rgb(np.stack(chunk)).tobytes())
             with zf.open("arr_1.npy", "w", force_zip64=True) as f:
                 np.lib.format.write_array(f, labels, allow_pickle=False)
+            if settings is not None:  # what the samples were made with travels with them
+                with zf.open("settings.npy", "w") as f:
+                    np.lib.format.write_array(f, np.array(settings), allow_pickle=False)
 
     atomic_write(path, write)
 
@@ -224,7 +228,9 @@ def merge_parts(out_dir: str | os.PathLike, num_samples: int, progress: bool = T
     with np.load(done[0][0], allow_pickle=False) as f:
         _, height, width, _ = f["images"].shape
     path = out / f"samples_{num_samples}x{height}x{width}x3.npz"
-    _write_npz_streamed(path, num_samples, done, progress)
+    settings = out / "settings.json"
+    _write_npz_streamed(path, num_samples, done, progress,
+                        settings=settings.read_text() if settings.is_file() else None)
     return path
 
 
