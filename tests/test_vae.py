@@ -61,7 +61,7 @@ def test_uncached_hub_id_error_says_where_and_how(tmp_path):
     with pytest.raises(OSError) as info:
         load_vae("stabilityai/sd-vae-ft-ema", cache_dir=tmp_path / "hf", local_files_only=True)
     message = str(info.value)
-    assert "'stabilityai/sd-vae-ft-ema'" in message
+    assert "vae.name=stabilityai/sd-vae-ft-ema" in message  # the setting at fault
     assert str(tmp_path / "hf") in message
     assert "hf download stabilityai/sd-vae-ft-ema" in message
 
