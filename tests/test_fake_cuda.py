@@ -8,9 +8,9 @@ CUDA device. What FakeTensor cannot trace, and the real-GPU check that covers it
 * CUDA autocast (off under FakeTensor): bench.suite stage ``correctness`` (bf16 CUDA vs CPU forward);
 * torchdiffeq's ``odeint`` (checks its time grid by value): the ODE drift is traced one Euler step here,
   odeint itself by bench.suite stage ``correctness`` (a few ODE steps on CUDA);
-* value reads (the non-finite check, guidance's interval skip, the uint8 conversion, the SDE's host-side
-  time grid): replaced or built outside the mode in the pipeline trace, run for real by bench.suite
-  stage ``pipeline``.
+* value reads (the non-finite check, guidance's interval skip and first-step blow-up check, the uint8
+  conversion, the SDE's host-side time grid): replaced or built outside the mode in the pipeline
+  trace, run for real by bench.suite stage ``pipeline``.
 """
 
 from __future__ import annotations
@@ -273,6 +273,8 @@ def test_exported_sit_pipeline_call(monkeypatch):
     # value reads: the finite check, and guidance's "any sample inside the interval?" (taken: guide)
     monkeypatch.setattr(sampling_pipeline, "bool", lambda _: True, raising=False)
     monkeypatch.setattr(guidance, "bool", lambda _: True, raising=False)
+    # and the first guided step's blow-up check (reads maxima; tests/test_first_minute.py covers it)
+    monkeypatch.setattr(guidance, "check_guided", lambda *args: None)
     model = tiny("ViT5-S/2", input_size=4)
     torch.manual_seed(0)
     vae = AutoencoderKL(**TINY_VAE).eval().requires_grad_(False)
