@@ -24,7 +24,7 @@ import yaml
 
 from .errors import SettingError, SitVit5Error
 from .io import unwritable_dir_reason
-from .names import DDPM_DEFAULTS, INTERPOLATIONS, MODEL_NAMES, PRECISIONS, SD_VAE_SCALING_FACTOR
+from .names import DDPM_DEFAULTS, INTERPOLATIONS, MODEL_KEYS, MODEL_NAMES, PRECISIONS, SD_VAE_SCALING_FACTOR
 from .sample_spec import SampleSpec, check_cfg_scale, config_defaults
 
 # The model and objective checks import torch (seconds): they run last, in the functions that need
@@ -318,18 +318,11 @@ def validate_model_section(cfg: Config) -> None:
     """Check the ``model`` keys against ``create_model``'s accepted overrides, their types, ranges and
     choices (raises ConfigError naming ``model.<key>=<value>``). Sizes that do not fit together are checked
     when the model is built (``validate_architecture``): a config may still be edited after loading."""
-    from .models import list_models, valid_overrides
     from .models.layers import resolve_layer_scale_init
     from .models.sit import SWITCH_CHOICES
 
     m = cfg["model"]
-    valid = ["name", *valid_overrides()]
-    unknown = sorted(set(m) - set(valid))
-    if unknown:
-        raise ConfigError(f"unknown key(s) {', '.join('model.' + k for k in unknown)}; valid keys of 'model': "
-                          f"{', '.join(valid)}")
-    if m["name"] not in list_models():
-        raise ConfigError(f"model.name={m['name']!r} is not registered; valid: {', '.join(list_models())}")
+    check_model_keys(m)  # already run by validate_settings; here for callers of this function alone
 
     # keys that also take a name for a number, and the model's resolver of those names
     named = {"layer_scale_init": resolve_layer_scale_init}
@@ -409,9 +402,20 @@ def validate(cfg: Config) -> None:
     validate_models(cfg)
 
 
+def check_model_keys(model: dict[str, Any]) -> None:
+    """The ``model`` section names only known keys and a registered model (``names``: no torch)."""
+    unknown = sorted(set(model) - set(MODEL_KEYS))
+    if unknown:
+        raise ConfigError(f"unknown key(s) {', '.join('model.' + k for k in unknown)}; valid keys of 'model': "
+                          f"{', '.join(MODEL_KEYS)}")
+    if model["name"] not in MODEL_NAMES:
+        raise ConfigError(f"model.name={model['name']!r} is not registered; valid: {', '.join(MODEL_NAMES)}")
+
+
 def validate_settings(cfg: Config) -> None:
-    """The checks that import nothing heavy: choices, numeric ranges (``RANGES``), the repa and
-    sample sections (raises ConfigError naming the dotted key and its value)."""
+    """The checks that import nothing heavy: the model section's keys and name, choices, numeric ranges
+    (``RANGES``), the repa and sample sections (raises ConfigError naming the dotted key and its value)."""
+    check_model_keys(cfg["model"])
     choices = {("train", "precision"): tuple(PRECISIONS), ("train", "distributed"): ("ddp", "fsdp")}
     for (section, key), valid in choices.items():
         if cfg[section][key] not in valid:
@@ -433,9 +437,6 @@ def validate_settings(cfg: Config) -> None:
         raise ConfigError(f"optim.betas={betas!r}; expected two numbers")
     if not all(BETA_RANGE.holds(b) for b in betas):
         raise ConfigError(f"optim.betas={betas!r}; each must be {BETA_RANGE.describe()}")
-    if cfg["model"]["name"] not in MODEL_NAMES:
-        raise ConfigError(f"model.name={cfg['model']['name']!r} is not registered; valid: "
-                          f"{', '.join(MODEL_NAMES)}")
     validate_repa(cfg)
     try:  # the sampler keys: the spec checks its fields; a negative CFG only by sample.py's flag
         check_cfg_scale(SampleSpec.resolve(cfg["sample"]).cfg_scale)

@@ -48,6 +48,12 @@ NAME_OBJECTIVES: dict[str, str] = {"DiT": "ddpm"}
 #: every registered name (``models.list_models()``): backbone x size x patch
 MODEL_NAMES: tuple[str, ...] = tuple(f"{b}-{s}/{p}" for b in ("SiT", "ViT5", "DiT")
                                      for s in ("S", "B", "L", "XL") for p in (2, 4, 8))
+#: the keys of the config's ``model`` section: ``name`` and ``models.valid_overrides()``
+MODEL_KEYS: tuple[str, ...] = (
+    "name", "class_dropout_prob", "depth", "grad_checkpointing", "hidden_size", "in_channels", "input_size",
+    "layer_scale_init", "learn_sigma", "mlp", "mlp_act", "mlp_norm_eps", "mlp_ratio", "norm", "num_classes",
+    "num_heads", "num_registers", "patch_size", "pos_embed", "qk_norm", "qkv_bias", "register_rope_theta",
+    "rope", "rope_theta", "t_freq_shift")
 
 
 def name_objective(model_name: str) -> str | None:

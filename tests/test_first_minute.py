@@ -48,6 +48,7 @@ FAST_CASES = [
     ("train.py", ["train.steps=abc"], "train.steps"),
     ("train.py", ["train.bogus=1"], "train.bogus"),
     ("train.py", ["model.name=SiT-Q/2"], "model.name"),
+    ("train.py", ["model.bogus=1"], "model.bogus"),
     ("train.py", ["train.out_dir=/proc/x"], "train.out_dir"),
     ("sample.py", ["grid", "--ckpt", "nope.pt"], "--ckpt nope.pt"),
     ("sample.py", ["grid", "--ckpt", "nope.pt", "--cfg-scale", "nan"], "--cfg-scale"),
@@ -239,7 +240,7 @@ def test_the_name_copies_equal_their_sources():
     from fid.evaluate import METRICS
     from sit_vit5 import objective, precision, repa, vae
     from sit_vit5.diffusion import METHODS as DIFFUSION_METHODS
-    from sit_vit5.models import list_models, name_objective
+    from sit_vit5.models import list_models, name_objective, valid_overrides
     from sit_vit5.models.official import ALIASES, OFFICIAL_WEIGHTS
     from sit_vit5.transport import DIFFUSION_FORMS, LAST_STEPS, PATHS, PREDICTIONS
     from sit_vit5.transport.sampler import METHODS as TRANSPORT_METHODS
@@ -253,6 +254,7 @@ def test_the_name_copies_equal_their_sources():
     assert names.INTERPOLATIONS == repa.INTERPOLATIONS
     assert names.OFFICIAL_NAMES == (*OFFICIAL_WEIGHTS, *ALIASES)
     assert list(names.MODEL_NAMES) == list_models()
+    assert names.MODEL_KEYS == ("name", *valid_overrides())
     for name in [*list_models(), "DiT-foo", "x"]:
         assert names.name_objective(name) == name_objective(name)
     assert fid_cli.METRICS == tuple(METRICS) and fid_cli.PR_IMAGES == reference.PR_IMAGES
