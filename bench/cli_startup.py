@@ -49,7 +49,7 @@ def cases(tmp: Path) -> list[tuple[str, list[str], str]]:
         ("train: truncated --resume", [*train, f"train.out_dir={run.parent}", "--resume", "latest"],
          "truncated"),
         ("train: --epochs", [*train, "--epochs", "3"], "--epochs"),
-        ("train: unknown model key (needs torch)", [*train, "model.foo=1"], "model.foo"),
+        ("train: unknown model key", [*train, "model.foo=1"], "model.foo"),
         ("sample: missing --ckpt file", [*sample, "--ckpt", "nope.pt"], "--ckpt"),
         ("sample: --cfg-scale nan", [*sample, "--ckpt", "nope.pt", "--cfg-scale", "nan"],
          "--cfg-scale"),
