@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .claims import MAIN_PAIR, evaluate_family
 from .digits import (
     FIRST_SAMPLE_SEED,
     LONG,
@@ -31,7 +32,6 @@ from .stats import holm, power_two_sample, welch_contrast, welch_summary
 
 #: The addition's budget (PROTOCOL.md): runs past it are not started.
 SAMPLES_BUDGET_CORE_HOURS = 40.0
-MAIN_PAIR = ("SiT", "ViT-5 (γ0=1)")
 #: n per arm of the primary tests (the power analysis) and of the longer arm (the budget's largest).
 N_PLANNED = {"digits16": 36, "digits8": 25}
 N_LONG = 20
@@ -69,7 +69,7 @@ FRACTION_MARGIN = 2.0  # percentage points of precision / recall / accuracy
 
 @dataclass(frozen=True)
 class SampleTest:
-    """One test of the addition: ViT-5 vs SiT on ``dataset`` in ``metric`` at ``step``.
+    """One test of the addition: ViT-5 vs SiT on ``dataset`` in ``metric`` at the runs' final checkpoint.
 
     family: "S" (primary), "L" (trained longer) or "T" (secondary). metric: a checkpoint key
     (``digits_fid``, ``digits_fid16``, ``heldout_loss``, ``pixel_precision``, ``pixel_recall``,
@@ -416,8 +416,6 @@ def _say(row: dict[str, Any]) -> str:
 def bottom_line(results: Sequence[dict[str, Any]]) -> str:
     """The paragraph users read first (results/digits/README.md and the main README): what the proxy shows
     in loss and in samples, with n and corrected p, and what only a GPU run can settle."""
-    from .claims import evaluate_family
-
     loss = {r["test"].dataset: r for r in evaluate_family(results) if r["test"].name == "ViT-5 (γ0=1) vs SiT"}
     s = {r["test"].dataset: r for r in evaluate_samples(results) if r["test"].family == "S"}
     long = next(r for r in evaluate_samples(results) if r["test"].name.startswith("L1"))
