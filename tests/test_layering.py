@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: Components of sit_vit5 by layer, bottom first: a module may import only from lower layers.
 LAYERS: list[tuple[str, ...]] = [
     ("errors", "names"),
-    ("launcher",),  # the launcher's environment, read before torch (distributed and the CLIs use it)
+    ("launcher", "hub_access"),  # read before torch: the launcher's environment, whether the hub answers
     ("io", "guidance", "precision", "vae", "distributed", "runtime", "repa"),
     ("images", "transport", "run_files"),
     ("models", "diffusion"),
