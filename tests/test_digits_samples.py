@@ -203,3 +203,9 @@ def test_the_readme_bottom_line_quotes_the_committed_loss_result():
             assert f"{row['effect']:+.2f} % on {row['test'].dataset}" in block
     assert samples.XL_COMMANDS in block and "configs/eval/scaling.yaml" in block
     assert Path(digits.REPO / "configs" / "eval" / "scaling.yaml").is_file()
+
+
+def test_the_bottom_line_reads_an_empty_cache():
+    text = samples.bottom_line([])
+    assert text.startswith(samples.BOTTOM_LINE_MARKERS[0]) and text.endswith(samples.BOTTOM_LINE_MARKERS[1])
+    assert "not estimable yet on digits8" in text and "pending (0 of 50 runs)" in text

@@ -170,8 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     (repa_rows, repa_lines), (sample_rows, sample_lines) = repa_report(results, out), samples_report(results, out)
     claims_md = write_claims(results, out, command, extra=(repa_rows + sample_rows, repa_lines + sample_lines))
     preface = bottom_line(results)
-    readme = REPO / "README.md"
-    also = f" and the bottom line of {readme.name}" if update_marked_block(readme, preface) else ""
+    readme = REPO / "README.md"  # the main README quotes the committed study only, never a scratch --out
+    committed = Path(out).resolve() == (REPO / RESULTS).resolve()
+    also = f" and the bottom line of {readme.name}" if committed and update_marked_block(readme, preface) else ""
     print(f"wrote {write_report(results, out, command, preface)} and {claims_md}{also}")
     return 0
 

@@ -428,7 +428,8 @@ def bottom_line(results: Sequence[dict[str, Any]]) -> str:
         "**Bottom line of the digits proxy** (4-block, 64-wide models, 2,000 steps, CPU; generated from the "
         "committed runs). *In loss*, ViT-5 (γ0 = 1) beats SiT: held-out flow-matching loss "
         + " and ".join(f"{loss[d]['effect']:+.2f} % on {d} (n = {loss[d]['n'][0]} per arm, Holm p "
-                       f"{_p(loss[d]['p_holm'])})" for d in ("digits8", "digits16"))
+                       f"{_p(loss[d]['p_holm'])})" if "effect" in loss[d] else f"not estimable yet on {d}"
+                       for d in ("digits8", "digits16"))
         + ". *In samples*, the pre-registered test (FID of the same final checkpoints, Welch on log FID, its "
         "own Holm family; n = 25 / 36 per arm for 80 % power at a 10 % difference) reads: digits8 FID by the "
         f"8×8 network {_say(s['digits8'])}; digits16 FID16 by the 16×16 network {_say(s['digits16'])}. "
