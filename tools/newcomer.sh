@@ -60,7 +60,7 @@ EOF
 {
   echo "# The README, replayed by tools/newcomer.sh"
   echo
-  echo "$(date -u +%Y-%m-%d), $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg) at the start;"
+  echo "$(date -u +%Y-%m-%d), $(nproc --all) cores, load average $(cut -d' ' -f1-3 /proc/loadavg) at the start;"
   echo "clone of $(git -C "$work/sit-vit5" rev-parse --short HEAD). Install (\`pip install -e \".[dev]\"\`):"
   echo "${install_s} s, exit ${install_status}."
   echo
