@@ -4,7 +4,7 @@
 imports (torch, diffusers, accelerate, timm: several seconds), so that a bad flag or key is reported
 at once. The modules that implement these choices (``transport``, ``diffusion``, ``objective``,
 ``precision``, ``vae``, ``repa``, ``models.official``) import torch at their top; their names are
-copied here, and ``tests/test_names.py`` checks that each copy equals its source.
+copied here, and ``tests/test_first_minute.py`` checks that each copy equals its source.
 """
 
 from __future__ import annotations

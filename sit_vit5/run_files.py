@@ -54,16 +54,24 @@ def latest_checkpoint(ckpt_dir: str | os.PathLike) -> Path | None:
     return found[-1][1] if found else None
 
 
+def resume_target(spec: str, out_dir: str | os.PathLike) -> Path:
+    """What ``--resume spec`` points at: ``out_dir`` for ``latest``, else the path given."""
+    return Path(out_dir) if spec == "latest" else Path(spec)
+
+
+def checkpoints_of(run_or_ckpt_dir: Path) -> Path:
+    """The checkpoint folder of a run directory (its ``checkpoints/``), or the folder itself."""
+    return run_or_ckpt_dir / CKPT_DIR if (run_or_ckpt_dir / CKPT_DIR).is_dir() else run_or_ckpt_dir
+
+
 def resume_file(spec: str, out_dir: str | os.PathLike) -> Path | None:
     """The checkpoint ``--resume spec`` names (``latest``: the newest of ``out_dir``; a run
     directory: its newest; a file: itself), or None when there is none (the trainer's
     ``resolve_resume`` then says why)."""
-    target = Path(out_dir) if spec == "latest" else Path(spec)
+    target = resume_target(spec, out_dir)
     if target.is_file():
         return target
-    if target.is_dir():
-        return latest_checkpoint(target / CKPT_DIR if (target / CKPT_DIR).is_dir() else target)
-    return None
+    return latest_checkpoint(checkpoints_of(target)) if target.is_dir() else None
 
 
 def truncation(path: str | os.PathLike) -> str | None:

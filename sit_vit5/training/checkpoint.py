@@ -47,7 +47,16 @@ from ..io import (
     sidecar,
 )
 from ..models.checkpoint import CheckpointError, read_checkpoint
-from ..run_files import CKPT_DIR, LATEST, checkpoint_name, latest_checkpoint, list_checkpoints
+from ..run_files import (
+    CKPT_DIR,
+    LATEST,
+    checkpoint_name,
+    checkpoints_of,
+    latest_checkpoint,
+    list_checkpoints,
+    resume_file,
+    resume_target,
+)
 
 __all__ = ["CKPT_DIR", "LATEST", "CheckpointError", "CheckpointWriteError", "IncompatibleCheckpointError",
            "checkpoint_name", "latest_checkpoint", "list_checkpoints", "read_checkpoint", "save_checkpoint",
@@ -116,15 +125,12 @@ def save_checkpoint(state: dict[str, Any], ckpt_dir: str | os.PathLike, step: in
 
 def resolve_resume(spec: str, out_dir: str | os.PathLike) -> Path:
     """``"latest"`` → the latest checkpoint of ``out_dir``; a run directory → its latest; a file → itself."""
-    target = Path(out_dir) if spec == "latest" else Path(spec)
-    if target.is_file():
-        return target
+    found = resume_file(spec, out_dir)
+    if found is not None:
+        return found
+    target = resume_target(spec, out_dir)
     if target.is_dir():
-        ckpt_dir = target / CKPT_DIR if (target / CKPT_DIR).is_dir() else target
-        found = latest_checkpoint(ckpt_dir)
-        if found is not None:
-            return found
-        raise CheckpointError(f"--resume {spec}: no checkpoint in {ckpt_dir}")
+        raise CheckpointError(f"--resume {spec}: no checkpoint in {checkpoints_of(target)}")
     raise CheckpointError(f"--resume {spec}: {target} is neither a checkpoint file nor a run directory")
 
 
