@@ -328,7 +328,6 @@ def _grid(args: argparse.Namespace) -> int:
 
     from sit_vit5.sampling import sample_grid
 
-    set_tf32(args.tf32)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     pipe, info, image_size = build_pipeline(args, device)
     args.out = args.out or f"samples/grid{_size_suffix(info, pipe)}"
@@ -355,7 +354,6 @@ def _bulk(args: argparse.Namespace) -> int:
     from sit_vit5.distributed import describe_group, join_launcher_group
     from sit_vit5.sampling import sample_bulk
 
-    set_tf32(args.tf32)
     # the launcher's group (gloo without a GPU): else every process would draw every sample
     on_cpu = args.device is not None and torch.device(args.device).type == "cpu"
     state = join_launcher_group(cpu=on_cpu)
@@ -423,6 +421,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def run() -> int:
             _preflight(args)
+            set_tf32(args.tf32)  # after the checks: it imports torch
             return command(args)
 
         return run_cli(f"sample.py {args.command}", run, errors=(*KNOWN_ERRORS, ValueError),

@@ -19,10 +19,9 @@ from accelerate.state import AcceleratorState
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
-from ..config import Config, ConfigError, save_config, validate_architecture
+from ..config import Config, ConfigError, check_out_dir, save_config, validate_architecture
 from ..data import DATASETS, build_dataset
 from ..distributed import check_group, describe_group, prepare_launch
-from ..io import unwritable_dir_reason
 from ..models import count_params, model_from_config
 from ..objective import Objective, create_objective
 from ..precision import grad_scaler
@@ -200,11 +199,8 @@ def _run_dir(cfg: Config, resume: str | None) -> tuple[Path, Path | None]:
     """The run directory (checked writable) and the checkpoint to resume from (None: a fresh run,
     which refuses a directory that already holds checkpoints)."""
     t = cfg["train"]
+    check_out_dir(cfg)
     run_dir = Path(t["out_dir"])
-    problem = unwritable_dir_reason(run_dir)
-    if problem:
-        raise ConfigError(f"train.out_dir={t['out_dir']}: cannot write there ({problem}); set "
-                          "train.out_dir to a folder you can write")
     validate_architecture(cfg["model"])
     ckpt_path = resolve_resume(resume, run_dir) if resume else None
     if ckpt_path is None and latest_checkpoint(run_dir / CKPT_DIR) is not None:
