@@ -31,11 +31,11 @@ from typing import Any
 import numpy as np
 
 from fid.data import InputError, load_plain_array, npz_keys, open_images
+from fid.metric_names import METRICS, check_metrics
 
 # The arguments, the samples file (header, size, count, labels) and the reference's existence are
 # checked before torch and the networks are imported (seconds): a bad input is reported at once.
-# The constants below are copies of the heavy modules' (tests/test_fid_cli_fast.py compares them).
-METRICS = ("fid", "sfid", "is", "pr")  # fid.evaluate.METRICS
+# The constants below are copies of the heavy modules' (tests/test_first_minute.py compares them).
 INCEPTION_SHA256 = "6726825d0af5f729cebd5821db510b11b1cfad8faad88a03f1befd49fb9129b2"  # fid.inception
 PR_IMAGES = 10_000  # fid.reference.PR_IMAGES
 #: feature dimension of each Fréchet metric (fid.inception POOL_DIM, SPATIAL_DIM; fid.digits: the
@@ -82,14 +82,6 @@ def _inception_error() -> tuple[type[BaseException], ...]:
     """The Inception weights' error class once fid.inception is imported (else nothing to catch)."""
     inception = sys.modules.get("fid.inception")
     return (inception.InceptionWeightsError,) if inception is not None else ()
-
-
-def check_metrics(metrics: list[str]) -> list[str]:
-    """Validate metric names (as fid.evaluate.check_metrics); returns them deduplicated in order."""
-    unknown = [m for m in metrics if m not in METRICS]
-    if unknown or not metrics:
-        raise InputError(f"unknown metrics {unknown or '(none given)'}; choose from {list(METRICS)}")
-    return [m for m in METRICS if m in metrics]
 
 
 def check_sample_count(name: str, n: int, metrics: list[str], convention: int, why: str) -> None:

@@ -257,7 +257,7 @@ def test_the_name_copies_equal_their_sources():
     assert names.MODEL_KEYS == ("name", *valid_overrides())
     for name in [*list_models(), "DiT-foo", "x"]:
         assert names.name_objective(name) == name_objective(name)
-    assert fid_cli.METRICS == tuple(METRICS) and fid_cli.PR_IMAGES == reference.PR_IMAGES
+    assert fid_cli.METRICS is METRICS and fid_cli.PR_IMAGES == reference.PR_IMAGES  # one registry
     assert fid_cli.INCEPTION_SHA256 == inception.INCEPTION_SHA256
     assert (fid_cli.FEATURE_DIMS["fid"], fid_cli.FEATURE_DIMS["sfid"]) == (inception.POOL_DIM,
                                                                            inception.SPATIAL_DIM)
