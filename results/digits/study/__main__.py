@@ -38,7 +38,7 @@ from study.samples import (  # noqa: E402
     bottom_line,
     plan_samples,
     samples_report,
-    update_marked_block,  # noqa: E402
+    update_marked_block,
 )
 from study.samples import spent as samples_spent  # noqa: E402
 

@@ -550,7 +550,7 @@ def sweep(specs: Sequence[RunSpec], jobs: int = 1, budget_core_hours: float | No
           fits: Callable[[RunSpec], bool] | None = None) -> list[dict[str, Any]]:
     """Run every spec in ``jobs`` processes of one thread each (tiny models: more threads only spin), started
     in the order given. With ``budget_core_hours``, no new run starts once ``spent(results_dir)`` (default: the
-    claims addition's ``core_hours_spent``, REPA runs left out) reaches it; a run counts once it is complete,
+    claims addition's ``claims_spent``) reaches it; a run counts once it is complete,
     so with ``jobs`` > 1 the runs in flight can take the spending past the budget by up to ``jobs`` − 1
     runs. With ``fits`` (e.g. ``ends_by``), a run not cached that does not fit when its turn comes is skipped
     and the next ones are tried. The runs not started are left out of the returned list. ``executor``: the
