@@ -1,4 +1,5 @@
-"""The GPU measurements in one run (sized for under 8 minutes on an H200), one JSON file per stage.
+"""The GPU measurements, one JSON file per stage (the first five stages took 10 minutes on an H200:
+``tools/gpu_session.sh`` runs them stage by stage, returning what finished).
 
     python -m bench.suite --out results/bench/h200            # all stages
     python -m bench.suite --out results/bench/h200 --stages xl_eager sample
