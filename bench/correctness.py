@@ -3,7 +3,7 @@
     python -m bench.correctness --device cuda --json results/bench/h200/correctness.json
     python -m bench.correctness --device cpu --depth 1 --input-size 8     # the dry run: CPU against itself
 
-For each backbone (SiT, ViT5, the DiT-objective SiT with its variance half) the same weights and inputs run on
+For each backbone (SiT, ViT5; their full output, the variance half included) the same weights and inputs run on
 the CPU in fp32 (the reference) and on ``--device`` in fp32 (TF32 matmuls allowed, as training) and in bf16
 autocast, with attention restricted to SDPA's flash kernel in bf16 (it raises if q/k/v come in a layout flash
 cannot take). A row passes when the max error is within ``--tol`` x the reference's max magnitude (bf16: 8
@@ -22,8 +22,8 @@ import torch
 
 from bench.common import add_common_args, autocast, build_backbone, print_table, setup, write_json
 from sit_vit5.models import SIZES
-from sit_vit5.transport import create_transport
-from sit_vit5.transport.sampler import Sampler
+from sit_vit5.objective import create_objective
+from sit_vit5.sample_spec import SampleSpec
 
 COLUMNS = ("what", "precision", "max_err", "ref_max", "rel_err", "tol", "ok")
 
@@ -63,9 +63,8 @@ def main(argv: list[str] | None = None) -> dict:
     x, t = torch.randn(b, 4, s, s, generator=gen), torch.rand(b, generator=gen)
     y = torch.randint(0, 1000, (b,), generator=gen)
     rows = []
-    for name, backbone, sigma in (("SiT", "SiT", False), ("ViT5", "ViT5", False), ("DiT-objective", "SiT", True)):
+    for name, backbone in (("SiT", "SiT"), ("ViT5", "ViT5")):  # full outputs: 2C channels (DiT's too)
         model = build_backbone(backbone, args.size, input_size=s, depth=args.depth).eval()
-        model.return_sigma = sigma
         with torch.no_grad():
             ref = model(x, t, y)
             model.to(device)
@@ -76,9 +75,10 @@ def main(argv: list[str] | None = None) -> dict:
         del model
     # samplers: odeint (Euler grid) and Euler-Maruyama on the device against the CPU, SiT fp32
     model = build_backbone("SiT", args.sampler_size, input_size=s, depth=args.depth).eval()
-    sampler = Sampler(create_transport())
-    for method, fn in (("ode euler", sampler.sample_ode(sampling_method="euler", num_steps=args.num_steps)),
-                       ("sde Euler", sampler.sample_sde(num_steps=args.num_steps))):
+    objective = create_objective({})
+    for method, spec in (("ode euler", SampleSpec(method="ode", sampling_method="euler", num_steps=args.num_steps)),
+                         ("sde Euler", SampleSpec(method="sde", num_steps=args.num_steps))):
+        fn = objective.sampler(spec).sample
         outs = []
         for where in ("cpu", device):
             model.to(where)

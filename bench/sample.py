@@ -40,7 +40,9 @@ from bench.common import (
 )
 from sit_vit5.guidance import ClassifierFreeGuidance
 from sit_vit5.models import SIZES
-from sit_vit5.transport import Sampler, create_transport
+from sit_vit5.objective import create_objective
+from sit_vit5.sample_spec import SampleSpec
+from sit_vit5.transport import Sampler
 
 SAMPLERS = ("sde", "ode")
 COLUMNS = ("model", "size", "sampler", "nfe", "cfg", "precision", "mode", "batch", "run_s", "img_per_s",
@@ -72,11 +74,10 @@ def make_sample_run(model: nn.Module, device: torch.device, precision: str, mode
                     num_steps: int, cfg_scale: float, batch: int, input_size: int, num_classes: int,
                     seed: int = 0) -> tuple[Callable[[], None], Sampler]:
     """A closure sampling ``batch`` latents from fixed noise and labels; the Sampler reports ``last_nfe``."""
-    sampler = Sampler(create_transport())
-    if sampler_name == "sde":
-        sample_fn = sampler.sample_sde(num_steps=num_steps)
-    else:
-        sample_fn = sampler.sample_ode(sampling_method="euler", num_steps=num_steps)
+    spec = SampleSpec(method=sampler_name, num_steps=num_steps,
+                      sampling_method="euler" if sampler_name == "ode" else "Euler")
+    built = create_objective({}).sampler(spec)
+    sampler, sample_fn = built.sampler, built.sample
     net = maybe_compile(model.eval(), mode)
 
     def model_fn(x: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,7 @@
     python -m bench.suite --out /tmp/dry --device cpu          # dry run: every stage, tiny, depth 1 (seconds)
 
 Stages (each catches its own failure, so one error does not lose the others):
-  correctness  first, ~30 s: SiT, ViT5 and the DiT-objective model at XL/2, CUDA forward (fp32 with TF32, and
+  correctness  first, ~30 s: SiT and ViT5 at XL/2 (full 2C outputs), CUDA forward (fp32 with TF32, and
                bf16 with SDPA held to flash attention) against the CPU fp32 forward; odeint and SDE steps on CUDA
   xl_eager     XL/2 bf16 eager, batch 32 and 64: SiT, ViT5, timm-SiT: img/s, MFU, peak memory (and
                bench.plan's prediction of it)

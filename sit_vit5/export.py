@@ -38,9 +38,9 @@ from .io import unwritable_dir_reason
 from .models import CheckpointError, LoadedModel, load_model, resolve_checkpoint
 from .models.diffusers_dit import dit_folder, dit_pipeline
 from .models.official import OfficialWeights
-from .objective import ddpm_settings
+from .objective import create_objective, ddpm_settings
 from .precision import PRECISIONS, check_precision
-from .sample_spec import SAMPLE_METHODS, SampleSpec
+from .sample_spec import SampleSpec
 from .training.checkpoint import latest_checkpoint
 from .vae import SD_VAE_SCALING_FACTOR, load_vae, vae_enabled
 
@@ -104,8 +104,8 @@ def build_pipeline(
     vae, vae_cfg = bundled_vae(loaded, vae_name)
     # the checkpoint's sample section over SampleSpec's defaults: what sample.py uses without flags
     # as sample.py: the checkpoint's sample section, else the objective's first method (ddpm: DiT's)
-    sample = SampleSpec.resolve(loaded.sample, {"method": SAMPLE_METHODS[loaded.objective][0]})
-    scheduler = scheduler_from(loaded.objective_config, sample, vae_cfg)
+    sample = SampleSpec.resolve(loaded.sample, {"method": create_objective(loaded.objective).methods[0]})
+    scheduler = scheduler_from(loaded.objective, sample, vae_cfg)
     return SiTPipeline(transformer=loaded.model, scheduler=scheduler, vae=vae, id2label=id2label)
 
 
@@ -135,7 +135,7 @@ def export(
     if fmt == "dit":  # diffusers' own DiTPipeline layout (models/diffusers_dit.py)
         loaded = load_source(run_or_ckpt, which, model_name)
         vae = bundled_vae(loaded, vae_name)[0]
-        pipe = dit_pipeline(loaded, vae, ddpm_settings(loaded.objective_config))
+        pipe = dit_pipeline(loaded, vae, ddpm_settings(loaded.objective))
     else:
         pipe = build_pipeline(run_or_ckpt, which, model_name, vae_name, id2label)
     if weights_dtype is not None:

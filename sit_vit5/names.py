@@ -18,6 +18,8 @@ DIFFUSION_METHODS: tuple[str, ...] = ("ddpm", "ddim")
 #: SDE diffusion coefficients D(t) (keys of ``transport.DIFFUSION_FORMS``)
 DIFFUSION_FORMS: tuple[str, ...] = ("constant", "SBDM", "sigma", "linear", "decreasing",
                                     "increasing-decreasing")
+#: adaptive ODE tolerances, SiT's sample.py defaults (the one home of both: SampleSpec and Sampler read them)
+DEFAULT_ATOL, DEFAULT_RTOL = 1e-6, 1e-3
 #: SDE last steps (keys of ``transport.LAST_STEPS``; None / "none" = stop at t1)
 LAST_STEPS: tuple[str | None, ...] = ("Mean", "Tweedie", "Euler", None, "none")
 #: transport paths and model predictions (keys of ``transport.PATHS`` / ``PREDICTIONS``)

@@ -11,9 +11,10 @@ or DiT's discrete Gaussian diffusion (``objective: ddpm``), both read from the c
 
 "DiT w. ViT" is a SiT backbone with ``objective: ddpm``; ``DiT-*`` model names say so themselves.
 
-Both are an :class:`Objective`: its ``loss``, its ``sampler`` for a ``SampleSpec``, the channels
-guidance mixes and the model output mode it reads (``prepare``). Callers hold an ``Objective`` and
-never ask which one it is.
+Both are an :class:`Objective`: its ``loss``, its whole-trajectory ``sampler`` for a ``SampleSpec``, the
+same sampling one step at a time (``steps``: our steps, or a diffusers scheduler's) and the model
+evaluations a spec costs. The model always returns its full output (2C channels with a learned sigma);
+the objective reads what it needs. Callers hold an ``Objective`` and never ask which one it is.
 """
 
 from __future__ import annotations
@@ -21,17 +22,20 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from functools import partial
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
-from torch import Tensor, nn
+import torch
+from torch import Tensor
 
 from .diffusion import GaussianDiffusion, create_diffusion
+from .diffusion.sampler import DiffusionSampler, DiffusionSteps, SchedulerSteps, is_epsilon_scheduler
 from .diffusion.schedule import NOISE_SCHEDULES
 from .errors import SettingError, SitVit5Error
-from .models import name_objective
+from .models import name_objective_conflict
 from .sample_spec import SAMPLE_METHODS, SampleSpec
 from .transport import TRANSPORT_KEYS, Sampler, Transport, create_transport
+from .transport.integrators import FIXED_STEP_NFE, SDE_STEP_NFE, ode_method
+from .transport.sampler import EulerSteps, FlowSchedulerSteps
 
 OBJECTIVES = ("sit", "ddpm")
 #: transport-section keys each objective reads (the others must stay at their defaults' meaning:
@@ -56,6 +60,17 @@ class ObjectiveError(SitVit5Error, ValueError):
     fault)."""
 
 
+def objective_keys(name: str) -> tuple[str, ...]:
+    """The ``transport`` section keys objective ``name`` reads (besides ``objective``)."""
+    return DDPM_KEYS if name == "ddpm" else TRANSPORT_KEYS
+
+
+def method_conflict(objective: str) -> str:
+    """The one wording of "this method cannot sample this objective" (a SettingError reason)."""
+    return (f" cannot sample a model trained with the {objective} objective; valid: "
+            f"{', '.join(SAMPLE_METHODS[objective])}")
+
+
 def objective_name(cfg_transport: Mapping[str, Any] | None) -> str:
     """``transport.objective`` of a config section; sections written before the key existed mean
     ``sit``."""
@@ -76,18 +91,11 @@ def check_objective(
     ObjectiveError naming every contradiction at once (so one run shows all keys to set)."""
     name = objective_name(cfg_transport)
     problems: list[str] = []
-    implied = name_objective(model_name) if model_name else None
-    if implied is not None and implied != name:
-        problems.append(
-            f"model.name={model_name!r} is the SiT network trained with the {implied} objective: "
-            f"set transport.objective={implied}, or use the SiT-* name for transport.objective="
-            f"{name}"
-        )
+    conflict = name_objective_conflict(model_name, name) if model_name else None
+    if conflict:
+        problems.append(f"model.name={model_name!r}: {conflict}")
     if sample_method is not None and sample_method not in SAMPLE_METHODS[name]:
-        problems.append(
-            f"sample.method={sample_method!r} does not sample the {name} objective; valid: "
-            f"{', '.join(SAMPLE_METHODS[name])}"
-        )
+        problems.append(f"sample.method={sample_method!r}{method_conflict(name)}")
     if name == "ddpm":
         problems += _ddpm_problems(ddpm_settings(cfg_transport), learn_sigma)
     if problems:
@@ -150,23 +158,36 @@ def create_ddpm(
 
 @dataclass(frozen=True)
 class BuiltSampler:
-    """One objective's sampler for one spec: ``sample(z, model_fn, *, generator=None,
+    """One objective's whole-trajectory sampler for one spec: ``sample(z, model_fn, *, generator=None,
     **model_kwargs)`` returns the trajectory ``[x]`` (final sample last, ``(B, C, H, W)``);
-    ``counter.last_nfe`` is the model calls of the latest call."""
+    ``sampler.last_nfe`` is the model calls of the latest call."""
 
     sample: Callable[..., list[Tensor]]
-    counter: Sampler | DiffusionSampler
+    sampler: Sampler | DiffusionSampler
+
+
+class Steps(Protocol):
+    """Sampling one step at a time (diffusers' loop API): from ``x = z * init_noise_sigma``, for each ``t`` of
+    ``timesteps``: ``out = model(model_input(x, t), model_time(t, x), y)``, ``x = step(out, t, x, generator)``
+    (``out``: the model's full output; ``generator``: one per image for stochastic steps)."""
+
+    timesteps: Tensor
+    init_noise_sigma: float
+
+    def model_input(self, x: Tensor, t: Tensor) -> Tensor: ...
+    def model_time(self, t: Tensor, x: Tensor) -> Tensor: ...
+    def step(self, model_output: Tensor, t: Tensor, x: Tensor, generator: Any = None) -> Tensor: ...
 
 
 class Objective(ABC):
-    """What a training objective provides: the loss, a sampler per ``SampleSpec``, the channels
-    guidance mixes, and the output mode it reads from the model."""
+    """What a training objective provides: the loss, a sampler per ``SampleSpec`` (whole trajectories or step
+    by step) and the model evaluations a spec costs."""
 
     name: ClassVar[str]
 
     @property
     def methods(self) -> tuple[str, ...]:
-        """The ``sample.method`` values that sample this objective."""
+        """The ``sample.method`` values that sample this objective (the first is the default)."""
         return SAMPLE_METHODS[self.name]
 
     @abstractmethod
@@ -175,22 +196,36 @@ class Objective(ABC):
         t and the noise come from the global RNG, drawn in the order SiT / DiT draw them."""
 
     @abstractmethod
+    def evaluations(self, spec: SampleSpec) -> int | None:
+        """Model evaluations per batch of the whole-trajectory sampler (None: adaptive, unknown ahead)."""
+
+    @abstractmethod
     def _sampler(self, spec: SampleSpec, pixel_space: bool) -> BuiltSampler: ...
 
-    def sampler(self, spec: SampleSpec, *, pixel_space: bool = False) -> BuiltSampler:
-        """The sampler ``spec`` describes; ``pixel_space``: the model makes images in [-1, 1]."""
+    @abstractmethod
+    def _steps(self, spec: SampleSpec, pixel_space: bool, scheduler: Any, device: Any) -> Steps: ...
+
+    def check_method(self, spec: SampleSpec) -> None:
+        """Raise SettingError naming ``method`` when ``spec`` cannot sample this objective."""
         if spec.method not in self.methods:
-            raise SettingError("method", spec.method, f" cannot sample a model trained with the "
-                               f"{self.name} objective; valid: {', '.join(self.methods)}")
+            raise SettingError("method", spec.method, method_conflict(self.name))
+
+    def sampler(self, spec: SampleSpec, *, pixel_space: bool = False) -> BuiltSampler:
+        """The whole-trajectory sampler ``spec`` describes; ``pixel_space``: the model makes images in
+        [-1, 1]."""
+        self.check_method(spec)
         return self._sampler(spec, pixel_space)
 
-    def guided_channels(self, cfg_channels: int | None, in_channels: int) -> int | None:
-        """Output channels classifier-free guidance mixes (None = all of them)."""
-        return cfg_channels
-
-    def prepare(self, model: nn.Module) -> nn.Module:
-        """The model set to output what this objective reads (in place; returned for chaining)."""
-        return model
+    def steps(self, spec: SampleSpec, *, pixel_space: bool = False, scheduler: Any = None,
+              device: torch.device | str | None = None) -> Steps:
+        """``spec``'s sampler one step at a time: our own steps, or those of a diffusers ``scheduler``
+        (set up for ``spec.num_steps``). Raises SettingError when this objective cannot be sampled so."""
+        self.check_method(spec)
+        if scheduler is not None and not (callable(getattr(scheduler, "set_timesteps", None))
+                                          and callable(getattr(scheduler, "step", None))):
+            raise SettingError("scheduler", type(scheduler).__name__,
+                               ": not a diffusers scheduler (needs set_timesteps / step)")
+        return self._steps(spec, pixel_space, scheduler, device)
 
 
 class SiTObjective(Objective):
@@ -207,15 +242,36 @@ class SiTObjective(Objective):
     def loss(self, model: Callable[..., Tensor], x: Tensor, y: Tensor) -> Tensor:
         return self.transport.training_losses(model, x, model_kwargs=dict(y=y))["loss"]
 
+    def evaluations(self, spec: SampleSpec) -> int | None:
+        steps = spec.num_steps - 1  # num_steps counts grid points, both ends included
+        if spec.method == "ode":
+            per_step = FIXED_STEP_NFE.get(ode_method(spec.sampling_method))
+            return None if per_step is None else steps * per_step
+        per_step = SDE_STEP_NFE.get(spec.sampling_method)
+        # the SDE's last step (Mean / Tweedie / Euler) evaluates the model once more
+        return None if per_step is None else steps * per_step + (spec.last_step is not None)
+
     def _sampler(self, spec: SampleSpec, pixel_space: bool) -> BuiltSampler:
         sampler = Sampler(self.transport)
         build = sampler.sample_ode if spec.method == "ode" else sampler.sample_sde
         return BuiltSampler(build(**spec.options()), sampler)
 
+    def _steps(self, spec: SampleSpec, pixel_space: bool, scheduler: Any, device: Any) -> Steps:
+        if scheduler is not None:
+            if not type(scheduler).__name__.startswith("FlowMatch"):
+                raise SettingError("scheduler", type(scheduler).__name__, ": cannot sample a model trained "
+                                   "with the sit objective; use FlowMatchEulerDiscreteScheduler or the SiTScheduler")
+            return FlowSchedulerSteps(Sampler(self.transport), scheduler, spec.num_steps, device)
+        if spec.method != "ode" or ode_method(spec.sampling_method) != "euler":
+            raise SettingError("method", f"{spec.method}/{spec.sampling_method}", ": step-wise sampling covers "
+                               "ode/euler (and ddpm, ddim); the SDE and the other ODE solvers run whole "
+                               "trajectories (SiTPipeline.__call__)")
+        return EulerSteps(Sampler(self.transport), spec.num_steps, device)
+
 
 class DDPMObjective(Objective):
     """DiT's discrete diffusion: integer steps (T-1 = noise), DDPM / DDIM samplers on respaced
-    steps; a learned variance makes the model output 2C channels and guidance mix the first C."""
+    steps; a learned variance makes the model output 2C channels (noise, then variance values)."""
 
     name = "ddpm"
 
@@ -229,18 +285,21 @@ class DDPMObjective(Objective):
         t = self.diffusion.sample_timesteps(len(x), device=x.device)  # DiT: t first, then noise
         return self.diffusion.training_losses(model, x, t, model_kwargs=dict(y=y))["loss"]
 
+    def evaluations(self, spec: SampleSpec) -> int | None:
+        return spec.num_steps
+
     def _sampler(self, spec: SampleSpec, pixel_space: bool) -> BuiltSampler:
         sampler = DiffusionSampler(self.diffusion, clip_denoised=pixel_space)
-        return BuiltSampler(sampler.build(spec.method, spec.num_steps), sampler)
+        return BuiltSampler(sampler.build(spec.method, **spec.options()), sampler)
 
-    def guided_channels(self, cfg_channels: int | None, in_channels: int) -> int | None:
-        # "all" means the C noise channels, never the variance half (DiT guides eps only)
-        return in_channels if cfg_channels is None else cfg_channels
-
-    def prepare(self, model: nn.Module) -> nn.Module:
-        if getattr(model, "learn_sigma", False):  # SiT's forward drops the sigma half otherwise
-            model.return_sigma = True
-        return model
+    def _steps(self, spec: SampleSpec, pixel_space: bool, scheduler: Any, device: Any) -> Steps:
+        if scheduler is None:
+            return DiffusionSteps(self.diffusion, spec.method, spec.num_steps, clip_denoised=pixel_space,
+                                  eta=spec.eta, device=device)
+        if not is_epsilon_scheduler(scheduler):
+            raise SettingError("scheduler", type(scheduler).__name__, ": cannot sample a model trained with "
+                               "the ddpm objective; use DDPMScheduler / DDIMScheduler or the SiTScheduler")
+        return SchedulerSteps(scheduler, spec.num_steps, device)
 
 
 def create_objective(cfg_transport: Mapping[str, Any]) -> Objective:
@@ -259,51 +318,3 @@ def as_objective(objective: Objective | Transport | GaussianDiffusion) -> Object
     if isinstance(objective, GaussianDiffusion):
         return DDPMObjective(objective)
     return SiTObjective(objective)
-
-
-def respaced(diffusion: GaussianDiffusion, method: str, num_steps: int) -> GaussianDiffusion:
-    """The process our DDPM / DDIM sampler runs: DiT's ``"num_steps"`` respacing for ddpm (both
-    ends kept), ADM's ``"ddimN"`` (an integer stride) for ddim."""
-    return diffusion.respace(str(num_steps) if method == "ddpm" else f"ddim{num_steps}")
-
-
-class DiffusionSampler:
-    """DDPM / DDIM sampling of a ddpm-objective model, shaped like
-    :class:`~sit_vit5.transport.Sampler`: :meth:`build` returns ``fn(z, model_fn, *, generator=None,
-    **model_kwargs) -> [x]`` (final sample last) and ``last_nfe`` counts the model calls of the
-    latest call. ``num_steps`` respaced steps of the trained process: DDPM keeps them evenly spread
-    with both ends (DiT's ``"250"``), DDIM on an integer stride (ADM's ``"ddim50"``).
-
-    ``clip_denoised``: clamp each step's x0 prediction to [-1, 1], the data range of pixel-space
-    models (ADM / IDDPM sample images so); DiT's latents are unbounded, so DiT samples without it.
-    Unclipped, the first step of the cosine schedule (alpha_bar_T ~ 2e-9) scales the eps error by
-    sqrt(alpha_bar_{t-1} / alpha_bar_t) ~ 630 on 50 respaced steps."""
-
-    def __init__(self, diffusion: GaussianDiffusion, clip_denoised: bool = False) -> None:
-        self.diffusion = diffusion
-        self.clip_denoised = clip_denoised
-        self._spaced: GaussianDiffusion | None = None
-
-    @property
-    def last_nfe(self) -> int | None:
-        return None if self._spaced is None else self._spaced.last_nfe
-
-    def build(
-        self, method: str, num_steps: int, eta: float = 0.0, progress: bool = False
-    ) -> Callable[..., Any]:
-        if method not in SAMPLE_METHODS["ddpm"]:
-            raise SettingError("method", method, " does not sample the ddpm objective; valid: "
-                               + ", ".join(SAMPLE_METHODS["ddpm"]))
-        spaced = self._spaced = respaced(self.diffusion, method, num_steps)
-
-        # DDPM: ancestral steps; DDIM: deterministic at eta = 0 (DiT's two samplers)
-        loop = spaced.p_sample_loop if method == "ddpm" else partial(spaced.ddim_sample_loop, eta=eta)
-
-        def _sample(
-            z: Tensor, model_fn: Callable[..., Tensor], *, generator=None, **model_kwargs
-        ) -> list[Tensor]:
-            x = loop(model_fn, z.shape, z, clip_denoised=self.clip_denoised,
-                     model_kwargs=model_kwargs, progress=progress, generator=generator)
-            return [x]
-
-        return _sample

@@ -16,12 +16,13 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from .errors import SettingError
-from .names import DIFFUSION_FORMS, DIFFUSION_METHODS, LAST_STEPS, TRANSPORT_METHODS
+from .names import DEFAULT_ATOL, DEFAULT_RTOL, DIFFUSION_FORMS, DIFFUSION_METHODS, LAST_STEPS, TRANSPORT_METHODS
 
 #: sample.method values of each objective: SiT's transport, DiT's diffusion
 SAMPLE_METHODS: dict[str, tuple[str, ...]] = {"sit": TRANSPORT_METHODS, "ddpm": DIFFUSION_METHODS}
 METHODS = (*TRANSPORT_METHODS, *DIFFUSION_METHODS)
 DEFAULT_SAMPLING_METHOD = {"ode": "dopri5", "sde": "Euler"}  # SiT's sample.py defaults per method
+NUMBER_TYPES: dict[str, type | tuple[type, ...]] = {"int": int, "float": (int, float)}  # annotation -> accepted
 
 
 def positive_int(text: str) -> int:
@@ -60,7 +61,7 @@ def _channels(text: str) -> int | None:
 
 def option(default: Any, help: str, *, solvers: tuple[str, ...] = (), **flag: Any) -> Any:
     """A spec field and its sample.py flag: ``help`` (``{default}`` is filled in), the methods whose
-    sampler builder takes it as a keyword (``solvers``: ode / sde; see ``SampleSpec.options``), and
+    sampler builder takes it as a keyword (``solvers``: ode / sde / ddpm / ddim; see ``SampleSpec.options``), and
     argparse keywords (``type``, ``choices``, ``nargs``, ``metavar``, ``aliases`` = extra names)."""
     return field(default=default, metadata={"help": help, "solvers": solvers, **flag})
 
@@ -80,11 +81,11 @@ class SampleSpec:
         f"{DEFAULT_SAMPLING_METHOD['sde']})", solvers=("ode", "sde"))
     num_steps: int = option(250, "time-grid points (default {default}; fixed-step ODE takes "
                             "num_steps-1 steps; adaptive ODE: output grid only); ddpm / ddim: "
-                            "respaced diffusion steps", solvers=("ode", "sde"), type=positive_int,
+                            "respaced diffusion steps", solvers=METHODS, type=positive_int,
                             aliases=("--num-sampling-steps",))
-    atol: float = option(1e-6, "adaptive ODE absolute tolerance (default {default})",
+    atol: float = option(DEFAULT_ATOL, "adaptive ODE absolute tolerance (default {default})",
                          solvers=("ode",), type=finite_float)
-    rtol: float = option(1e-3, "adaptive ODE relative tolerance (default {default})",
+    rtol: float = option(DEFAULT_RTOL, "adaptive ODE relative tolerance (default {default})",
                          solvers=("ode",), type=finite_float)
     # sigma, not SiT's Sampler-API default SBDM: it is SiT's sample.py default, the setting
     # behind the published FID 2.06 (docs/DESIGN.md §4)
@@ -96,6 +97,8 @@ class SampleSpec:
                                    choices=(*(k for k in LAST_STEPS if k is not None), "None"))
     last_step_size: float = option(0.04, "SDE final step size (default {default})",
                                    solvers=("sde",), type=finite_float)
+    eta: float = option(0.0, "DDIM noise: 0 = deterministic (DiT, default {default}), 1 = DDPM-like",
+                        solvers=("ddim",), type=finite_float)
     cfg_scale: float = option(1.0, "classifier-free guidance scale (default {default:g} = off; < 0 "
                               "needs --allow-negative-cfg)", type=finite_float)
     cfg_channels: int | None = option(None, "guided channels: all (default) or 3 for the SiT/DiT "
@@ -107,14 +110,15 @@ class SampleSpec:
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise SettingError("method", self.method, f"; valid: {', '.join(METHODS)}")
-        numbers = ("atol", "rtol", "diffusion_norm", "last_step_size", "cfg_scale")
-        for name, kinds in (("num_steps", int), *((n, (int, float)) for n in numbers)):
-            value = getattr(self, name)
+        for f in fields(self):  # the number types come from the annotations
+            kinds = NUMBER_TYPES.get(f.type)
+            value = getattr(self, f.name)
+            if kinds is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, kinds):
-                raise SettingError(name, value, ": expected "
-                                   + ("an int" if kinds is int else "a number"))
+                raise SettingError(f.name, value, ": expected " + ("an int" if kinds is int else "a number"))
             if not math.isfinite(value):  # nan / inf: every image would come out non-finite
-                raise SettingError(name, value, ": expected a finite number")
+                raise SettingError(f.name, value, ": expected a finite number")
         diffusion = self.method in SAMPLE_METHODS["ddpm"]
         if self.num_steps < (1 if diffusion else 2):  # a 1-point time grid integrates nothing
             raise SettingError("num_steps", self.num_steps,
@@ -122,6 +126,8 @@ class SampleSpec:
         if diffusion and self.sampling_method is not None:
             raise SettingError("sampling_method", self.sampling_method,
                                f" applies to ode / sde, not method={self.method!r}")
+        if self.eta < 0:
+            raise SettingError("eta", self.eta, ": must be >= 0")
         if diffusion and self.cfg_interval is not None:
             raise SettingError("cfg_interval", self.cfg_interval,
                                f": defined on the transport's t in [0, 1]; method={self.method!r} "
@@ -145,7 +151,7 @@ class SampleSpec:
         return tuple(f.name for f in fields(cls))
 
     @classmethod
-    def resolve(cls, *layers: Mapping[str, Any]) -> SampleSpec:
+    def resolve(cls, *layers: Mapping[str, Any], explicit: bool = False) -> SampleSpec:
         """The spec from ``layers`` of settings, highest priority first (e.g. CLI flags, then a
         checkpoint's ``sample`` section): each field takes its first non-None value, else the
         default.
@@ -153,13 +159,16 @@ class SampleSpec:
         Keys that are not fields (a config section's ``num_images``, ...) are ignored. A layer's
         ``sampling_method`` is used only with the method it was written for: the layer's own
         ``method`` if it sets one (so a checkpoint's ODE solver does not leak into an SDE run), else
-        whichever method wins.
+        whichever method wins. Under ddpm / ddim a config's or checkpoint's solver (the config default is
+        euler) is unused; with ``explicit`` the first layer was typed by the user (sample.py's flags), and
+        a solver there is refused by the spec's own check.
         """
         known = [{k: v for k, v in layer.items() if k in cls.keys() and v is not None}
                  for layer in layers]
         method = next((layer["method"] for layer in known if "method" in layer), cls.method)
-        if method in SAMPLE_METHODS["ddpm"]:  # a config's ODE/SDE solver (default euler): unused
-            known = [{k: v for k, v in layer.items() if k != "sampling_method"} for layer in known]
+        if method in SAMPLE_METHODS["ddpm"]:  # a config's / checkpoint's ODE solver is unused; a typed one refused
+            keep = known[:1] if explicit else []
+            known = keep + [{k: v for k, v in layer.items() if k != "sampling_method"} for layer in known[len(keep):]]
         values: dict[str, Any] = {"method": method}
         for layer in known:
             if layer.get("method", method) != method:

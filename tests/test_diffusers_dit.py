@@ -79,7 +79,6 @@ def diffusers_out(dit: DiTTransformer2DModel, x, t, y) -> torch.Tensor:
 
 
 def ours_out(model, x, t, y) -> torch.Tensor:
-    model.return_sigma = True  # as DiT's objective reads it: noise and variance halves
     with torch.no_grad():
         return model(x, t, y)
 
@@ -203,9 +202,9 @@ def test_dit_pipeline_samples_our_export_as_it_samples_the_original(tmp_path, va
     dit = tiny_dit()
     dit.save_pretrained(tmp_path / "dit")
     loaded = load_model(tmp_path / "dit")
-    assert (loaded.source, loaded.objective) == ("diffusers", "ddpm")
+    assert (loaded.source, loaded.objective_name) == ("diffusers", "ddpm")
     assert loaded.name == "DiT (depth 2, hidden 64, heads 4, patch 2)"  # no registry size
-    assert loaded.diffusion["ddpm_variance"] == "learned"
+    assert loaded.objective["ddpm_variance"] == "learned"
     out = tmp_path / "export"
     with warnings.catch_warnings():  # a model converted from diffusers converts back exactly
         warnings.filterwarnings("error", message=".*only approximates")
@@ -233,7 +232,7 @@ def test_a_pipeline_folder_loads_with_its_vae_and_schedule(tmp_path, vae_dir):
     DiTPipeline(transformer=dit, vae=vae, scheduler=scheduler).save_pretrained(tmp_path / "pipe")
     loaded = load_model(tmp_path / "pipe")
     assert loaded.vae["name"] == str(tmp_path / "pipe" / "vae")
-    assert loaded.diffusion == {"ddpm_variance": "learned", "diffusion_steps": 1000,
+    assert loaded.objective == {"objective": "ddpm", "ddpm_variance": "learned", "diffusion_steps": 1000,
                                 "noise_schedule": "linear"}
     x, t, y = dit_inputs()
     assert max(max_diffs(ours_out(loaded.model, x, t, y), diffusers_out(dit, x, t, y))) <= TOL

@@ -105,7 +105,6 @@ def test_dit_objective_model_and_its_loss():
     from sit_vit5.diffusion import create_diffusion
 
     model = tiny("SiT-S/2", learn_sigma=True)
-    model.return_sigma = True  # DiT's objective reads the variance half
     diffusion = create_diffusion("")
     with fake_cuda():
         model = model.to("cuda")
@@ -188,7 +187,6 @@ def test_ddpm_and_ddim_loops(loop, cfg):
     from sit_vit5.diffusion import create_diffusion
 
     model = tiny("SiT-S/2", learn_sigma=True)
-    model.return_sigma = True
     diffusion = create_diffusion("3")  # respaced to 3 steps
     gens = [torch.Generator().manual_seed(i) for i in range(2)]
     with fake_cuda(), torch.no_grad():

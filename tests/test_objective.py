@@ -8,12 +8,14 @@ import pytest
 import torch
 
 from sit_vit5.config import DEFAULTS, ConfigError, flatten, load_config
-from sit_vit5.diffusion import GaussianDiffusion, create_diffusion
+from sit_vit5.diffusion import DiffusionSampler, GaussianDiffusion, create_diffusion
+from sit_vit5.errors import SettingError
 from sit_vit5.models import create_model, list_models, load_model, name_objective
-from sit_vit5.objective import DDPMObjective, DiffusionSampler, SiTObjective, create_objective
+from sit_vit5.objective import DDPMObjective, SiTObjective, create_objective
+from sit_vit5.sample_spec import SampleSpec
 from sit_vit5.training import read_checkpoint, save_checkpoint, train
 from sit_vit5.training.checkpoint import config_differences
-from sit_vit5.transport import Transport, create_transport
+from sit_vit5.transport import Transport
 
 TINY_MODEL = dict(depth=2, hidden_size=32, num_heads=2, input_size=8, in_channels=1, num_classes=10)
 DDPM = ["transport.objective=ddpm", "model.learn_sigma=true", "sample.method=ddpm"]
@@ -75,11 +77,7 @@ def test_valid_objective_configs_load():
 def test_ddpm_backbone_returns_2c_channels_and_receives_integer_steps():
     model = create_model("SiT-S/2", **TINY_MODEL)
     x, y = torch.randn(3, 1, 8, 8), torch.tensor([0, 1, 2])
-    assert model(x, torch.rand(3), y).shape == (3, 1, 8, 8)  # SiT: the sigma half is dropped
-    create_objective({"objective": "sit"}).prepare(model)
-    assert model(x, torch.rand(3), y).shape == (3, 1, 8, 8)
-    create_objective({"objective": "ddpm"}).prepare(model)
-    assert model(x, torch.rand(3), y).shape == (3, 2, 8, 8)
+    assert model(x, torch.rand(3), y).shape == (3, 2, 8, 8)  # the full output: eps (or v), then sigma
 
     seen = []
 
@@ -99,10 +97,16 @@ def test_ddpm_backbone_returns_2c_channels_and_receives_integer_steps():
     assert grad[:, 0].abs().sum() > 0 and grad[:, 1].abs().sum() > 0
 
 
-def test_guidance_channels_under_ddpm_exclude_the_variance_half():
-    assert create_objective({"objective": "ddpm"}).guided_channels(None, 4) == 4
-    assert create_objective({"objective": "ddpm"}).guided_channels(3, 4) == 3
-    assert create_objective({"objective": "sit"}).guided_channels(None, 4) is None
+@pytest.mark.parametrize("objective", ["sit", "ddpm"])
+def test_guidance_never_mixes_the_variance_half(objective):
+    from sit_vit5.sampling import SamplingPipeline
+
+    model = create_model("SiT-S/2", **TINY_MODEL)  # learn_sigma: 2C outputs
+    method = create_objective({"objective": objective}).methods[0]
+    for channels, guided in ((None, 1), (1, 1)):
+        spec = SampleSpec(method=method, num_steps=3, cfg_scale=2.0, cfg_channels=channels)
+        pipe = SamplingPipeline(model, create_objective({"objective": objective}), spec, (1, 8, 8), 10)
+        assert pipe.model_fn.cfg_channels == guided
 
 
 def test_diffusion_sampler_respaces_the_trained_process():
@@ -122,8 +126,9 @@ def test_diffusion_sampler_respaces_the_trained_process():
     assert sampler.last_nfe == 50 and calls[0] == 980  # ADM's ddim50: stride 20 from 0
     spaced = create_diffusion("25")
     assert torch.equal(diffusion.respace("25").betas, spaced.betas)
-    with pytest.raises(ValueError, match="ddpm objective"):
-        sampler.build("ode", 10)
+    with pytest.raises(SettingError) as err:  # the objective's check: a method that cannot sample it
+        create_objective({"objective": "ddpm"}).sampler(SampleSpec(method="ode", num_steps=10))
+    assert (err.value.key, err.value.value) == ("method", "ode")
 
 
 def test_the_ddpm_demo_is_the_demo_with_dits_objective():
@@ -211,14 +216,10 @@ def test_loaded_checkpoints_split_transport_kwargs_from_the_ddpm_keys(tmp_path, 
         "step": 1,
     }
     loaded = load_model(save_checkpoint(state, tmp_path / "checkpoints", step=1))
-    assert loaded.objective == objective
-    if objective == "sit":  # still create_transport's kwargs, as callers use them
-        assert (
-            isinstance(create_transport(**loaded.transport), Transport) and loaded.diffusion == {}
-        )
-    else:
-        assert loaded.transport == {} and loaded.diffusion["ddpm_variance"] == "learned"
-    assert type(create_objective(loaded.objective_config)) is (
+    assert loaded.objective_name == objective == loaded.objective["objective"]
+    if objective == "ddpm":
+        assert loaded.objective["ddpm_variance"] == "learned"
+    assert type(create_objective(loaded.objective)) is (
         SiTObjective if objective == "sit" else DDPMObjective
     )
 

@@ -364,8 +364,8 @@ def test_logged_alignment_loss_equals_an_independent_computation(tmp_path):
     x, y = next(iter(run.loader))
     projector_state = {k: v.clone() for k, v in proj.state_dict().items()}
     torch.manual_seed(mix_seed(0, 0, 0, SALT_NOISE))  # the step's noise: t, x0, then the label drop
-    t, x0, x1 = run.transport.transport.sample(x)
-    _, xt, _ = run.transport.transport.path_sampler.plan(t, x0, x1)
+    t, x0, x1 = run.objective.transport.sample(x)
+    _, xt, _ = run.objective.transport.path_sampler.plan(t, x0, x1)
     h = model.x_embedder(xt) + model.pos_embed
     c = model.t_embedder(t) + model.y_embedder(y, True)
     h = torch.cat([h, model.register_tokens.expand(len(x), -1, -1)], dim=1)

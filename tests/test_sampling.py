@@ -150,21 +150,26 @@ def test_samples_with_the_model_frozen_and_restores_its_flags():
     assert torch.equal(loaded.generate([0, 1, 2], 3).pixels, full.pixels)
 
 
-def test_pixels_takes_generators_and_an_integrator():
-    pipe = pipeline(SDE)
+def test_generate_takes_generators_steps_and_a_tick():
+    pipe = pipeline(ODE)
     full = pipe.generate([4, 2], 9, labels=[1, 3])
     gens = [torch.Generator().manual_seed(sample_seed(9, i)) for i in (4, 2)]
-    calls = []
-
-    def integrate(z, y, g):  # the default loop, observed
-        calls.append((z.shape, y.tolist(), len(g)))
-        return pipe.sample_fn(z, pipe.model_fn, generator=g, y=y)[-1]
-
-    assert torch.equal(pipe.pixels(gens, [1, 3], integrate).cpu(), full.pixels)
-    assert calls == [(torch.Size([2, 1, 8, 8]), [1, 3], 2)]
-    with pytest.raises(sampling.NonFiniteSampleError, match=r"in batch 7 from the model: .*NaN/inf weights"):
-        pipe.pixels(gens, [1, 3], lambda z, y, g: z * float("nan"), where="batch 7")
-    assert all(p.requires_grad for n, p in pipe.model.named_parameters() if "pos_embed" not in n)  # restored on error
+    ticks = []
+    again = pipe.generate([0, 1], 0, labels=[1, 3], generators=gens, tick=lambda: ticks.append(1))
+    assert torch.equal(again.pixels, full.pixels)  # the generators decide, not the indices / seed
+    assert len(ticks) == pipe.objective.evaluations(pipe.spec) == full.nfe
+    # the objective's Euler steps through the one step-wise loop: the whole-trajectory ODE Euler's pixels
+    steps = pipe.objective.steps(pipe.spec)
+    stepped = pipe.generate([4, 2], 9, labels=[1, 3], steps=steps)
+    assert torch.allclose(stepped.pixels, full.pixels, atol=1e-5) and stepped.nfe == len(steps.timesteps)
+    broken = tiny_model()
+    with torch.no_grad():
+        broken.final_layer.linear.bias.fill_(float("nan"))
+    nan = SamplingPipeline(broken, create_transport(), ODE, (1, 8, 8), 10)
+    with pytest.raises(sampling.NonFiniteSampleError) as err:
+        nan.generate([7], 0)
+    assert "samples 7..7" in str(err.value)
+    assert all(p.requires_grad for n, p in pipe.model.named_parameters() if "pos_embed" not in n)  # restored
 
 
 def test_bf16_autocast_runs_and_stays_close():
@@ -296,7 +301,7 @@ def test_load_our_checkpoint(tmp_path):
     assert all(torch.equal(loaded.state_dict()[k], v) for k, v in ema.state_dict().items())
     assert (info.source, info.name, info.step, info.which) == ("ours", "SiT-S/2", 123, "ema")
     assert (info.input_size, info.in_channels, info.num_classes) == (8, 1, 10)
-    assert info.transport["path_type"] == "GVP" and info.vae["name"] == "none"
+    assert info.objective["path_type"] == "GVP" and info.vae["name"] == "none"
     assert info.sample["sampling_method"] == "euler"
     raw = load_model(path, which="model").model
     assert all(torch.equal(raw.state_dict()[k], v) for k, v in model.state_dict().items())
@@ -315,7 +320,7 @@ def test_load_official_bare_state_dict(tmp_path):
     assert all(torch.equal(loaded.state_dict()[k], v) for k, v in model.state_dict().items())
     assert loaded.learn_sigma and (info.source, info.input_size, info.in_channels, info.num_classes) == (
         "official", 8, 4, 10)
-    assert info.transport == {} and info.vae["name"] == "stabilityai/sd-vae-ft-ema"
+    assert info.objective == {"objective": "sit"} and info.vae["name"] == "stabilityai/sd-vae-ft-ema"
     with pytest.raises(ValueError, match="bare state dict without a config.*SiT-XL/2"):
         load_model(path)
     with pytest.raises(RuntimeError, match="does not fit"):  # CheckpointError naming the mismatched shapes
@@ -326,7 +331,7 @@ def test_load_official_bare_state_dict(tmp_path):
     torch.save({"ema": model.state_dict(), "args": args}, train_ckpt)
     info = load_model(train_ckpt, overrides=arch)
     assert info.name == "SiT-S/2" and info.vae["name"] == "stabilityai/sd-vae-ft-mse"
-    assert info.transport == {"path_type": "VP", "prediction": "velocity"}
+    assert info.objective == {"objective": "sit", "path_type": "VP", "prediction": "velocity"}
     with pytest.raises(RuntimeError, match="has no 'model' weights"):
         load_model(train_ckpt, which="model", overrides=arch)
 
@@ -423,4 +428,8 @@ def test_spec_options_are_the_sampler_builders_keywords():
     for method, build in (("ode", Sampler.sample_ode), ("sde", Sampler.sample_sde)):
         keywords = set(inspect.signature(build).parameters) - {"self", "progress", "reverse"}
         assert set(SampleSpec(method=method).options()) == keywords, method
-    assert SampleSpec(method="ddim").options() == {}
+    from sit_vit5.diffusion import DiffusionSampler
+
+    keywords = set(inspect.signature(DiffusionSampler.build).parameters) - {"self", "method", "progress"}
+    assert set(SampleSpec(method="ddim").options()) == keywords  # eta reaches DDIM through the spec
+    assert set(SampleSpec(method="ddpm").options()) == keywords - {"eta"}

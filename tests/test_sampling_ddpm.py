@@ -68,7 +68,7 @@ def dit_file(tmp_path_factory):
 
 def test_official_dit_file_loads_by_name_and_samples_as_ddpm_defines(dit_file):
     info = load_model(dit_file, "DiT-S/2", overrides=ARCH)
-    assert (info.source, info.objective, info.diffusion["ddpm_variance"]) == (
+    assert (info.source, info.objective_name, info.objective["ddpm_variance"]) == (
         "official",
         "ddpm",
         "learned",
@@ -130,18 +130,19 @@ def test_guidance_under_ddpm_mixes_the_noise_channels_only(dit_file):
 def test_the_objective_of_a_bare_file_is_told_never_guessed(dit_file):
     with pytest.raises(ValueError, match="model_name / --model"):
         load_model(dit_file, overrides=ARCH)
-    with pytest.raises(ValueError, match="names the ddpm objective"):
+    with pytest.raises(ValueError) as err:
         load_model(dit_file, "DiT-S/2", overrides=ARCH, objective="sit")
-    assert load_model(dit_file, "SiT-S/2", overrides=ARCH, objective="ddpm").objective == "ddpm"
+    assert "DiT-S/2" in str(err.value) and "objective=ddpm" in str(err.value)
+    assert load_model(dit_file, "SiT-S/2", overrides=ARCH, objective="ddpm").objective_name == "ddpm"
     info = load_model(dit_file, "SiT-S/2", overrides=ARCH)  # a SiT name: the SiT objective
-    assert info.objective == "sit" and isinstance(
-        create_objective(info.objective_config), SiTObjective
+    assert info.objective_name == "sit" and isinstance(
+        create_objective(info.objective), SiTObjective
     )
     x = torch.zeros(1, C, SIDE, SIDE)
     spec = SampleSpec(method="ode", sampling_method="euler", num_steps=2)
     assert SamplingPipeline.for_model(info, spec).model(
         x, torch.ones(1), torch.ones(1).long()
-    ).shape == (1, C, SIDE, SIDE)
+    ).shape == (1, 2 * C, SIDE, SIDE)  # the full output: the transport reads the first C channels
 
 
 def test_spec_modes_belong_to_their_objective():
@@ -257,10 +258,10 @@ def test_cli_samples_our_ddpm_checkpoint_grid_equals_bulk(ddpm_ckpt, tmp_path, c
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (["--method", "ode"], "ddpm-objective model; valid: ddpm, ddim"),
-        (["--objective", "sit"], "trained with transport.objective=ddpm"),
-        (["--prediction", "noise"], "not a transport model"),
-        (["--sampling-method", "euler"], "--method ddpm | ddim"),
+        (["--method", "ode"], "--method ode"),
+        (["--objective", "sit"], "transport.objective=ddpm"),
+        (["--prediction", "noise"], "--prediction noise"),
+        (["--sampling-method", "euler"], "--sampling-method euler"),
     ],
 )
 def test_cli_refuses_transport_flags_on_ddpm_models(ddpm_ckpt, tmp_path, capsys, extra, message):
@@ -308,11 +309,10 @@ def test_dit_protocol_flags_parse():
         32,
         4,
         1000,
-        {},
+        {"objective": "ddpm"},
         {"name": "stabilityai/sd-vae-ft-ema"},
-        objective="ddpm",
     )
-    spec = sample.resolve_spec(args, info.sample, info.objective)
+    spec = sample.resolve_spec(args, info.sample, create_objective(info.objective).methods[0])
     assert (spec.method, spec.num_steps, spec.cfg_scale, spec.cfg_channels) == ("ddpm", 250, 1.5, 3)
     no_method = sample.build_parser().parse_args(
         ["grid", "--ckpt", "DiT-XL-2-256x256.pt", "--model", "DiT-XL/2"]

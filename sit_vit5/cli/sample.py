@@ -39,7 +39,7 @@ from sit_vit5.names import (
     SD_VAE_IDS,
     name_objective,
 )
-from sit_vit5.sample_spec import SAMPLE_METHODS, SampleSpec, finite_float, positive_int
+from sit_vit5.sample_spec import SampleSpec, finite_float, positive_int
 from sit_vit5.sample_spec import add_arguments as add_sampler_arguments
 
 if TYPE_CHECKING:
@@ -200,13 +200,13 @@ def load_model(*args: object, **kwargs: object) -> LoadedModel:
 def default_checkpoint(model: str | None, image_size: int | None) -> str:
     """DiT/SiT's sample.py without ``--ckpt``: the official file of ``--model`` at ``--image-size``
     (default 256), e.g. DiT-XL/2 -> DiT-XL-2-256x256.pt, SiT-XL/2 -> SiT-XL-2-256.pt."""
+    from sit_vit5.models import architecture_name
     from sit_vit5.models.official import OFFICIAL_WEIGHTS
 
     side = image_size or 256
-    objective = name_objective(model) if model else None
-    arch = model.replace("DiT-", "SiT-", 1) if objective == "ddpm" else model
+    wanted = (architecture_name(model), side, name_objective(model) or "sit") if model else None
     for name, entry in OFFICIAL_WEIGHTS.items():
-        if (entry.model, entry.image_size, entry.objective) == (arch, side, objective or "sit"):
+        if (entry.model, entry.image_size, entry.objective) == wanted:
             return name
     known = ", ".join(sorted(OFFICIAL_WEIGHTS))
     raise UsageError(f"--ckpt is required (a checkpoint file or an official name: {known})"
@@ -216,42 +216,33 @@ def default_checkpoint(model: str | None, image_size: int | None) -> str:
 # ----------------------------------------------------------------------------- resolution
 
 
-def resolve_spec(args: argparse.Namespace, saved: dict, objective: str = "sit") -> SampleSpec:
+def resolve_spec(args: argparse.Namespace, saved: dict, default_method: str = SampleSpec.method) -> SampleSpec:
     """Flags, else the checkpoint's ``sample`` section ``saved`` (ours), else the objective's
     default method (ddpm: DiT's sampler) and the SampleSpec defaults."""
-    valid = SAMPLE_METHODS[objective]
-    if args.method is not None and args.method not in valid:
-        raise UsageError(f"--method {args.method}: {args.ckpt} is a {objective}-objective model; "
-                         f"valid: {', '.join(valid)}")
-    if args.sampling_method is not None and objective == "ddpm":
-        raise UsageError(f"--sampling-method {args.sampling_method}: ddpm-objective models sample "
-                         "with --method ddpm | ddim")
     flags = {key: getattr(args, key) for key in SampleSpec.keys()}
-    return SampleSpec.resolve(flags, saved, {"method": valid[0]})
+    return SampleSpec.resolve(flags, saved, {"method": default_method}, explicit=True)
 
 
 def resolve_transport(args: argparse.Namespace, info: LoadedModel) -> dict:
-    """Transport kwargs: the checkpoint's; --path-type/--prediction only for official checkpoints.
-    """
-    transport = dict(info.transport)
+    """The objective's config section: the checkpoint's; --path-type/--prediction only for official
+    checkpoints."""
+    from sit_vit5.objective import objective_keys
+
+    section = dict(info.objective)
     for flag, key in (("--path-type", "path_type"), ("--prediction", "prediction"),
                       ("--sample-eps", "sample_eps")):
         value = getattr(args, key)
-        if value is not None and info.objective == "ddpm":
-            raise UsageError(f"{flag} {value}: {args.ckpt} is a ddpm-objective (DiT) model, not a "
-                             "transport model")
-    for flag, key in (("--path-type", "path_type"), ("--prediction", "prediction")):
-        value = getattr(args, key)
         if value is None:
             continue
-        trained = transport.get(key, {"path_type": "Linear", "prediction": "velocity"}[key])
-        if info.source == "ours" and value != trained:
+        if key not in objective_keys(info.objective_name):
+            raise UsageError(f"{flag} {value}: {args.ckpt} is a {info.objective_name}-objective model, "
+                             f"which has no {key}")
+        trained = section.get(key, {"path_type": "Linear", "prediction": "velocity"}.get(key))
+        if info.source == "ours" and key != "sample_eps" and value != trained:
             raise UsageError(f"{flag} {value}: {args.ckpt} was trained with {key}={trained}; the "
                              f"model's output means {trained}, so drop {flag}")
-        transport[key] = value
-    if args.sample_eps is not None:
-        transport["sample_eps"] = args.sample_eps
-    return transport
+        section[key] = value
+    return section
 
 
 def resolve_vae(args: argparse.Namespace, info: LoadedModel) -> dict:
@@ -294,14 +285,19 @@ def build_pipeline(args: argparse.Namespace, device: torch.device
         objective = official.objective
     loaded = load_model(args.ckpt_path, args.model or (official and official.model), args.which,
                         objective=objective)
-    spec = resolve_spec(args, loaded.sample, loaded.objective)
+    objective = create_objective(resolve_transport(args, loaded))
+    spec = resolve_spec(args, loaded.sample, objective.methods[0])
     which = f" ({loaded.which})" if loaded.which else ""
-    pipe = SamplingPipeline.for_model(
-        loaded, spec, objective=create_objective({**loaded.objective_config,
-                                                  **resolve_transport(args, loaded)}),
-        vae=resolve_vae(args, loaded)["name"], image_size=args.image_size, device=device,
-        precision=args.precision, compile=args.compile, allow_negative_cfg=args.allow_negative_cfg,
-        source=f"checkpoint {args.ckpt}{which}")
+    try:
+        pipe = SamplingPipeline.for_model(
+            loaded, spec, objective=objective, vae=resolve_vae(args, loaded)["name"],
+            image_size=args.image_size, device=device, precision=args.precision, compile=args.compile,
+            allow_negative_cfg=args.allow_negative_cfg, source=f"checkpoint {args.ckpt}{which}")
+    except SettingError as err:  # the objective's check, worded with the checkpoint it is about
+        if err.key != "method":
+            raise
+        raise SettingError(err.key, err.value, f"{err.reason} ({args.ckpt} is a {objective.name}-objective "
+                           "model)") from None
     return pipe, loaded, pipe.image_size
 
 
@@ -310,7 +306,7 @@ def _describe(info: LoadedModel, pipe: SamplingPipeline, image_size: int, ckpt: 
     which = f" ({info.which})" if info.which else ""
     spec = ", ".join(f"{k}={v}" for k, v in vars(pipe.spec).items())
     return (f"{ckpt}: {info.name} [{info.source}{which}{step}], {image_size}x{image_size}, "
-            f"objective {info.objective}: {pipe.transport!r}\nsampler: {spec}")
+            f"objective {info.objective_name}: {pipe.objective!r}\nsampler: {spec}")
 
 
 # ----------------------------------------------------------------------------- commands
@@ -369,8 +365,8 @@ def _bulk(args: argparse.Namespace) -> int:
                 "image_size": image_size,
                 "trained_image_size": info.input_size * pipe.vae_factor,
                 "vae": args.vae or info.vae.get("name"),
-                "precision": args.precision, "transport": repr(pipe.transport),
-                "objective": info.objective, **pipe.input_digests()}
+                "precision": args.precision, "transport": repr(pipe.objective),
+                "objective": info.objective_name, **pipe.input_digests()}
     barrier = state.wait_for_everyone if state.num_processes > 1 else None
     result = sample_bulk(pipe, args.num_samples, args.out, global_seed=args.seed,
                          batch_size=args.batch_size, rank=state.process_index,

@@ -14,6 +14,7 @@ from .gaussian_diffusion import (
     create_diffusion,
 )
 from .losses import approx_standard_normal_cdf, discretized_gaussian_log_likelihood, normal_kl
+from .sampler import DiffusionSampler, DiffusionSteps, SchedulerSteps, diffusers_scheduler, respaced
 from .schedule import NOISE_SCHEDULES, named_betas, respace_betas, space_timesteps
 
 __all__ = [
@@ -21,13 +22,18 @@ __all__ = [
     "MEAN_TYPES",
     "METHODS",
     "NOISE_SCHEDULES",
+    "SchedulerSteps",
     "VAR_TYPES",
+    "DiffusionSampler",
+    "DiffusionSteps",
     "GaussianDiffusion",
     "approx_standard_normal_cdf",
     "create_diffusion",
+    "diffusers_scheduler",
     "discretized_gaussian_log_likelihood",
     "named_betas",
     "normal_kl",
     "respace_betas",
+    "respaced",
     "space_timesteps",
 ]

@@ -33,16 +33,13 @@ from diffusers import AutoencoderKL, DiffusionPipeline, ImagePipelineOutput
 from PIL import Image
 from torch import Tensor
 
-from ..images import to_uint8
 from ..models import SiT
 from ..objective import create_objective
 from ..sampling import SampleSpec, SamplingPipeline
 from ..transport.rng import sample_seed
 from ..vae import downsampling_factor
-from . import adapters
 from .labels import class_ids, class_names, is_integer, label_ids, label_index
 from .loader import loader_entry, write_loader
-from .progress import Ticking, evaluations
 from .scheduler import SETTINGS, SiTScheduler
 
 #: ``output_type`` values: diffusers' pil / np / pt (float in [0, 1]) and sample.py's uint8 pixels
@@ -136,35 +133,13 @@ class SiTPipeline(DiffusionPipeline):
         guidance_scale: float | None = None,
     ) -> SamplingPipeline:
         """The ``sit_vit5.sampling.SamplingPipeline`` this pipeline's settings describe (what
-        sample.py runs), on the execution device. With a diffusers scheduler its spec is the
-        step-wise one (ODE Euler / DDPM on num_steps) carrying the guidance settings."""
+        sample.py runs), on the execution device."""
         settings = self.sampling_settings()
-        objective = create_objective(settings["transport"] or {})
-        sampler = settings["sampler"] or {}
         overrides = {"num_steps": num_inference_steps, "cfg_scale": guidance_scale}
-        if isinstance(self.scheduler, SiTScheduler):
-            spec = self.scheduler.spec(**overrides)
-        else:
-            method = {"sit": "ode", "ddpm": "ddpm"}[objective.name]
-            spec = SampleSpec.resolve({**overrides, "method": method, "sampling_method": "euler"},
-                                      {k: v for k, v in sampler.items() if k != "method"})
+        spec = SampleSpec.resolve(overrides, settings["sampler"] or {})
         return SamplingPipeline.for_components(
-            self.transformer, objective, spec, self.vae, self._execution_device
-        )
-
-    def _batch(self, pipe: SamplingPipeline, gens: list[torch.Generator], labels: list[int],
-               bar: Any) -> tuple[Tensor, np.ndarray]:
-        """Float pixels ``(B, C, H, W)`` (CPU, about [-1, 1]) and sample.py's uint8 images of one
-        batch: ``SamplingPipeline.pixels`` with a loop that ticks ``bar`` (our sampler, or the
-        swapped-in diffusers scheduler's steps)."""
-        if isinstance(self.scheduler, SiTScheduler):
-            def integrate(z: Tensor, y: Tensor, gens: list[torch.Generator]) -> Tensor:
-                return pipe.sample_fn(z, Ticking(pipe.model_fn, bar), generator=gens, y=y)[-1]
-        else:
-            def integrate(z: Tensor, y: Tensor, gens: list[torch.Generator]) -> Tensor:
-                return adapters.denoise(self.scheduler, pipe, z, y, gens, bar)
-        pixels = pipe.pixels(gens, labels, integrate)
-        return pixels.float().cpu(), to_uint8(pixels)
+            self.transformer, create_objective(settings["transport"] or {}), spec, self.vae,
+            self._execution_device)
 
     @torch.no_grad()
     def __call__(
@@ -194,20 +169,24 @@ class SiTPipeline(DiffusionPipeline):
         labels = class_ids(class_labels, self.labels, self.transformer.num_classes)
         gens = self._generators(generator, len(labels))
         pipe = self.sampling_pipeline(num_inference_steps, guidance_scale)
+        steps = None  # our whole-trajectory sampler, or a swapped-in diffusers scheduler's steps
+        if not isinstance(self.scheduler, SiTScheduler):
+            steps = pipe.objective.steps(pipe.spec, pixel_space=pipe.decode is None, scheduler=self.scheduler,
+                                         device=pipe.device)
         starts = range(0, len(labels), batch_size)
-        per_batch = (evaluations(pipe.spec) if isinstance(self.scheduler, SiTScheduler)
-                     else adapters.set_timesteps(self.scheduler, pipe))
+        per_batch = pipe.objective.evaluations(pipe.spec) if steps is None else len(steps.timesteps)
         total = float("inf") if per_batch is None else per_batch * len(starts)  # inf: unknown
         with self.progress_bar(total=total) as bar:
-            batches = [self._batch(pipe, gens[lo : lo + batch_size], labels[lo : lo + batch_size],
-                                   bar) for lo in starts]
-        pixels = torch.cat([b[0] for b in batches])
+            batches = [pipe.generate(range(lo, min(lo + batch_size, len(labels))), 0,
+                                     labels[lo : lo + batch_size], generators=gens[lo : lo + batch_size],
+                                     steps=steps, tick=bar.update) for lo in starts]
+        pixels = torch.cat([b.pixels for b in batches])
         if output_type in ("np", "pt"):
             images: Any = (pixels / 2 + 0.5).clamp(0, 1)  # diffusers' postprocessing
             if output_type == "np":
                 images = images.permute(0, 2, 3, 1).numpy()
         else:
-            images = np.concatenate([b[1] for b in batches])
+            images = np.concatenate([b.images for b in batches])
             if output_type == "pil":
                 images = [Image.fromarray(im[..., 0] if im.shape[2] == 1 else im) for im in images]
         self.maybe_free_model_hooks()

@@ -20,9 +20,7 @@ from torch import Tensor, nn
 from ..transport import TRANSPORT_KEYS
 from ..vae import SD_VAE_EMA, SD_VAE_SCALING_FACTOR
 from .checkpoint import CheckpointError, check_state_dict, read_checkpoint, strip_wrappers
-from .registry import create_model, list_models, model_kwargs, name_objective
-
-#: the transport section's create_transport keys (the rest belong to the ddpm objective)
+from .registry import create_model, list_models, model_kwargs, name_objective, name_objective_conflict
 
 
 @dataclass
@@ -34,10 +32,9 @@ class LoadedModel:
     (bare state dict such as SiT-XL-2-256.pt, or a DiT/SiT training checkpoint with argparse
     ``args``) or "diffusers" (a DiTTransformer2DModel folder). ``input_size``: the model's
     training input side (latent side for latent models).
-    ``transport``: ``create_transport`` kwargs (objective sit). ``objective``: sit | ddpm (DiT), as
-    recorded (ours) or as told (official); ``diffusion``: the ddpm keys of the transport section
-    (objective ddpm) or {}; ``create_objective(objective_config)`` builds either. ``vae``:
-    ``{"name": hub id | directory | "none", "scaling_factor"}``.
+    ``objective``: the config's ``transport`` section the objective is built from
+    (``create_objective(loaded.objective)``): ``objective`` sit | ddpm (DiT), as recorded (ours) or as told
+    (official), and that objective's keys. ``vae``: ``{"name": hub id | directory | "none", "scaling_factor"}``.
     ``sample``: the checkpoint's ``sample`` config section (ours) or {}. ``step``: the training step
     if recorded; ``which``: "ema" | "model" for training checkpoints, None for bare state dicts.
     """
@@ -48,18 +45,16 @@ class LoadedModel:
     input_size: int
     in_channels: int
     num_classes: int
-    transport: dict[str, Any]
+    objective: dict[str, Any]
     vae: dict[str, Any]
     sample: dict[str, Any] = field(default_factory=dict)
     step: int | None = None
     which: str | None = None
-    objective: str = "sit"
-    diffusion: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def objective_config(self) -> dict[str, Any]:
-        """The transport config section to build the objective from (``create_objective``)."""
-        return {"objective": self.objective, **self.transport, **self.diffusion}
+    def objective_name(self) -> str:
+        """sit | ddpm: what the model's output means."""
+        return self.objective.get("objective") or "sit"
 
 
 def _is_our_config(args: Any) -> bool:
@@ -121,28 +116,23 @@ def _ours(args: dict, model_name: str | None, objective: str | None, path: str, 
                          "drop the model name (our checkpoints carry their architecture)")
     model = create_model(section["name"], **model_kwargs(section))
     saved = {k: v for k, v in args.get("transport", {}).items() if v is not None}
-    trained = saved.pop("objective", "sit")
-    transport = {k: v for k, v in saved.items() if k in TRANSPORT_KEYS}
-    diffusion = {k: v for k, v in saved.items() if k not in TRANSPORT_KEYS}
+    trained = saved.setdefault("objective", "sit")  # written before the key existed: sit
     if objective is not None and objective != trained:
         raise ValueError(f"{path} was trained with transport.objective={trained}; its output "
                          f"means {trained}, so drop the objective (our checkpoints carry it)")
     return LoadedModel(
         model, section["name"], "ours", model.input_size, model.in_channels, model.num_classes,
-        transport=transport if trained == "sit" else {},
-        vae=dict(args.get("vae") or {"name": "none"}), sample=dict(args.get("sample") or {}),
-        step=step, which=which, objective=trained,
-        diffusion=diffusion if trained == "ddpm" else {})
+        objective=saved, vae=dict(args.get("vae") or {"name": "none"}),
+        sample=dict(args.get("sample") or {}), step=step, which=which)
 
 
 def _official_objective(model_name: str, objective: str | None) -> str:
     """sit | ddpm of an official file: the model name's (``DiT-*`` = ddpm) or the one asked for; a
     contradiction is a ValueError."""
-    implied = name_objective(model_name)
-    if objective is not None and implied is not None and objective != implied:
-        raise ValueError(f"{model_name} names the {implied} objective, not {objective}: use the "
-                         f"SiT-* name for a SiT network trained with {objective}")
-    return objective or implied or "sit"
+    conflict = name_objective_conflict(model_name, objective, key="objective") if objective is not None else None
+    if conflict:
+        raise ValueError(conflict)
+    return objective or name_objective(model_name) or "sit"
 
 
 def _official(args: Any, state: dict[str, Tensor], model_name: str | None,
@@ -159,22 +149,18 @@ def _official(args: Any, state: dict[str, Tensor], model_name: str | None,
     objective = _official_objective(model_name, objective)
     arch = _infer_architecture(state, input_size, path)
     model = create_model(model_name, **{**arch, **(overrides or {})})
-    transport = {k: official[k] for k in TRANSPORT_KEYS if official.get(k) is not None}
-    diffusion = {}
+    section = {"objective": objective, **{k: official[k] for k in TRANSPORT_KEYS if official.get(k) is not None}}
     if objective == "ddpm":
-        if transport:
-            raise ValueError(f"{path}: its args set a transport ({transport}), but the "
-                             "objective is ddpm")
+        if len(section) > 1:
+            raise ValueError(f"{path}: its args set a transport ({section}), but the objective is ddpm")
         # DiT: the learned-range variance when the file has the sigma half, else fixed beta_t
-        diffusion = {"ddpm_variance": "learned" if arch["learn_sigma"] else "fixed_large"}
+        section["ddpm_variance"] = "learned" if arch["learn_sigma"] else "fixed_large"
     vae_name = f"stabilityai/sd-vae-ft-{official['vae']}" if official.get("vae") else SD_VAE_EMA
     return LoadedModel(
-        model, model_name, "official", arch["input_size"], arch["in_channels"],
-        arch["num_classes"],
-        transport=transport,
-        vae={"name": vae_name if arch["in_channels"] == 4 else "none",
-             "scaling_factor": SD_VAE_SCALING_FACTOR},
-        step=step, which=which, objective=objective, diffusion=diffusion)
+        model, model_name, "official", arch["input_size"], arch["in_channels"], arch["num_classes"],
+        objective=section,
+        vae={"name": vae_name if arch["in_channels"] == 4 else "none", "scaling_factor": SD_VAE_SCALING_FACTOR},
+        step=step, which=which)
 
 
 def load_model(

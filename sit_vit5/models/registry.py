@@ -40,6 +40,24 @@ def name_objective(name: str) -> str | None:
     return NAME_OBJECTIVES.get(match["backbone"]) if match else None
 
 
+def architecture_name(name: str) -> str:
+    """The network a model name builds, under its class's name (``DiT-XL/2`` -> ``SiT-XL/2``)."""
+    match = _NAME.match(name)
+    if not match or match["backbone"] not in BACKBONES:
+        return name
+    return f"{BACKBONES[match['backbone']].__name__}-{match['size']}/{match['patch']}"
+
+
+def name_objective_conflict(name: str, objective: str, key: str = "transport.objective") -> str | None:
+    """What is wrong when model ``name`` implies another objective than ``objective`` (None: nothing): the
+    one wording of that check, for configs and for loading (``key``: how the caller names the objective)."""
+    implied = name_objective(name)
+    if implied is None or implied == objective:
+        return None
+    return (f"{name} is the SiT network trained with the {implied} objective: set {key}={implied}, or use "
+            f"the SiT-* name for {key}={objective}")
+
+
 def valid_overrides() -> list[str]:
     """Keyword arguments ``create_model`` accepts."""
     params = [p for p in inspect.signature(SiT.__init__).parameters if p not in ("self", "switches")]

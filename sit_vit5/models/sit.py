@@ -146,8 +146,6 @@ class SiT(ModelMixin, ConfigMixin):
         self.out_channels = in_channels * 2 if learn_sigma else in_channels
         self.learn_sigma, self.num_classes, self.num_heads = learn_sigma, num_classes, num_heads
         self.grad_checkpointing = grad_checkpointing
-        # SiT's transport reads the first C channels only; DiT's objective also needs the variances
-        self.return_sigma = False
         self.grid = (input_size // patch_size, input_size // patch_size)  # training (rows, cols)
         self.num_registers = sw["num_registers"]
 
@@ -284,8 +282,8 @@ class SiT(ModelMixin, ConfigMixin):
         return torch.einsum("nhwpqc->nchpwq", x).reshape(x.shape[0], c, h * p, w * p)
 
     def forward(self, x: Tensor, t: Tensor, y: Tensor) -> Tensor:
-        """Velocity (B, C, H, W); with learn_sigma the sigma half is dropped, as in SiT, unless
-        ``return_sigma`` is set (DiT's objective: (B, 2C, H, W), noise then variance values)."""
+        """The full output (B, C_out, H, W): C channels, or 2C with learn_sigma (as DiT: the prediction, then
+        DiT's variance values, which SiT's transport ignores); the objective reads what it needs."""
         p = self.patch_size
         if x.shape[-2] % p or x.shape[-1] % p:
             raise ValueError(f"input spatial size {tuple(x.shape[-2:])} is not divisible by "
@@ -309,7 +307,7 @@ class SiT(ModelMixin, ConfigMixin):
         # registers are dropped before the output layer
         x = self.final_layer(x[:, : grid[0] * grid[1]], c)  # (B, T, p*p*C_out)
         x = self.unpatchify(x, grid)  # (B, C_out, H, W)
-        return x[:, : self.in_channels] if self.learn_sigma and not self.return_sigma else x
+        return x
 
     def forward_with_cfg(self, x: Tensor, t: Tensor, y: Tensor, cfg_scale: float,
                          cfg_channels: int | None = None,

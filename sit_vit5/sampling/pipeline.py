@@ -15,13 +15,13 @@ import torch
 from diffusers import AutoencoderKL
 from torch import Tensor, nn
 
-from ..diffusion import GaussianDiffusion
+from ..diffusion import DiffusionSampler, GaussianDiffusion
 from ..errors import SettingError, SitVit5Error
 from ..guidance import ClassifierFreeGuidance
 from ..images import to_uint8
 from ..io import json_safe, payload_sha256
 from ..models import LoadedModel
-from ..objective import DiffusionSampler, Objective, as_objective, create_objective
+from ..objective import Objective, Steps, as_objective, create_objective
 from ..precision import PRECISION_OF_DTYPE, autocast, check_precision
 from ..sample_spec import SampleSpec, check_cfg_scale
 from ..transport import Sampler, Transport
@@ -38,9 +38,6 @@ from ..vae import (
 NOISE_STREAM, LABEL_STREAM = 0, 1  # per-sample generator streams: noise (initial + SDE) and label
 
 
-#: ``integrate(z, y, gens)``: initial noise ``(B, C, h, w)``, labels ``(B,)``, one generator per
-#: sample -> the final samples (same shape as z)
-Integrator = Callable[[Tensor, Tensor, list[torch.Generator]], Tensor]
 
 
 @contextmanager
@@ -87,9 +84,9 @@ class Generated:
 class SamplingPipeline:
     """Model + objective + sampler settings + decoder: ``generate(indices, global_seed)`` -> images.
 
-    ``transport`` is the model's :class:`~sit_vit5.objective.Objective` (or the SiT ``Transport`` /
-    DiT ``GaussianDiffusion`` it wraps): it sets the model's output mode, the sampler and the
-    channels guidance mixes. Build one from its source with :meth:`for_model` (a loaded
+    ``objective`` is the model's :class:`~sit_vit5.objective.Objective` (or the SiT ``Transport`` /
+    DiT ``GaussianDiffusion`` it wraps): it builds the sampler and reads the model's full output. Build
+    one from its source with :meth:`for_model` (a loaded
     checkpoint), :meth:`for_run` (a training run's config and EMA) or :meth:`for_components` (a
     diffusers pipeline's parts); they own the decoder, latent shape and image-size checks.
 
@@ -105,7 +102,7 @@ class SamplingPipeline:
     """
 
     model: nn.Module
-    transport: Objective | Transport | GaussianDiffusion
+    objective: Objective | Transport | GaussianDiffusion
     spec: SampleSpec
     latent_shape: tuple[int, int, int]
     num_classes: int
@@ -139,8 +136,8 @@ class SamplingPipeline:
             warnings.warn(f"cfg_scale={spec.cfg_scale} < 0 steers samples away from their class",
                           stacklevel=2)
         self.device = torch.device(self.device)
-        objective = self.transport = as_objective(self.transport)
-        self.model = objective.prepare(self.model).to(self.device).eval()  # eval: no label dropout
+        objective = self.objective = as_objective(self.objective)
+        self.model = self.model.to(self.device).eval()  # eval: no label dropout
         weights = next(self.model.parameters(), torch.empty(0)).dtype  # float32 for a weightless fn
         if weights != torch.float32:  # half weights (torch_dtype= at load): autocast in their dtype
             if self.precision not in ("fp32", PRECISION_OF_DTYPE.get(weights)):
@@ -150,12 +147,12 @@ class SamplingPipeline:
         self.net = torch.compile(self.model) if self.compile else self.model
         pixels = self.decode is None if self.pixel_space is None else self.pixel_space
         built = objective.sampler(spec, pixel_space=pixels)
-        self.sampler, self.sample_fn = built.counter, built.sample
+        self.sampler, self.sample_fn = built.sampler, built.sample
         self.model_fn = self._forward
         if spec.cfg_scale != 1.0:
             self.model_fn = ClassifierFreeGuidance(
                 self._forward, spec.cfg_scale, null_class=self.num_classes,
-                cfg_channels=objective.guided_channels(spec.cfg_channels, channels),
+                cfg_channels=spec.cfg_channels or channels,  # never the variance half of a 2C output
                 interval=spec.cfg_interval,
             )
 
@@ -179,7 +176,7 @@ class SamplingPipeline:
         the training size), with the checkpoint's scaling factor. ``kwargs``: ``device``,
         ``precision``, ``compile``, ``source``, ``allow_negative_cfg``."""
         kwargs.setdefault("pixel_space", not vae_enabled(loaded.vae.get("name", "none")))
-        objective = objective or create_objective(loaded.objective_config)
+        objective = objective or create_objective(loaded.objective)
         if vae is None:
             side = loaded.input_size
             return cls(loaded.model, objective, spec, (loaded.in_channels, side, side),
@@ -261,10 +258,20 @@ class SamplingPipeline:
 
     @torch.no_grad()
     def generate(
-        self, indices: Sequence[int], global_seed: int, labels: Sequence[int] | None = None
+        self,
+        indices: Sequence[int],
+        global_seed: int,
+        labels: Sequence[int] | None = None,
+        *,
+        generators: Sequence[torch.Generator] | None = None,
+        steps: Steps | None = None,
+        tick: Callable[[], Any] | None = None,
     ) -> Generated:
-        """Images of samples ``indices``; ``labels`` None = uniform random labels from the
-        per-sample seeds."""
+        """Images of samples ``indices``: sample i's initial noise (float32) and any stochastic noise come
+        from its own generator (``generators``, else sample.py's stream i of ``global_seed``), its class
+        is ``labels[i]`` (None: uniform random labels from the per-sample seeds). ``steps``: sample step
+        by step (``objective.steps``) instead of the whole-trajectory sampler; ``tick()`` is called once
+        per model evaluation (a progress bar)."""
         indices = np.asarray(indices, dtype=np.int64)
         if labels is None:
             labels = random_labels(indices.tolist(), global_seed, self.num_classes)
@@ -274,37 +281,46 @@ class SamplingPipeline:
         if len(labels) and (labels.min() < 0 or labels.max() >= self.num_classes):
             raise ValueError(f"labels must lie in [0, {self.num_classes}), got "
                              f"{sorted(set(labels.tolist()))}")
-        gens = [torch.Generator().manual_seed(sample_seed(global_seed, int(i))) for i in indices]
+        gens = list(generators) if generators is not None else [
+            torch.Generator().manual_seed(sample_seed(global_seed, int(i))) for i in indices]
         where = f"samples {int(indices[0])}..{int(indices[-1])}" if len(indices) else "no samples"
-        pixels = self.pixels(gens, labels, where=where)
-        return Generated(indices, to_uint8(pixels), labels, pixels.float().cpu(),
-                         self.sampler.last_nfe)
-
-    @torch.no_grad()
-    def pixels(
-        self,
-        gens: Sequence[torch.Generator],
-        labels: Sequence[int] | np.ndarray,
-        integrate: Integrator | None = None,
-        where: str = "the samples",
-    ) -> Tensor:
-        """Images ``(B, C, H, W)`` in about [-1, 1] (on ``device``) of one batch: sample i's
-        initial noise (float32) and any SDE noise come from ``gens[i]``, its class is
-        ``labels[i]``. ``integrate(z, y, gens)`` -> final samples (default: this pipeline's
-        sampler on its guided model; the diffusers pipeline passes its own loops). ``where``
-        names the batch in the non-finite error."""
         z = torch.stack([torch.randn(self.latent_shape, generator=g, device=g.device)
                          for g in gens]).to(self.device)
-        y = torch.as_tensor(np.asarray(labels), dtype=torch.long).to(self.device)
+        y = torch.as_tensor(labels, dtype=torch.long).to(self.device)
+        model_fn = self.model_fn if tick is None else _Ticking(self.model_fn, tick)
         # frozen while sampling: torch picks its matmul path by requires_grad (~1e-7 apart), so a
         # trainable model would not give the pixels of a loaded one; restored afterwards
         with frozen(self.model):
-            if integrate is None:
-                x = self.sample_fn(z, self.model_fn, generator=list(gens), y=y)[-1]
+            if steps is None:
+                x, nfe = self.sample_fn(z, model_fn, generator=gens, y=y)[-1], self.sampler.last_nfe
             else:
-                x = integrate(z, y, list(gens))
+                x, nfe = self.denoise(z, y, gens, steps, model_fn), len(steps.timesteps)
         if not bool(torch.isfinite(x).all()):  # one reduction per batch; NaN weights end up here
             raise NonFiniteSampleError(
                 f"non-finite values (NaN/inf) in {where} from {self.source}: the model's outputs "
                 "are not finite (NaN/inf weights?)")
-        return self.decode(x) if self.decode is not None else x
+        pixels = self.decode(x) if self.decode is not None else x
+        return Generated(indices, to_uint8(pixels), labels, pixels.float().cpu(), nfe)
+
+    @staticmethod
+    def denoise(z: Tensor, y: Tensor, gens: list[torch.Generator], steps: Steps,
+                model_fn: Callable[..., Tensor]) -> Tensor:
+        """The one step-wise loop (diffusers' API): from noise ``z`` ``(B, C, H, W)`` with labels ``y``
+        ``(B,)`` to the final sample, one ``model_fn`` call and one ``steps.step`` per timestep."""
+        x = z * steps.init_noise_sigma
+        for t in steps.timesteps:
+            out = model_fn(steps.model_input(x, t), steps.model_time(t, x), y)
+            x = steps.step(out, t, x, generator=gens)
+        return x
+
+
+class _Ticking:
+    """A model function that calls ``tick()`` once per evaluation (progress bars)."""
+
+    def __init__(self, fn: Callable[..., Tensor], tick: Callable[[], Any]) -> None:
+        self.fn, self.tick = fn, tick
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Tensor:
+        out = self.fn(*args, **kwargs)
+        self.tick()
+        return out

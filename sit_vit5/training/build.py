@@ -109,7 +109,7 @@ class Run:
     unwrapped: nn.Module
     ema: nn.Module
     optimizer: Any
-    transport: Objective  # SiT's Transport or DiT's GaussianDiffusion (transport.objective)
+    objective: Objective  # SiT's transport or DiT's diffusion (the config's transport.objective)
     gates: GateMonitor
     logger: MetricLogger
     position: Position
@@ -255,7 +255,7 @@ def build(cfg: Config, resume: str | None, loss_fn: LossFn = objective_loss) -> 
     # model, EMA, optimizer; each part of a resumed checkpoint is popped once used (memory)
     _seed_global_rngs(t["seed"])
     objective = create_objective(cfg["transport"])
-    model = objective.prepare(model_from_config(cfg["model"]))
+    model = model_from_config(cfg["model"])
     threads = None
     if device.type == "cpu":
         count, reason = set_cpu_threads(count_params(model), t["cpu_threads"])

@@ -100,9 +100,9 @@ def train_step(run: Run, x: Tensor, y: Tensor, lr: float,
         ours = run.sharded or run.scaler is not None
         with sync, autocast(run.device, t["precision"]) if ours else nullcontext():
             if run.repa is None:
-                loss = run.loss_fn(run.transport, model, xs, ys).mean()
+                loss = run.loss_fn(run.objective, model, xs, ys).mean()
             else:  # the same forward also gives the hidden state REPA aligns
-                loss = run.repa.loss(partial(run.loss_fn, run.transport, model, xs, ys), features)
+                loss = run.repa.loss(partial(run.loss_fn, run.objective, model, xs, ys), features)
             scaled = loss / accum
             accelerator.backward(run.scaler.scale(scaled) if run.scaler is not None else scaled)
         loss_sum += loss.detach()
@@ -200,7 +200,7 @@ def sample(run: Run) -> None:
     if run.sharded:
         run.ema_shards.gather_into(run.ema)  # collective
     if run.main:
-        path = write_grid(run.ema, run.transport, run.cfg, run.device, run.vae, run.position.step)
+        path = write_grid(run.ema, run.objective, run.cfg, run.device, run.vae, run.position.step)
         run.logger.log_image(run.position.step, path)
         run.result.sample_grid = path
     run.accelerator.wait_for_everyone()

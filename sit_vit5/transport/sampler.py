@@ -12,12 +12,23 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from .integrators import SDE_STEPS, CountingModel, batch_time, is_adaptive, ode_method, solve_ode, time_grid
+from ..errors import SettingError
+from ..names import DEFAULT_ATOL, DEFAULT_RTOL
+from .integrators import (
+    SDE_STEPS,
+    CountingModel,
+    batch_time,
+    is_adaptive,
+    ode_method,
+    solve_ode,
+    time_grid,
+)
 from .likelihood import PROBES, exact_divergence, hutchinson_divergence
 from .paths import DIFFUSION_FORMS
 from .rng import GeneratorLike, randn_like, resolve_generator
@@ -62,9 +73,16 @@ class Sampler:
         tr = self.transport
         return lambda x, t: tr.velocity(tr.model_output(model, x, t, **model_kwargs), x, t)
 
+    def ode_grid(self, num_steps: int, like: Tensor, reverse: bool = False) -> Tensor:
+        """The probability-flow ODE's time grid: ``num_steps`` points from t0 to t1 (0 = noise; the
+        transport's eps move the ends in), data to noise with ``reverse``; dtype and device of ``like``."""
+        tr = self.transport
+        t0, t1 = tr.check_interval(tr.train_eps, tr.sample_eps, sde=False, eval=True, reverse=reverse)
+        return time_grid(t0, t1, num_steps, like)
+
     # ---------------------------------------------------------------- ODE
     def sample_ode(self, *, sampling_method: str = "dopri5", num_steps: int = 50,
-                   atol: float = 1e-6, rtol: float = 1e-3, reverse: bool = False
+                   atol: float = DEFAULT_ATOL, rtol: float = DEFAULT_RTOL, reverse: bool = False
                    ) -> Callable[..., Tensor]:
         """Probability-flow ODE from noise ``z`` at t0 to data at t1 (``reverse``: data -> noise).
 
@@ -75,12 +93,10 @@ class Sampler:
         method = ode_method(sampling_method)
         if is_adaptive(method):
             _warn_adaptive(method, num_steps)
-        tr = self.transport
-        t0, t1 = tr.check_interval(tr.train_eps, tr.sample_eps, sde=False, eval=True, reverse=reverse)
 
         def _sample(z: Tensor, model_fn: Callable[..., Tensor], *, generator: GeneratorLike = None, **model_kwargs):
             # the ODE is deterministic: generator is accepted only for a uniform API
-            model, grid = CountingModel(model_fn), time_grid(t0, t1, num_steps, z)
+            model, grid = CountingModel(model_fn), self.ode_grid(num_steps, z, reverse=reverse)
             xs = solve_ode(self._velocity_fn(model, model_kwargs), z, grid, method, atol, rtol)
             self.last_nfe = model.nfe
             return xs
@@ -163,8 +179,8 @@ class Sampler:
         *,
         sampling_method: str = "dopri5",
         num_steps: int = 50,
-        atol: float = 1e-6,
-        rtol: float = 1e-3,
+        atol: float = DEFAULT_ATOL,
+        rtol: float = DEFAULT_RTOL,
         divergence: str = "hutchinson",
         probe: str = "rademacher",
         num_probes: int = 1,
@@ -185,7 +201,6 @@ class Sampler:
         if num_probes < 1:
             raise ValueError(f"num_probes must be >= 1, got {num_probes}")
         tr = self.transport
-        t0, t1 = tr.check_interval(tr.train_eps, tr.sample_eps, sde=False, eval=True)
 
         def _likelihood(
             x: Tensor, model_fn: Callable[..., Tensor], *, generator: GeneratorLike = None, **model_kwargs
@@ -204,10 +219,73 @@ class Sampler:
                 return v.detach(), div.detach()
 
             init = (x, torch.zeros(len(x), dtype=x.dtype, device=x.device))
-            ys, delta = solve_ode(drift, init, time_grid(t1, t0, num_steps, x), method, atol, rtol)
+            ys, delta = solve_ode(drift, init, self.ode_grid(num_steps, x, reverse=True), method, atol, rtol)
             z = ys[-1]
             # integrating t1 -> t0 gives delta = -int_{t0}^{t1} div v dt, so log p_t1(x) = log N(z) + delta
             self.last_nfe = model.nfe
             return tr.prior_logp(z) + delta[-1], z
 
         return _likelihood
+
+
+# ---------------------------------------------------------------- step by step (diffusers' loop API)
+
+
+def _index_of(timesteps: Tensor, timestep: float | Tensor) -> int:
+    """Position of ``timestep`` in ``timesteps`` (exact match: they are the grid's own values)."""
+    hits = (timesteps == torch.as_tensor(timestep, device=timesteps.device)).nonzero()
+    if len(hits) == 0:
+        raise ValueError(f"timestep {float(timestep)!r} is not one of the scheduler's timesteps")
+    return int(hits[0, 0])
+
+
+class EulerSteps:
+    """The probability-flow ODE's Euler steps one at a time on the sampler's grid: ``timesteps`` are our t
+    (0 = noise; what the network receives), ``step`` takes the raw network output."""
+
+    init_noise_sigma = 1.0
+
+    def __init__(self, sampler: Sampler, num_steps: int, device: torch.device | str | None = None) -> None:
+        self.transport = sampler.transport
+        self.grid = sampler.ode_grid(num_steps, torch.empty(0, device=device))
+        self.timesteps = self.grid[:-1]
+
+    def model_input(self, x: Tensor, t: Tensor) -> Tensor:
+        return x
+
+    def model_time(self, t: Tensor, x: Tensor) -> Tensor:
+        return batch_time(t, x)
+
+    def step(self, model_output: Tensor, t: Tensor, x: Tensor, generator: GeneratorLike = None) -> Tensor:
+        i = _index_of(self.timesteps, t)
+        t, t_next = self.grid[i], self.grid[i + 1]
+        out = self.transport.read_output(model_output, x)
+        return x + (t_next - t) * self.transport.velocity(out, x, batch_time(t, x))
+
+
+class FlowSchedulerSteps:
+    """diffusers' flow-matching ``scheduler`` (``FlowMatch*``) stepping our model on our ODE grid: its sigma
+    is 1 - t and its flow points from data to noise (= -velocity)."""
+
+    def __init__(self, sampler: Sampler, scheduler: Any, num_steps: int,
+                 device: torch.device | str | None = None) -> None:
+        self.transport, self.scheduler = sampler.transport, scheduler
+        grid = sampler.ode_grid(num_steps, torch.empty(0))  # on cpu: sigmas go out as numpy
+        if float(grid[-1]) != 1.0:
+            raise SettingError("scheduler", type(scheduler).__name__, f": ends at sigma 0 (t = 1), but "
+                               f"this transport integrates to t = {float(grid[-1])} ({self.transport!r}); "
+                               "keep the SiTScheduler")
+        scheduler.set_timesteps(sigmas=(1.0 - grid[:-1].double()).numpy(), device=device)
+        self.timesteps = scheduler.timesteps
+        self.init_noise_sigma = getattr(scheduler, "init_noise_sigma", 1.0)
+
+    def model_input(self, x: Tensor, t: Tensor) -> Tensor:
+        return x
+
+    def model_time(self, t: Tensor, x: Tensor) -> Tensor:
+        return (1.0 - t / self.scheduler.config.num_train_timesteps).to(x).expand(len(x))
+
+    def step(self, model_output: Tensor, t: Tensor, x: Tensor, generator: GeneratorLike = None) -> Tensor:
+        out = self.transport.read_output(model_output, x)
+        flow = -self.transport.velocity(out, x, self.model_time(t, x))
+        return self.scheduler.step(flow, t, x).prev_sample

@@ -153,9 +153,13 @@ class Transport:
 
     # ---------------------------------------------------------------- model outputs
     def model_output(self, model: Callable[..., Tensor], x: Tensor, t: Tensor, **model_kwargs) -> Tensor:
-        """``model(x, t, **model_kwargs)`` with ``t`` of shape ``(B,)``; a learn-sigma output with twice the
-        channels of ``x`` (dim 1) is cut to its first half. Raises if the shape does not match ``x``."""
-        out = model(x, t, **model_kwargs)
+        """``model(x, t, **model_kwargs)`` with ``t`` of shape ``(B,)``, read by :meth:`read_output`."""
+        return self.read_output(model(x, t, **model_kwargs), x)
+
+    @staticmethod
+    def read_output(out: Tensor, x: Tensor) -> Tensor:
+        """The part of a network output the transport reads: a learn-sigma output with twice the channels
+        of ``x`` (dim 1) is cut to its first half. Raises if the shape does not match ``x``."""
         if out.dim() == x.dim() and out.shape[1] == 2 * x.shape[1] and out.shape[2:] == x.shape[2:]:
             out = out[:, : x.shape[1]]
         if out.shape != x.shape:

@@ -266,7 +266,7 @@ def evaluate_checkpoint(path: Path, spec: RunSpec, test_data: tuple[Tensor, Tens
     loaded = load_model(path)
     model = loaded.model
     if loaded.objective == "sit":
-        loss = heldout_loss(model, create_transport(**loaded.transport), *test_data)
+        loss = heldout_loss(model, create_transport(**transport_kwargs(loaded.objective)), *test_data)
         spec_ = SampleSpec(method="ode", sampling_method="euler", num_steps=spec.sample_steps)
     else:  # DiT's objective: its loss is in other units (ε-MSE + VLB), so no flow-matching loss
         loss = float("nan")
@@ -324,7 +324,7 @@ def evaluate_at_size(path: Path, spec: RunSpec, cfg: dict[str, Any], size: int) 
     pipeline. Fixed sin-cos tables are recomputed for the new grid; ``heldout_loss_interpolated`` is the loss
     with the code's resampled table (for learned tables: the same number)."""
     loaded = load_model(path)
-    model, transport = loaded.model, create_transport(**loaded.transport)
+    model, transport = loaded.model, create_transport(**transport_kwargs(loaded.objective))
     data = test_split({**cfg, "data": {**cfg["data"], "image_size": size}})
     out = {"heldout_loss_interpolated": heldout_loss(model, transport, *data)}
     with recomputed_sincos(model):
