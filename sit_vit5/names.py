@@ -47,6 +47,10 @@ OFFICIAL_NAMES: tuple[str, ...] = (
 #: (``models.registry._NAME`` / ``NAME_OBJECTIVES``)
 MODEL_NAME = re.compile(r"^(?P<backbone>\w+?)-(?P<size>S|B|L|XL)/(?P<patch>\d+)$")
 NAME_OBJECTIVES: dict[str, str] = {"DiT": "ddpm"}
+#: the config overrides train.py adds for a model name that implies an objective (DiT-*: DiT's recipe)
+OBJECTIVE_OVERRIDES: dict[str, tuple[str, ...]] = {
+    "ddpm": ("transport.objective=ddpm", "model.learn_sigma=true", "sample.method=ddpm"),
+}
 #: every registered name (``models.list_models()``): backbone x size x patch
 MODEL_NAMES: tuple[str, ...] = tuple(f"{b}-{s}/{p}" for b in ("SiT", "ViT5", "DiT")
                                      for s in ("S", "B", "L", "XL") for p in (2, 4, 8))

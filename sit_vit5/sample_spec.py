@@ -22,6 +22,7 @@ from .names import DEFAULT_ATOL, DEFAULT_RTOL, DIFFUSION_FORMS, DIFFUSION_METHOD
 SAMPLE_METHODS: dict[str, tuple[str, ...]] = {"sit": TRANSPORT_METHODS, "ddpm": DIFFUSION_METHODS}
 METHODS = (*TRANSPORT_METHODS, *DIFFUSION_METHODS)
 DEFAULT_SAMPLING_METHOD = {"ode": "dopri5", "sde": "Euler"}  # SiT's sample.py defaults per method
+MIN_STEPS = {"ode": 2, "sde": 2, "ddpm": 1, "ddim": 1}  # time-grid points / respaced steps a method needs
 NUMBER_TYPES: dict[str, type | tuple[type, ...]] = {"int": int, "float": (int, float)}  # annotation -> accepted
 
 
@@ -59,11 +60,13 @@ def _channels(text: str) -> int | None:
             f"expected a positive integer or 'all', got {text!r}") from None
 
 
-def option(default: Any, help: str, *, solvers: tuple[str, ...] = (), **flag: Any) -> Any:
+def option(default: Any, help: str, *, solvers: tuple[str, ...] = (), methods: tuple[str, ...] = METHODS,
+           **flag: Any) -> Any:
     """A spec field and its sample.py flag: ``help`` (``{default}`` is filled in), the methods whose
-    sampler builder takes it as a keyword (``solvers``: ode / sde / ddpm / ddim; see ``SampleSpec.options``), and
-    argparse keywords (``type``, ``choices``, ``nargs``, ``metavar``, ``aliases`` = extra names)."""
-    return field(default=default, metadata={"help": help, "solvers": solvers, **flag})
+    sampler builder takes it as a keyword (``solvers``; see ``SampleSpec.options``), the methods it applies
+    to at all (``methods``: a value set for another method is refused), and argparse keywords (``type``,
+    ``choices``, ``nargs``, ``metavar``, ``aliases`` = extra names)."""
+    return field(default=default, metadata={"help": help, "solvers": solvers, "methods": methods, **flag})
 
 
 @dataclass(frozen=True)
@@ -78,7 +81,7 @@ class SampleSpec:
     sampling_method: str | None = option(
         None, f"ode: torchdiffeq method (dopri5, euler, heun2, midpoint, rk4, ...; default "
         f"{DEFAULT_SAMPLING_METHOD['ode']}); sde: Euler | Heun (default "
-        f"{DEFAULT_SAMPLING_METHOD['sde']})", solvers=("ode", "sde"))
+        f"{DEFAULT_SAMPLING_METHOD['sde']})", solvers=TRANSPORT_METHODS, methods=TRANSPORT_METHODS)
     num_steps: int = option(250, "time-grid points (default {default}; fixed-step ODE takes "
                             "num_steps-1 steps; adaptive ODE: output grid only); ddpm / ddim: "
                             "respaced diffusion steps", solvers=METHODS, type=positive_int,
@@ -104,8 +107,8 @@ class SampleSpec:
     cfg_channels: int | None = option(None, "guided channels: all (default) or 3 for the SiT/DiT "
                                       "legacy mode behind the published numbers", type=_channels)
     cfg_interval: tuple[float, float] | None = option(
-        None, "guide only for t in [T_LO, T_HI] (t = 0 noise, 1 data)", type=finite_float, nargs=2,
-        metavar=("T_LO", "T_HI"))
+        None, "guide only for t in [T_LO, T_HI] (t = 0 noise, 1 data; ode / sde)", type=finite_float, nargs=2,
+        metavar=("T_LO", "T_HI"), methods=TRANSPORT_METHODS)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -119,20 +122,16 @@ class SampleSpec:
                 raise SettingError(f.name, value, ": expected " + ("an int" if kinds is int else "a number"))
             if not math.isfinite(value):  # nan / inf: every image would come out non-finite
                 raise SettingError(f.name, value, ": expected a finite number")
-        diffusion = self.method in SAMPLE_METHODS["ddpm"]
-        if self.num_steps < (1 if diffusion else 2):  # a 1-point time grid integrates nothing
+        if self.num_steps < MIN_STEPS[self.method]:  # a 1-point time grid integrates nothing
             raise SettingError("num_steps", self.num_steps,
-                               f": method={self.method} needs >= {1 if diffusion else 2}")
-        if diffusion and self.sampling_method is not None:
-            raise SettingError("sampling_method", self.sampling_method,
-                               f" applies to ode / sde, not method={self.method!r}")
+                               f": method={self.method} needs >= {MIN_STEPS[self.method]}")
+        for f in fields(self):  # a setting of another method family (the ODE solver for ddpm, ...)
+            if getattr(self, f.name) is not None and self.method not in f.metadata["methods"]:
+                raise SettingError(f.name, getattr(self, f.name), f" applies to {' / '.join(f.metadata['methods'])}, "
+                                   f"not method={self.method!r}")
         if self.eta < 0:
             raise SettingError("eta", self.eta, ": must be >= 0")
-        if diffusion and self.cfg_interval is not None:
-            raise SettingError("cfg_interval", self.cfg_interval,
-                               f": defined on the transport's t in [0, 1]; method={self.method!r} "
-                               "(objective ddpm) does not support it")
-        if self.sampling_method is None and not diffusion:  # frozen: set via object.__setattr__
+        if self.sampling_method is None and self.method in DEFAULT_SAMPLING_METHOD:  # frozen: object.__setattr__
             object.__setattr__(self, "sampling_method", DEFAULT_SAMPLING_METHOD[self.method])
         if self.last_step in ("none", "None"):  # "None": SiT's sample.py spelling
             object.__setattr__(self, "last_step", None)
@@ -166,7 +165,8 @@ class SampleSpec:
         known = [{k: v for k, v in layer.items() if k in cls.keys() and v is not None}
                  for layer in layers]
         method = next((layer["method"] for layer in known if "method" in layer), cls.method)
-        if method in SAMPLE_METHODS["ddpm"]:  # a config's / checkpoint's ODE solver is unused; a typed one refused
+        solver_methods = next(f.metadata["methods"] for f in fields(cls) if f.name == "sampling_method")
+        if method not in solver_methods:  # a config's / checkpoint's solver is unused; a typed one is refused
             keep = known[:1] if explicit else []
             known = keep + [{k: v for k, v in layer.items() if k != "sampling_method"} for layer in known[len(keep):]]
         values: dict[str, Any] = {"method": method}
@@ -198,7 +198,7 @@ def add_arguments(group: argparse._ArgumentGroup) -> None:
     each defaulting to None: unset flags fall through to the next layer of :meth:`resolve`."""
     for f in fields(SampleSpec):
         meta = dict(f.metadata)
-        meta.pop("solvers")
+        meta.pop("solvers"), meta.pop("methods")
         names = [f"--{f.name.replace('_', '-')}", *meta.pop("aliases", ())]
         default = "none" if f.default is None else f.default
         meta["help"] = meta["help"].format(default=default)

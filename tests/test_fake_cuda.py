@@ -84,7 +84,7 @@ def test_backbone_forward_on_fake_cuda(name, kw):
         guided = model.forward_with_cfg(torch.cat([x, x]), torch.cat([t, t]),
                                         torch.cat([y, torch.full_like(y, 10)]), 4.0, interval=(0.2, 0.8))
     on_cuda(out, other, guided)
-    assert out.shape == (2, 4, 8, 8) and other.shape == (2, 4, 12, 12) and guided.shape == (4, 4, 8, 8)
+    assert out.shape == (2, 8, 8, 8) and other.shape == (2, 8, 12, 12) and guided.shape == (4, 8, 8, 8)  # 2C outputs
 
 
 def test_vit5_gradient_checkpointing_and_train_mode_forward():
@@ -244,7 +244,6 @@ def test_exported_sit_pipeline_call(monkeypatch):
     from diffusers import AutoencoderKL
 
     from sit_vit5 import SiTPipeline, guidance
-    from sit_vit5.hub import pipeline as hub_pipeline
     from sit_vit5.pipeline import scheduler_from
     from sit_vit5.sample_spec import SampleSpec
     from sit_vit5.sampling import pipeline as sampling_pipeline
@@ -267,7 +266,7 @@ def test_exported_sit_pipeline_call(monkeypatch):
         return real_to(module, *args, **kwargs)
 
     monkeypatch.setattr(nn.Module, "to", to)
-    monkeypatch.setattr(hub_pipeline, "to_uint8", to_uint8)
+    monkeypatch.setattr(sampling_pipeline, "to_uint8", to_uint8)
     # value reads: the finite check, and guidance's "any sample inside the interval?" (taken: guide)
     monkeypatch.setattr(sampling_pipeline, "bool", lambda _: True, raising=False)
     monkeypatch.setattr(guidance, "bool", lambda _: True, raising=False)

@@ -37,7 +37,7 @@ def test_named_layer_scale_inits_and_the_default():
     assert VIT5_SWITCHES["layer_scale_init"] == 1.0  # the generative default (results/digits)
     for block in model.blocks:
         assert torch.all(block.gamma_1 == 1.0) and torch.all(block.gamma_2 == 1.0)
-    assert torch.equal(model(*inputs()), torch.zeros(3, 4, 8, 8))  # still exactly 0 at init
+    assert torch.equal(model(*inputs()), torch.zeros(3, model.out_channels, 8, 8))  # still exactly 0 at init
     for name, value in LAYER_SCALE_INITS.items():
         block = create_model("ViT5-S/2", **TINY, layer_scale_init=name).blocks[1]
         assert torch.all(block.gamma_1 == value) and torch.all(block.gamma_2 == value)

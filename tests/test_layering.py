@@ -49,8 +49,7 @@ PACKAGE_LAYERS: dict[str, list[tuple[str, ...]]] = {
         ("loop",),
     ],
     "hub": [
-        ("labels", "loader", "progress", "scheduler"),
-        ("adapters",),
+        ("labels", "loader", "scheduler"),
         ("pipeline",),
     ],
 }

@@ -41,7 +41,7 @@ def test_every_registered_name_builds_with_right_shapes(name):
     with torch.device("meta"):  # full size, no memory: shapes only
         model = create_model(name, input_size=32)
         out = model(torch.empty(2, 4, 32, 32), torch.empty(2), torch.zeros(2, dtype=torch.long))
-    assert out.shape == (2, 4, 32, 32)
+    assert out.shape == (2, 8, 32, 32)  # learn_sigma (the default): the full 2C output
 
 
 def test_sit_xl2_parameter_and_flop_counts_match_published():
@@ -68,13 +68,13 @@ def test_flops_match_hand_count_for_tiny_models():
 def test_output_is_exactly_zero_at_init(backbone):
     model = create_model(f"{backbone}-S/2", **TINY)
     x, t, y = inputs()
-    assert torch.equal(model(x, t, y), torch.zeros_like(x))
+    assert torch.equal(model(x, t, y), torch.zeros(len(x), model.out_channels, *x.shape[2:]))
 
 
-def test_learn_sigma_output_drops_sigma_half():
+def test_learn_sigma_output_has_both_halves():
     model = randomize(create_model("SiT-S/2", **TINY, learn_sigma=True))
     assert model.final_layer.linear.out_features == 2 * 2 * 8
-    assert model(*inputs()).shape == (3, 4, 8, 8)
+    assert model(*inputs()).shape == (3, 8, 8, 8)  # as DiT: the objective reads the half it needs
 
 
 def test_vit5_with_sit_switches_is_exactly_sit():
@@ -95,7 +95,7 @@ def test_sit_matches_independent_timm_reference():
     randomize(ours)
     ref.load_state_dict(ours.state_dict(), strict=True)
     x, t, y = inputs()
-    assert (ours(x, t, y) - ref(x, t, y)).abs().max() <= 1e-5
+    assert (ours(x, t, y)[:, : x.shape[1]] - ref(x, t, y)).abs().max() <= 1e-5  # the reference drops sigma, as SiT
 
 
 def test_vit5_recipe_components_are_present():
@@ -192,14 +192,14 @@ def test_any_resolution_and_exact_at_training_size(backbone):
     assert model.pos_embed_for((4, 4)) is model.pos_embed  # no resampling at the training size
     x, t, y = inputs(side=16)
     out = model(x, t, y)
-    assert out.shape == x.shape and torch.isfinite(out).all()
+    assert out.shape == (len(x), model.out_channels, *x.shape[2:]) and torch.isfinite(out).all()
     small = model(x[..., :8, :8], t, y)  # back to the training size: unaffected by the larger call
     again = randomize(create_model(f"{backbone}-S/2", **TINY))(x[..., :8, :8], t, y)
     assert torch.equal(small, again)
     table = model.pos_embed_for((8, 8)).reshape(8, 8, -1)
     assert table.shape == (8, 8, 64)
     rect = model(torch.randn(2, 4, 8, 12), t[:2], y[:2])
-    assert rect.shape == (2, 4, 8, 12)
+    assert rect.shape == (2, model.out_channels, 8, 12)
 
 
 def test_rope_positions_rescaled_to_training_grid():

@@ -45,7 +45,7 @@ from sit_vit5.config import (
 )
 from sit_vit5.errors import KNOWN_ERRORS, one_line, run_cli
 from sit_vit5.launcher import check_launcher_env
-from sit_vit5.names import name_objective
+from sit_vit5.names import OBJECTIVE_OVERRIDES, name_objective
 
 if TYPE_CHECKING:
     from sit_vit5.training import TrainResult
@@ -126,8 +126,8 @@ def habit_overrides(args: argparse.Namespace) -> list[str]:
     model, results = getattr(args, "model.name"), getattr(args, "train.out_dir")
     if model is not None and results is not None:  # SiT/DiT: one folder per experiment under it
         overrides.append(f"train.out_dir={Path(results) / model.replace('/', '-')}")
-    if model is not None and name_objective(model) == "ddpm":  # DiT-*: DiT's objective and sampler
-        overrides += ["transport.objective=ddpm", "model.learn_sigma=true", "sample.method=ddpm"]
+    if model is not None:  # DiT-*: DiT's objective and sampler
+        overrides += OBJECTIVE_OVERRIDES.get(name_objective(model) or "", ())
     if getattr(args, "train.wandb"):
         overrides.append("train.wandb=true")
     if args.vae is not None:
