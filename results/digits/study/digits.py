@@ -46,6 +46,7 @@ from sit_vit5.experiments import report
 from sit_vit5.io import TMP_PREFIX, atomic_write_text
 from sit_vit5.models import count_params, flops, load_model, model_from_config
 from sit_vit5.models.layers import sincos_pos_embed_2d
+from sit_vit5.objective import transport_kwargs
 from sit_vit5.sampling import SampleSpec, SamplingPipeline
 from sit_vit5.training.checkpoint import checkpoint_name, latest_checkpoint
 from sit_vit5.transport import create_transport
@@ -265,7 +266,7 @@ def evaluate_checkpoint(path: Path, spec: RunSpec, test_data: tuple[Tensor, Tens
     """Held-out loss, digits-FID and accuracy of the EMA weights in checkpoint ``path``."""
     loaded = load_model(path)
     model = loaded.model
-    if loaded.objective == "sit":
+    if loaded.objective_name == "sit":
         loss = heldout_loss(model, create_transport(**transport_kwargs(loaded.objective)), *test_data)
         spec_ = SampleSpec(method="ode", sampling_method="euler", num_steps=spec.sample_steps)
     else:  # DiT's objective: its loss is in other units (ε-MSE + VLB), so no flow-matching loss
