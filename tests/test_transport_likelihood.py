@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from sit_vit5.transport import PATHS, PREDICTIONS, Sampler, bits_per_dim, create_transport
-from sit_vit5.transport.gaussian import GaussianTarget
+from tests.gaussian_target import GaussianTarget
 
 F64 = torch.float64
 M = torch.tensor([0.8, -0.4, 0.3], dtype=F64)

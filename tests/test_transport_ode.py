@@ -8,7 +8,6 @@ import torch
 from torchdiffeq import odeint
 
 from sit_vit5.transport import PATHS, PREDICTIONS, Sampler, create_transport
-from sit_vit5.transport.gaussian import GaussianTarget
 from sit_vit5.transport.integrators import (
     ADAPTIVE_METHODS,
     FIXED_STEP_METHODS,
@@ -16,6 +15,7 @@ from sit_vit5.transport.integrators import (
     is_adaptive,
     ode_method,
 )
+from tests.gaussian_target import GaussianTarget
 
 F64 = torch.float64
 M = torch.tensor([0.8, -0.4], dtype=F64)
