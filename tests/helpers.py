@@ -102,3 +102,16 @@ def assert_states_equal(a, b, where: str = "") -> None:
             assert_states_equal(x, y, f"{where}[{i}]")
     else:
         assert a == b, where
+
+
+def assert_names(message: str, *names: object) -> None:
+    """Each of ``names`` (a key, flag, file or value; ``str()`` of it) appears in ``message``: the tests
+    check that a refusal names its culprit, not how the sentence around it is worded."""
+    missing = [str(name) for name in names if str(name) not in message]
+    assert not missing, f"{missing} not named in: {message}"
+
+
+def naming(*names: object) -> str:
+    """A ``pytest.raises(..., match=naming(...))`` pattern: the message names each of ``names``
+    (literally, in any order), worded as it may be."""
+    return "(?s)^" + "".join(f"(?=.*{re.escape(str(name))})" for name in names)

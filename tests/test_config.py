@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from sit_vit5.config import DEFAULTS, ConfigError, flatten, load_config, parse_overrides, save_config
-from tests.helpers import run_train
+from tests.helpers import naming, run_train
 
 
 def write_yaml(tmp_path, data, name="exp.yaml"):
@@ -145,8 +145,9 @@ def _builds_and_runs(section) -> bool:
      "model.num_registers=3"),
     # rope=false: register RoPE needs head_dim % 4 == 0 too
     (["model.hidden_size=100", "model.num_heads=4", "model.num_registers=4",
-      "model.register_rope_theta=100.0"], "head dim 25.*model.register_rope_theta=null"),
-    (["model.hidden_size=100", "model.num_heads=4", "model.rope=true"], "head dim 25"),
+      "model.register_rope_theta=100.0"], naming("model.hidden_size=100", "25",
+                                                   "model.register_rope_theta=null")),
+    (["model.hidden_size=100", "model.num_heads=4", "model.rope=true"], naming("model.hidden_size=100", "25")),
 ])
 def test_architecture_the_build_refuses_is_refused_by_the_config(overrides, named):
     from sit_vit5.config import validate_architecture

@@ -15,6 +15,7 @@ from sit_vit5.diffusion import (
     named_betas,
     space_timesteps,
 )
+from tests.helpers import naming
 
 DATA_MEAN, DATA_STD = 0.5, 0.3
 
@@ -167,7 +168,7 @@ def test_space_timesteps_sections_and_ddim_strides():
     for bad in ("ddim7", "abc", "5,x"):
         with pytest.raises(ValueError, match="timestep_respacing"):
             space_timesteps(10, bad)
-    with pytest.raises(ValueError, match="cannot keep 6"):
+    with pytest.raises(ValueError, match=naming("timestep_respacing", "5", "6")):
         space_timesteps(10, "6,1")
 
 
@@ -281,7 +282,7 @@ def test_learned_sigma_needs_two_c_outputs_and_fixed_needs_c():
     t = torch.tensor([1, 2])
     with pytest.raises(ValueError, match="learn_sigma=True"):
         create_diffusion("").training_losses(lambda x, tt: x, x0, t)
-    with pytest.raises(ValueError, match="learn_sigma=True in create_diffusion"):
+    with pytest.raises(ValueError, match=naming("(2, 6, 4, 4)", "(2, 3, 4, 4)", "learn_sigma=True")):
         create_diffusion("", learn_sigma=False).training_losses(
             lambda x, tt: x.repeat(1, 2, 1, 1), x0, t
         )
@@ -295,7 +296,7 @@ def test_sample_timesteps_cover_the_range_and_follow_seeds():
     d = create_diffusion("", diffusion_steps=50)
     t = d.sample_timesteps(5000, generator=0)
     assert t.dtype == torch.long and t.min().item() == 0 and t.max().item() == 49
-    with pytest.raises(ValueError, match="diffusion_steps=10 gives betas up to 2"):
+    with pytest.raises(ValueError, match=naming("'linear'", "diffusion_steps=10", "2")):
         create_diffusion("", diffusion_steps=10)
     assert torch.equal(
         d.sample_timesteps(3, generator=[5, 6, 7])[1:2], d.sample_timesteps(1, generator=[6])

@@ -12,7 +12,7 @@ from PIL import Image
 import fid
 import fid.__main__ as cli
 from fid import FeatureStats, InputError, evaluate, images_from_array, make_reference, read_reference
-from tests.helpers import one_error_line
+from tests.helpers import assert_names, naming, one_error_line
 
 
 class FakeExtractor:
@@ -103,7 +103,7 @@ def test_evaluate_stats_only_reference_reads_no_reference_images(tmp_path):
         images_from_array(samples), read_reference(tmp_path / "stats.npz"), extractor, metrics=["fid", "sfid"]
     )
     assert extractor.images_seen == 24 and got["num_reference_images"] == 0
-    with pytest.raises(InputError, match="'pr' is unavailable"):
+    with pytest.raises(InputError, match=naming("stats.npz", "'arr_0'", "'pr'", "--metrics")):
         evaluate(images_from_array(samples), read_reference(tmp_path / "stats.npz"), extractor, metrics=["pr"])
 
 
@@ -111,14 +111,14 @@ def test_evaluate_input_checks(tmp_path):
     samples, refs = _image_sets()
     np.savez(tmp_path / "ref.npz", arr_0=refs)
     ref = read_reference(tmp_path / "ref.npz")
-    with pytest.raises(InputError, match=r"unknown metrics \['kid'\].*choose from"):
+    with pytest.raises(InputError, match=naming("['kid']", "['fid', 'sfid', 'is', 'pr']")):
         evaluate(images_from_array(samples), ref, FakeExtractor(), metrics=["fid", "kid"])
-    with pytest.raises(InputError, match="holds only 24"):
+    with pytest.raises(InputError, match=naming("--num-samples 25", "24")):
         evaluate(images_from_array(samples), ref, FakeExtractor(), num_samples=25)
-    with pytest.raises(InputError, match="need at least 10"):
+    with pytest.raises(InputError, match=naming("9", "['is']", "10")):
         evaluate(images_from_array(samples[:9]), ref, FakeExtractor(), metrics=["is"])
     np.savez(tmp_path / "tiny_ref.npz", arr_0=refs[:3])
-    with pytest.raises(InputError, match="'pr' needs more than 3"):
+    with pytest.raises(InputError, match=naming("tiny_ref.npz", "3", "'pr'")):
         evaluate(images_from_array(samples), read_reference(tmp_path / "tiny_ref.npz"), FakeExtractor(), metrics=["pr"])
 
 
@@ -167,7 +167,7 @@ def test_cli_bad_input_exits_2_with_message(tmp_path, fake_network, capsys):
     assert "float.npz" in err and "uint8" in err
     np.savez(tmp_path / "ok.npz", arr_0=np.zeros((12, 8, 8, 3), np.uint8))
     assert cli.main([str(tmp_path / "ok.npz"), str(tmp_path / "ref.npz"), "--metrics", "fid,foo"]) == 2
-    assert "choose from" in capsys.readouterr().err
+    assert_names(capsys.readouterr().err, "foo", "fid")
     assert cli.main([str(tmp_path / "ok.npz"), str(tmp_path / "ref.npz"), "--batch-size", "0"]) == 2
     assert not (tmp_path / "ok.metrics.json").exists()
 
@@ -211,7 +211,7 @@ def test_fid_zero_image_npz(tmp_path, capsys):
     np.savez(path, arr_0=np.zeros((0, 8, 8, 3), np.uint8))
     for reference in ("digits", path):
         status, line = fid_main([path, reference, "--no-json"], capsys)
-        assert status == 2 and f"{path}[arr_0]" in line and "no images" in line
+        assert status == 2 and f"{path}[arr_0]" in line
 
 
 @pytest.mark.parametrize("suffix", [".npz", ".npy"])
@@ -220,7 +220,7 @@ def test_fid_object_array_is_named_and_never_unpickled(tmp_path, capsys, suffix)
     array = np.array([{"a": 1}, None], dtype=object)
     np.savez(path, arr_0=array) if suffix == ".npz" else np.save(path, array)
     status, line = fid_main([path, "digits", "--no-json"], capsys)
-    assert status == 2 and str(path) in line and "dtype object" in line
+    assert status == 2 and str(path) in line and "object" in line
 
 
 def test_fid_corrupt_image_in_folder_is_named(tmp_path, capsys):

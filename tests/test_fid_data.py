@@ -6,6 +6,7 @@ from PIL import Image
 
 from fid import FeatureStats, InputError, open_images, read_reference, save_reference
 from fid.data import images_from_array
+from tests.helpers import naming
 
 
 def _images(n: int, h: int = 6, w: int = 5, c: int = 3, seed: int = 0) -> np.ndarray:
@@ -66,16 +67,16 @@ def test_validation_messages(tmp_path):
     np.savez(tmp_path / "flat.npz", arr_0=np.zeros((2, 4, 4), np.uint8))
     with pytest.raises(InputError, match=r"4-D"):
         open_images(tmp_path / "flat.npz")
-    with pytest.raises(InputError, match=r"no array 'arr_0'.*\['x'\]"):
+    with pytest.raises(InputError, match=naming("key.npz", "'arr_0'", "['x']")):
         np.savez(tmp_path / "key.npz", x=np.zeros(1))
         open_images(tmp_path / "key.npz")
-    with pytest.raises(InputError, match="no such file"):
+    with pytest.raises(InputError, match=naming("missing.npz")):
         open_images(tmp_path / "missing.npz")
     (tmp_path / "x.h5").write_bytes(b"")
     with pytest.raises(InputError, match="unsupported"):
         open_images(tmp_path / "x.h5")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(InputError, match="no image files"):
+    with pytest.raises(InputError, match=naming("empty", ".png")):
         open_images(tmp_path / "empty")
     with pytest.raises(InputError, match="C in \\(1, 3\\)"):
         images_from_array(np.zeros((2, 4, 4, 2), np.uint8), channels=(1, 3))
@@ -110,10 +111,10 @@ def test_reference_variants_and_errors(tmp_path):
     np.savez(tmp_path / "partial.npz", mu=s.mu, sigma=s.sigma)
     with pytest.raises(InputError, match=r"missing \['mu_s', 'sigma_s'\]"):
         read_reference(tmp_path / "partial.npz")
-    with pytest.raises(InputError, match="no such reference file"):
+    with pytest.raises(InputError, match=naming("VIRTUAL_imagenet256_labeled.npz")):
         read_reference(tmp_path / "VIRTUAL_imagenet256_labeled.npz")
     np.savez(tmp_path / "neither.npz", foo=np.zeros(2))
-    with pytest.raises(InputError, match="neither statistics"):
+    with pytest.raises(InputError, match=naming("neither.npz", "'mu'", "'arr_0'", "['foo']")):
         read_reference(tmp_path / "neither.npz")
     np.savez(tmp_path / "badshape.npz", mu=s.mu, sigma=s.sigma[:3], mu_s=s.mu_s, sigma_s=s.sigma_s)
     with pytest.raises(InputError, match="sigma"):

@@ -32,7 +32,7 @@ from sit_vit5.errors import SitVit5Error, run_cli
 from sit_vit5.io import TMP_PREFIX
 from sit_vit5.training import NonFiniteLossError, train
 from tests.conftest import TINY_VAE
-from tests.helpers import make_image_folder, refused_in_one_line
+from tests.helpers import assert_names, make_image_folder, naming, refused_in_one_line
 
 ROOT = Path(__file__).resolve().parents[1]
 PROG = "python -m sit_vit5.cache_latents"
@@ -188,7 +188,7 @@ def test_resume_onto_a_changed_image_is_refused(cache, data_dir, vae_dir, capsys
     Image.fromarray(np.zeros((33, 35, 3), np.uint8)).save(data_dir / "cat" / "2.png")  # same name
     before = snapshot(cache)
     line = refused(capsys, argv(data_dir, cache, vae_dir))
-    assert "1 image file(s) changed" in line and "cat/2.png" in line
+    assert "1" in line and "cat/2.png" in line
     assert snapshot(cache) == before
 
 
@@ -206,7 +206,7 @@ def test_image_size_not_a_multiple_of_the_vae_factor(
 
 def test_missing_data_dir_and_out_under_a_file(data_dir, vae_dir, tmp_path, capsys):
     line = refused(capsys, argv(tmp_path / "nowhere", tmp_path / "c", vae_dir))
-    assert f"image folder {tmp_path / 'nowhere'} does not exist" in line
+    assert str(tmp_path / "nowhere") in line
     blocker = tmp_path / "file"
     blocker.write_text("keep")
     line = refused(capsys, argv(data_dir, blocker / "cache", vae_dir))
@@ -220,7 +220,7 @@ def test_tiny_and_non_image_files_refused_or_each_reported(data_dir, vae_dir, tm
     )  # used to be upscaled
     (data_dir / "dog" / "notes.jpg").write_text("not an image")
     line = refused(capsys, argv(data_dir, tmp_path / "strict", vae_dir))
-    assert "cat/tiny.png is 1x1 px" in line and "--min-image-side" in line and "--skip-bad" in line
+    assert "cat/tiny.png" in line and "1x1" in line and "--min-image-side" in line and "--skip-bad" in line
     assert_consistent(tmp_path / "strict")
 
     out = tmp_path / "lenient"
@@ -390,11 +390,11 @@ def test_truncated_files_are_named_at_open(cache, name, cut, named):
 def test_missing_shard_and_unreadable_manifest_are_named(cache):
     (cache / "shard_00001.std.npy").unlink()
     with pytest.raises(
-        CorruptCacheError, match=r"shard_00001\.std\.npy is missing; delete .*shard_00001\.done"
+        CorruptCacheError, match=naming("shard_00001.std.npy", "shard_00001.done")
     ):
         LatentCacheDataset(cache)
     (cache / "manifest.json").write_text('{"format": "sit_vit5.latent_cache/1", ')
-    with pytest.raises(CorruptCacheError, match=r"manifest\.json: not valid JSON"):
+    with pytest.raises(CorruptCacheError, match=naming("manifest.json", "JSON")):
         LatentCacheDataset(cache)
 
 
@@ -412,7 +412,7 @@ def test_shard_of_another_shape_is_named(cache):
 
 def test_cache_of_another_image_size_is_a_one_line_error(cache):
     with pytest.raises(
-        CacheMismatchError, match=r"data.image_size=256 .* made from 16px images"
+        CacheMismatchError, match=naming("data.image_size=256", "16px", "data.image_size=16")
     ) as info:
         build_dataset({"kind": "latents", "root": str(cache), "image_size": 256})
     assert isinstance(info.value, SitVit5Error) and isinstance(info.value, ValueError)
@@ -427,7 +427,7 @@ def test_verify_pass_finds_nan_and_flipped_bytes(cache, capsys):
     data[-1] ^= 0x01
     path.write_bytes(bytes(data))
     line = refused(capsys, ["--out", cache, "--verify"])
-    assert "2 corrupt file(s)" in line and "shard_00000.mean.npy (its SHA-256 differs" in line
+    assert_names(line, "2", "shard_00000.mean.npy", "SHA-256")
     assert "shard_00002.std.npy" in line
 
 

@@ -32,8 +32,7 @@ def test_output_under_a_file_is_named_before_the_work(tmp_path, capsys):
         capsys, [ckpt, blocker / "export"]
     )  # was a bare "[Errno 17] File exists: '...file'"
     assert (
-        f"{blocker / 'export'}: cannot create the folder ({blocker} is a file, not a folder)"
-        in line
+        str(blocker / "export") in line and f"({blocker} " in line
     )
     assert blocker.read_text() == "keep" and sorted(p.name for p in tmp_path.iterdir()) == [
         "file",
@@ -55,8 +54,7 @@ def test_failed_push_names_the_written_folder_and_the_upload_command(tmp_path, c
     out = tmp_path / "export"
     line = refused(capsys, [ckpt, out, "--push-to-hub", "me/sit"])
     assert (
-        f"wrote {out}, but pushing it to me/sit failed "
-        "(ConnectError: [Errno 111] Connection refused)" in line
+        str(out) in line and "me/sit" in line and "ConnectError: [Errno 111] Connection refused" in line
     )
     assert f"`hf upload me/sit {out}`" in line
     assert (out / "model_index.json").is_file() and (out / "transformer" / "config.json").is_file()

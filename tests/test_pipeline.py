@@ -18,6 +18,7 @@ from sit_vit5.export import main as export_main
 from sit_vit5.images import to_uint8
 from sit_vit5.models import create_model
 from sit_vit5.training import save_checkpoint
+from tests.helpers import naming
 from tests.hub_cache import add_folder_to_hub_cache
 
 TINY = dict(depth=2, hidden_size=32, num_heads=2, input_size=8, num_classes=10, learn_sigma=False)
@@ -123,7 +124,7 @@ def test_export_refuses_a_non_empty_folder_and_dit_files(tmp_path, capsys):
 
 def test_generator_argument_rules(tmp_path):
     pipe = exported(checkpoint(tmp_path / "run", 1), tmp_path / "export")
-    with pytest.raises(ValueError, match="one per image"):  # a list: one generator per image
+    with pytest.raises(ValueError, match=naming("generator", "3", "2")):  # a list: one generator per image
         pipe([1, 2], generator=[torch.Generator(), torch.Generator(), torch.Generator()])
     with pytest.raises(ValueError, match="output_type"):
         pipe([1], generator=0, output_type="latent")

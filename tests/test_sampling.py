@@ -25,6 +25,7 @@ from sit_vit5.sampling import (
 )
 from sit_vit5.transport import create_transport
 from sit_vit5.transport.rng import sample_seed
+from tests.helpers import naming
 
 TINY = dict(input_size=8, in_channels=1, depth=1, hidden_size=32, num_heads=2, num_classes=10, learn_sigma=False)
 ODE = SampleSpec(method="ode", sampling_method="euler", num_steps=4)
@@ -277,9 +278,9 @@ def test_bulk_refuses_to_mix_settings(tmp_path):
 
 
 def test_adaptive_solver_warns_in_bulk(tmp_path):
-    with pytest.warns(UserWarning, match="is adaptive: num_steps=2 only sets the output grid"):
+    with pytest.warns(UserWarning, match=naming("dopri5", "num_steps=2")):
         pipe = pipeline(SampleSpec(method="ode", sampling_method="dopri5", num_steps=2, atol=1e-2, rtol=1e-2))
-    with pytest.warns(UserWarning, match="depend on batch composition"):
+    with pytest.warns(UserWarning, match=naming("dopri5", "rk4")):
         sample_bulk(pipe, 1, tmp_path, progress=False)
 
 
@@ -410,11 +411,11 @@ def test_a_negative_cfg_scale_is_refused_alike_everywhere_unless_asked_for():
     """One rule (sample_spec.check_cfg_scale) for the pipeline, the config and sample.py: refused
     unless explicitly allowed, then warned about."""
     spec = SampleSpec(method="ode", sampling_method="euler", num_steps=2, cfg_scale=-1.0)
-    with pytest.raises(ValueError, match="cfg_scale=-1.0: a negative scale"):
+    with pytest.raises(ValueError, match=naming("cfg_scale=-1.0")):
         pipeline(spec)
-    with pytest.warns(UserWarning, match="steers samples away"):
+    with pytest.warns(UserWarning, match=naming("cfg_scale=-1.0")):
         assert pipeline(spec, allow_negative_cfg=True).spec.cfg_scale == -1.0
-    with pytest.raises(ConfigError, match=r"sample.cfg_scale=-1(\.0)?: a negative scale"):
+    with pytest.raises(ConfigError, match=r"sample.cfg_scale=-1(\.0)?"):
         load_config(None, ["sample.cfg_scale=-1"])
 
 

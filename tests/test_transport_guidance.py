@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from sit_vit5.transport import ClassifierFreeGuidance, Sampler, create_transport
-from sit_vit5.transport.gaussian import GaussianTarget
+from tests.gaussian_target import GaussianTarget
 
 F64 = torch.float64
 NUM_CLASSES = 3

@@ -7,6 +7,7 @@ import torch
 
 from sit_vit5.transport import PATHS, PREDICTIONS, create_transport
 from sit_vit5.transport.transport import SDE_MIN_EPS
+from tests.helpers import naming
 
 from .test_transport_paths import coefficients
 
@@ -58,7 +59,7 @@ def test_unknown_options_name_the_valid_ones(kwargs, bad):
 
 
 def test_loss_weight_with_velocity_warns():
-    with pytest.warns(UserWarning, match="ignored with prediction='velocity'"):
+    with pytest.warns(UserWarning, match=naming("loss_weight='likelihood'", "prediction='velocity'")):
         create_transport(loss_weight="likelihood")
 
 

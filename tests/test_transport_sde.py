@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from sit_vit5.transport import DIFFUSION_FORMS, LAST_STEPS, PATHS, PREDICTIONS, Sampler, create_transport
-from sit_vit5.transport.gaussian import GaussianTarget
+from tests.gaussian_target import GaussianTarget
 
 F64 = torch.float64
 M = torch.tensor([0.8, -0.4], dtype=F64)

@@ -8,10 +8,10 @@ import math
 import random
 
 import pytest
+from digits_study import claims, digits, samples, stats
 from scipy import stats as sps
 
 from sit_vit5.io import atomic_write_text
-from tests.digits_study import claims, digits, samples, stats
 
 
 def _run(dataset, variant, seed, steps=2000, complete=True, seconds=0.0, **final):

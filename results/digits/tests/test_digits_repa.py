@@ -7,8 +7,7 @@ import json
 import math
 
 import pytest
-
-from tests.digits_study import digits, repa
+from digits_study import digits, repa
 
 
 def _run(dataset, variant, seed, losses, fids=None, **extra):

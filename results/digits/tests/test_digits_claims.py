@@ -13,11 +13,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
+from digits_study import claims, cli, digits
 
 from sit_vit5.io import atomic_write_text
 from sit_vit5.models import SIT_SWITCHES, VIT5_SWITCHES, create_model
 from sit_vit5.models.layers import sincos_pos_embed_2d
-from tests.digits_study import claims, cli, digits
 
 
 def test_spelled_out_switches_are_todays_defaults():

@@ -6,9 +6,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from digits_study import stats
 from scipy import stats as sps
-
-from tests.digits_study import stats
 
 holm, welch, welch_contrast = stats.holm, stats.welch, stats.welch_contrast
 

@@ -3,8 +3,8 @@
 For data ``x1 ~ N(m, S)`` with ``S = Q diag(s^2) Q^T`` the marginal of the path is
 ``p_t = N(alpha m, Q diag(c^2) Q^T)`` with ``c^2 = alpha^2 s^2 + sigma^2``, and the exact velocity is
 ``v*(x, t) = alpha_dot m + Q diag((alpha_dot alpha s^2 + sigma_dot sigma) / c^2) Q^T (x - alpha m)``
-(``Q = I`` gives the isotropic/diagonal formula). Used by the tests as ground truth for samplers and
-likelihoods, and handy for checking a sampler configuration without a trained network. Data are ``(B, D)``.
+(``Q = I`` gives the isotropic/diagonal formula). The tests' ground truth for the samplers and
+likelihoods of ``sit_vit5.transport`` (a test oracle, not part of the package). Data are ``(B, D)``.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import math
 import torch
 from torch import Tensor
 
-from .paths import Path
-from .utils import expand_t_like_x
+from sit_vit5.transport.paths import Path
+from sit_vit5.transport.utils import expand_t_like_x
 
 
 class GaussianTarget:

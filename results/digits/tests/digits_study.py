@@ -1,5 +1,6 @@
-"""The digits study for the tests: it lives beside its results in results/digits/study, outside the
-installed package, so its folder's parent goes on ``sys.path`` and it imports as the package ``study``."""
+"""The digits study for its tests (this folder, results/digits/tests): the study lives beside its results in
+results/digits/study, outside the installed package, so its folder's parent goes on ``sys.path`` and it
+imports as the package ``study``."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import importlib
 import sys
 from pathlib import Path
 
-STUDY = Path(__file__).resolve().parents[1] / "results" / "digits" / "study"
+STUDY = Path(__file__).resolve().parents[1] / "study"
 assert (STUDY / "__main__.py").is_file(), STUDY  # fail loudly if the study moves again
 if str(STUDY.parent) not in sys.path:
     sys.path.insert(0, str(STUDY.parent))
