@@ -115,7 +115,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     device = setup(args)
     from sit_vit5 import cache_latents
-    from sit_vit5.data import ImageFolderDataset, LatentCacheDataset
+    from sit_vit5.data import ImageFolderDataset
+    from sit_vit5.latent_cache import LatentCacheDataset
     from sit_vit5.vae import encode
 
     tmp = None if args.workdir else tempfile.mkdtemp(prefix="bench_data_path_")

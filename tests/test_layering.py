@@ -21,10 +21,10 @@ LAYERS: list[tuple[str, ...]] = [
     ("sample_spec",),
     ("objective",),
     ("config", "data"),
-    ("sampling", "cache_latents"),
+    ("sampling", "latent_cache"),  # latent_cache: the cache's format, writer, reader and verifier
     ("training", "hub"),
     ("experiments", "export", "pipeline"),  # pipeline: the import path exported folders run
-    ("cli",),
+    ("cli", "cache_latents"),  # cache_latents: the command line over latent_cache
 ]
 #: Modules that import some project modules inside functions, and why: they check their inputs before
 #: the heavy imports (torch, diffusers: seconds), so that a bad flag or key is reported at once
