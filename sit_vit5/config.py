@@ -117,7 +117,7 @@ DEFAULTS: Config = {
     # REPA (Yu et al. 2025), off by default: the hidden state after block `depth` is projected
     # (3-layer SiLU MLP) onto a frozen encoder's patch features of the clean image; the loss adds
     # coeff x mean negative cosine similarity. The projector trains with the model (checkpointed,
-    # not in the EMA or exports). Encoders and preprocessing: sit_vit5/repa.py.
+    # not in the EMA or exports). Encoders and preprocessing: sit_vit5/training/repa.py.
     "repa": {
         "encoder": None,  # None = off | digits | timm:NAME | hub:REPO:ENTRY | a local timm folder
         "weights": None,  # a local state-dict file for a timm:NAME architecture (no download)

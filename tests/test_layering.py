@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS: list[tuple[str, ...]] = [
     ("errors", "names"),
     ("launcher", "hub_access"),  # read before torch: the launcher's environment, whether the hub answers
-    ("io", "guidance", "precision", "vae", "distributed", "runtime", "repa"),
+    ("io", "guidance", "precision", "vae", "distributed", "runtime"),
     ("images", "transport", "run_files"),
     ("models", "diffusion"),
     ("sample_spec",),
@@ -44,7 +44,7 @@ PACKAGE_LAYERS: dict[str, list[tuple[str, ...]]] = {
     "training": [
         ("batching", "checkpoint", "diagnostics", "ema", "fsdp", "grids", "logging", "metrics",
          "optim", "preemption"),
-        ("repa",),
+        ("repa",),  # all of REPA (encoders, projector, loss, its share of the step): training-only
         ("build",),
         ("loop",),
     ],

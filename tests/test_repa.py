@@ -1,4 +1,4 @@
-"""REPA (sit_vit5/repa.py, training/repa.py) on tiny models made here: the projector's layout, the
+"""REPA (sit_vit5/training/repa.py) on tiny models made here: the projector's layout, the
 loss against an independent computation, the gradient only where it belongs (the encoder frozen),
 coeff 0 = training without REPA bit for bit, exact resume, registers left out, the one-line errors
 (token grid, offline download, bad keys), timm / torch.hub / digits encoders without downloads, and
@@ -13,10 +13,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sit_vit5 import repa as R
 from sit_vit5.config import ConfigError, configs_dir, load_config
 from sit_vit5.models import load_model
 from sit_vit5.training import read_checkpoint, train
+from sit_vit5.training import repa as R
 from sit_vit5.training.build import build
 from sit_vit5.training.loop import train_step
 from tests.helpers import assert_states_equal, make_image_folder, run_train
