@@ -102,7 +102,7 @@ def test_repa_extras_count_the_projector_encoder_and_vae_as_built():
     timm = pytest.importorskip("timm")
     from diffusers import AutoencoderKL
 
-    from bench.data_path import TINY_VAE_ARCH
+    from bench.common import TINY_VAE_ARCH
     from bench.plan import Extras, forward_gflops, repa_extras
     from sit_vit5.training.repa import Projector
 
