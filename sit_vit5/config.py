@@ -22,8 +22,8 @@ from typing import Any, NamedTuple
 
 import yaml
 
+from .atomic_files import unwritable_dir_reason
 from .errors import SettingError, SitVit5Error
-from .io import unwritable_dir_reason
 from .names import DDPM_DEFAULTS, INTERPOLATIONS, MODEL_KEYS, MODEL_NAMES, PRECISIONS, SD_VAE_SCALING_FACTOR
 from .sample_spec import SampleSpec, check_cfg_scale, config_defaults
 

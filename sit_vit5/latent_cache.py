@@ -48,6 +48,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from .atomic_files import TMP_PREFIX, atomic_write, atomic_write_text, unwritable_dir_reason
+from .checksums import payload_sha256, sha256_file
 from .data import (
     DataRootError,
     EpochDataset,
@@ -58,7 +60,6 @@ from .data import (
     read_image,
 )
 from .errors import SitVit5Error
-from .io import TMP_PREFIX, atomic_write, atomic_write_text, payload_sha256, sha256_file, unwritable_dir_reason
 from .vae import downsampling_factor, encode_moments, load_vae
 
 # ----------------------------------------------------------------------------- format

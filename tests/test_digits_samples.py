@@ -10,7 +10,7 @@ import random
 import pytest
 from scipy import stats as sps
 
-from sit_vit5.io import atomic_write_text
+from sit_vit5.atomic_files import atomic_write_text
 from tests.digits_study import claims, digits, samples, stats
 
 

@@ -15,8 +15,9 @@ ROOT = Path(__file__).resolve().parents[1]
 #: Components of sit_vit5 by layer, bottom first: a module may import only from lower layers.
 LAYERS: list[tuple[str, ...]] = [
     ("errors", "names"),
+    ("checksums",),  # file and checkpoint digests: below atomic_files, which writes their sidecars
     ("launcher", "hub_access"),  # read before torch: the launcher's environment, whether the hub answers
-    ("io", "guidance", "precision", "vae", "distributed", "runtime"),
+    ("atomic_files", "guidance", "precision", "vae", "distributed", "cpu_threads"),
     ("images", "transport", "run_files"),
     ("models", "diffusion"),
     ("sample_spec",),
@@ -148,10 +149,10 @@ def test_the_graph_check_can_fail(tmp_path, monkeypatch):
     """A planted upward import (config -> training) and a lazy one are both caught."""
     fake = tmp_path / "sit_vit5"
     fake.mkdir()
-    (fake / "config.py").write_text("from .training import train\n\ndef f():\n    from .io import x\n")
+    (fake / "config.py").write_text("from .training import train\n\ndef f():\n    from .vae import x\n")
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     found = _imports(fake / "config.py")
-    assert ("sit_vit5.training", 1, True) in found and ("sit_vit5.io", 4, False) in found
+    assert ("sit_vit5.training", 1, True) in found and ("sit_vit5.vae", 4, False) in found
     with pytest.raises(AssertionError, match="upward"):
         test_no_upward_or_hidden_imports(fake / "config.py")
 

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
 from ..config import Config, ConfigError, check_out_dir, save_config, validate_architecture
+from ..cpu_threads import set_cpu_threads
 from ..data import DataRootError, DigitsDataset, ImageFolderDataset
 from ..distributed import check_group, describe_group, prepare_launch
 from ..latent_cache import MANIFEST_NAME, CacheMismatchError, LatentCacheDataset
@@ -27,7 +28,6 @@ from ..models import count_params, model_from_config
 from ..objective import Objective, create_objective
 from ..precision import grad_scaler
 from ..run_files import previous_checkpoint
-from ..runtime import set_cpu_threads
 from ..vae import downsampling_factor, load_vae, vae_enabled
 from . import fsdp
 from .batching import StepBatchSampler

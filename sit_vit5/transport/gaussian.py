@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from .paths import Path
-from .utils import expand_t_like_x
+from .per_sample import expand_t_like_x
 
 
 class GaussianTarget:

@@ -17,12 +17,13 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from ..names import choose
 from .integrators import SDE_STEPS, CountingModel, batch_time, is_adaptive, ode_method, solve_ode, time_grid
 from .likelihood import PROBES, exact_divergence, hutchinson_divergence
 from .paths import DIFFUSION_FORMS
+from .per_sample import expand_t_like_x
 from .rng import GeneratorLike, randn_like, resolve_generator
 from .transport import Transport
-from .utils import choose, expand_t_like_x
 
 METHODS = ("ode", "sde")  # probability-flow ODE or SDE: the ``method`` of configs and CLIs
 
