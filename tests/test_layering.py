@@ -61,15 +61,15 @@ PACKAGE_RANK = {package: {module: rank for rank, layer in enumerate(layers) for 
 PACKAGE_MODULES = [(p, m) for p, ranks in sorted(PACKAGE_RANK.items()) for m in sorted(ranks)]
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+def _module_name(path: Path, root: Path | None = None) -> str:
+    parts = list(path.relative_to(root or ROOT).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imports(path: Path) -> list[tuple[str, int, bool]]:
+def _imports(path: Path, root: Path | None = None) -> list[tuple[str, int, bool]]:
     """(absolute module imported, line, at module top?) for every import statement in ``path``."""
     tree = ast.parse(path.read_text(), str(path))
-    package = _module_name(path).split(".")
+    package = _module_name(path, root).split(".")
     if path.name != "__init__.py":
         package = package[:-1]
     top_level = {id(node) for node in tree.body}
@@ -181,29 +181,15 @@ def _resolve(module: str, known: set[str]) -> str | None:
 def import_graph(root: Path = ROOT) -> dict[str, dict[str, int]]:
     """module -> {module it imports: first line}, over every .py file of GRAPH_ROOTS under ``root``."""
     paths = [p for r in GRAPH_ROOTS for p in sorted((root / r).rglob("*.py"))]
-    modules = {_module_name_under(root, p): p for p in paths}
+    modules = {_module_name(p, root): p for p in paths}
     graph: dict[str, dict[str, int]] = {}
     for name, path in modules.items():
         edges = graph.setdefault(name, {})
-        for imported, line, _ in _imports_under(root, path):
+        for imported, line, _ in _imports(path, root):
             target = _resolve(imported, set(modules))
             if target is not None and target != name:
                 edges.setdefault(target, line)
     return graph
-
-
-def _module_name_under(root: Path, path: Path) -> str:
-    parts = list(path.relative_to(root).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def _imports_under(root: Path, path: Path) -> list[tuple[str, int, bool]]:
-    module = sys.modules[__name__]
-    saved, module.ROOT = module.ROOT, root
-    try:
-        return _imports(path)
-    finally:
-        module.ROOT = saved
 
 
 def find_cycles(graph: dict[str, dict[str, int]],
