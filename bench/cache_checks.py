@@ -1,5 +1,5 @@
 """What the latent cache's read checks cost: the layout check at open, the finite check per item, and
-the full ``--verify`` pass (sit_vit5.data.LatentCacheDataset, verify_cache).
+the full ``--verify`` pass (sit_vit5.latent_cache.LatentCacheDataset, verify_cache).
 
     python -m bench.cache_checks                                  # ImageNet-256 shapes, 2 shards
     python -m bench.cache_checks --images 2000 --shards 4 --json results/bench/cpu/cache_checks.json
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sit_vit5.data import CACHE_FORMAT, LatentCacheDataset, verify_cache
+from sit_vit5.latent_cache import CACHE_FORMAT, LatentCacheDataset, verify_cache
 
 
 def write_cache(root: Path, images: int, shards: int, image_size: int) -> Path:

@@ -119,7 +119,7 @@ def make_vae(path: Path, arch: str = "sd-arch") -> Path:
     import torch
     from diffusers import AutoencoderKL
 
-    from bench.data_path import BUILT_VAES
+    from bench.common import BUILT_VAES
     from sit_vit5.vae import SD_VAE_SCALING_FACTOR
 
     torch.manual_seed(0)

@@ -33,6 +33,12 @@ from sit_vit5.precision import PRECISIONS, autocast  # noqa: F401 (the bench scr
 
 BACKBONE_NAMES = ("SiT", "ViT5", "Timm")  # Timm: SiT built from timm's Attention/Mlp (the official layers)
 MODES = ("eager", "compile")
+# stabilityai/sd-vae-ft-ema's architecture (its config.json); "tiny" keeps the 8x downsampling only.
+SD_VAE_ARCH = dict(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 4,
+                   up_block_types=("UpDecoderBlock2D",) * 4, block_out_channels=(128, 256, 512, 512),
+                   layers_per_block=2, latent_channels=4, norm_num_groups=32, sample_size=256)
+TINY_VAE_ARCH = {**SD_VAE_ARCH, "block_out_channels": (8,) * 4, "layers_per_block": 1, "norm_num_groups": 8}
+BUILT_VAES = {"sd-arch": SD_VAE_ARCH, "tiny": TINY_VAE_ARCH}
 #: Dense bf16 tensor-core peak, TFLOP/s (vendor data sheets; H100 = SXM, the PCIe card is 756).
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}
 

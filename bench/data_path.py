@@ -33,7 +33,9 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 from bench.common import (
+    BUILT_VAES,
     PRECISIONS,
+    TINY_VAE_ARCH,
     add_common_args,
     build_backbone,
     interleaved_timings,
@@ -43,12 +45,6 @@ from bench.common import (
 )
 from bench.train_step import make_train_step
 
-# stabilityai/sd-vae-ft-ema's architecture (its config.json); "tiny" keeps the 8x downsampling only.
-SD_VAE_ARCH = dict(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 4,
-                   up_block_types=("UpDecoderBlock2D",) * 4, block_out_channels=(128, 256, 512, 512),
-                   layers_per_block=2, latent_channels=4, norm_num_groups=32, sample_size=256)
-TINY_VAE_ARCH = {**SD_VAE_ARCH, "block_out_channels": (8,) * 4, "layers_per_block": 1, "norm_num_groups": 8}
-BUILT_VAES = {"sd-arch": SD_VAE_ARCH, "tiny": TINY_VAE_ARCH}
 COLUMNS = ("path", "decode_ms", "encode_ms", "batch_ms", "fraction_of_step")
 _MODEL = re.compile(r"^(?P<backbone>\w+?)-(?P<size>S|B|L|XL)/(?P<patch>\d+)$")
 
@@ -115,7 +111,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     device = setup(args)
     from sit_vit5 import cache_latents
-    from sit_vit5.data import ImageFolderDataset, LatentCacheDataset
+    from sit_vit5.data import ImageFolderDataset
+    from sit_vit5.latent_cache import LatentCacheDataset
     from sit_vit5.vae import encode
 
     tmp = None if args.workdir else tempfile.mkdtemp(prefix="bench_data_path_")

@@ -18,8 +18,7 @@ import statistics
 
 import torch
 
-from bench.common import PRECISIONS, add_common_args, build_for, now, print_table, setup, sync, write_json
-from bench.data_path import BUILT_VAES
+from bench.common import BUILT_VAES, PRECISIONS, add_common_args, build_for, now, print_table, setup, sync, write_json
 from sit_vit5.models import SIZES
 from sit_vit5.sampling import SampleSpec
 

@@ -45,7 +45,7 @@ from torch import nn
 
 from sit_vit5.models import count_params, create_model, flops
 
-from .common import PEAK_BF16_TFLOPS
+from .common import PEAK_BF16_TFLOPS, SD_VAE_ARCH
 
 GIB = 2**30
 #: bytes of a saved tensor under each precision: the residual stream and norms stay fp32 under autocast
@@ -326,8 +326,6 @@ def cli_extras(args: argparse.Namespace) -> Extras:
     vae = None
     if args.vae_on_the_fly:
         from diffusers import AutoencoderKL
-
-        from .data_path import SD_VAE_ARCH
 
         with torch.device("meta"):
             vae = AutoencoderKL(**SD_VAE_ARCH)

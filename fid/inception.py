@@ -41,7 +41,7 @@ def default_weights_path() -> Path:
 
 
 def sha256_of(path: str | os.PathLike) -> str:
-    """Hex SHA-256 of a file, read in 1 MiB blocks. (A copy of ``sit_vit5.io.sha256_file`` on
+    """Hex SHA-256 of a file, read in 1 MiB blocks. (A copy of ``sit_vit5.checksums.sha256_file`` on
     purpose: fid/ imports nothing from sit_vit5, so it stays usable on its own.)"""
     h = hashlib.sha256()
     with open(path, "rb") as f:

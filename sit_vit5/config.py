@@ -22,8 +22,8 @@ from typing import Any, NamedTuple
 
 import yaml
 
+from .atomic_files import unwritable_dir_reason
 from .errors import SettingError, SitVit5Error
-from .io import unwritable_dir_reason
 from .names import DDPM_DEFAULTS, INTERPOLATIONS, MODEL_KEYS, MODEL_NAMES, PRECISIONS, SD_VAE_SCALING_FACTOR
 from .sample_spec import SampleSpec, check_cfg_scale, config_defaults
 
@@ -56,7 +56,7 @@ DEFAULTS: Config = {
         "ddpm_variance": DDPM_DEFAULTS["ddpm_variance"],
     },
     "data": {
-        "kind": "imagefolder",  # digits | imagefolder | latents (see sit_vit5.data.DATASETS)
+        "kind": "imagefolder",  # digits | imagefolder | latents (see sit_vit5.training.build.DATASETS)
         "root": None,  # class-subfolder image dir (imagefolder) or latent cache dir (latents)
         "image_root": None,  # latents + REPA: the ImageFolder the cache was made from (the encoder's images)
         "image_size": 256,  # pixel side after the ADM center crop (digits: 8)
@@ -117,7 +117,7 @@ DEFAULTS: Config = {
     # REPA (Yu et al. 2025), off by default: the hidden state after block `depth` is projected
     # (3-layer SiLU MLP) onto a frozen encoder's patch features of the clean image; the loss adds
     # coeff x mean negative cosine similarity. The projector trains with the model (checkpointed,
-    # not in the EMA or exports). Encoders and preprocessing: sit_vit5/repa.py.
+    # not in the EMA or exports). Encoders and preprocessing: sit_vit5/training/repa.py.
     "repa": {
         "encoder": None,  # None = off | digits | timm:NAME | hub:REPO:ENTRY | a local timm folder
         "weights": None,  # a local state-dict file for a timm:NAME architecture (no download)

@@ -32,9 +32,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from .atomic_files import unwritable_dir_reason
 from .errors import KNOWN_ERRORS, SitVit5Error, one_line, run_cli
 from .hub import SiTPipeline, read_id2label, scheduler_from
-from .io import unwritable_dir_reason
 from .models import CheckpointError, LoadedModel, load_model, resolve_checkpoint
 from .models.diffusers_dit import dit_folder, dit_pipeline
 from .models.official import OfficialWeights

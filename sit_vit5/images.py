@@ -17,7 +17,7 @@ from PIL import Image
 from torch import Tensor
 from torchvision.utils import save_image
 
-from .io import atomic_write
+from .atomic_files import atomic_write
 
 
 def to_uint8(x: Tensor) -> np.ndarray:

@@ -3,14 +3,16 @@
 ``python train.py`` / ``sample.py`` parse and check their arguments and config before the heavy
 imports (torch, diffusers, accelerate, timm: several seconds), so that a bad flag or key is reported
 at once. The modules that implement these choices (``transport``, ``diffusion``, ``objective``,
-``precision``, ``vae``, ``repa``, ``models.official``) import torch at their top; their names are
-copied here, and ``tests/test_first_minute.py`` checks that each copy equals its source.
+``precision``, ``vae``, ``training.repa``, ``models.official``) import torch at their top; their names
+are copied here, and ``tests/test_first_minute.py`` checks that each copy equals its source.
+``choose`` looks a name up in such a registry (an unknown one: a ValueError listing the valid ones).
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypeVar
 
 #: transport sampler methods (``transport.sampler.METHODS``) and DiT's (``diffusion.METHODS``)
 TRANSPORT_METHODS: tuple[str, ...] = ("ode", "sde")
@@ -67,3 +69,15 @@ def name_objective(model_name: str) -> str | None:
     the name leaves it open (``models.name_objective``, without importing the models)."""
     match = MODEL_NAME.match(model_name)
     return NAME_OBJECTIVES.get(match["backbone"]) if match else None
+
+
+V = TypeVar("V")
+
+
+def choose(registry: Mapping[Any, V], key: Any, what: str) -> V:
+    """``registry[key]``, or a ValueError that names the bad ``what`` value and lists the valid ones."""
+    try:
+        return registry[key]
+    except (KeyError, TypeError):
+        valid = ", ".join(repr(k) for k in registry)
+        raise ValueError(f"unknown {what} {key!r}; valid options: {valid}") from None

@@ -13,7 +13,7 @@ import os
 import re
 from pathlib import Path
 
-from .io import sidecar
+from .checksums import sidecar
 
 CKPT_DIR = "checkpoints"
 LATEST = "latest.json"

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from sit_vit5.transport.paths import Path
-from sit_vit5.transport.utils import expand_t_like_x
+from sit_vit5.transport.per_sample import expand_t_like_x
 
 
 class GaussianTarget:

@@ -10,7 +10,10 @@ from diffusers import AutoencoderKL
 from PIL import Image
 
 import sit_vit5.cache_latents as cache_latents
-from sit_vit5.data import ImageFolderDataset, LatentCacheDataset, build_dataset, item_generator
+import sit_vit5.latent_cache as latent_cache
+from sit_vit5.data import ImageFolderDataset, item_generator
+from sit_vit5.latent_cache import LatentCacheDataset
+from sit_vit5.training.build import build_dataset
 from tests.helpers import make_image_folder, naming
 
 SCALE = 0.18215
@@ -119,13 +122,13 @@ def test_resume_recomputes_only_unmarked_shards(vae_dir, data_dir, tmp_path, mon
     (out / "shard_00001.mean.npy").write_bytes(b"stale")  # whatever is there gets replaced
 
     encoded = []
-    original = cache_latents.encode_moments
+    original = latent_cache.encode_moments
 
     def counting(vae, x, *args, **kwargs):
         encoded.append(len(x))
         return original(vae, x, *args, **kwargs)
 
-    monkeypatch.setattr(cache_latents, "encode_moments", counting)
+    monkeypatch.setattr(latent_cache, "encode_moments", counting)
     _run(data_dir, out, vae_dir)
     assert sum(encoded) == 2 * 4  # shard 1's four images, each with its flip
     after = {p.name: p.read_bytes() for p in out.glob("shard_*.npy")}
@@ -141,7 +144,7 @@ def test_interrupted_run_leaves_no_half_shard(vae_dir, data_dir, tmp_path, monke
 
     out = tmp_path / "cache"
     calls = []
-    original = cache_latents.encode_moments
+    original = latent_cache.encode_moments
 
     def dies_in_second_shard(vae, x, *args, **kwargs):
         calls.append(len(x))
@@ -149,7 +152,7 @@ def test_interrupted_run_leaves_no_half_shard(vae_dir, data_dir, tmp_path, monke
             raise KeyboardInterrupt
         return original(vae, x, *args, **kwargs)
 
-    monkeypatch.setattr(cache_latents, "encode_moments", dies_in_second_shard)
+    monkeypatch.setattr(latent_cache, "encode_moments", dies_in_second_shard)
     with pytest.raises(KeyboardInterrupt):
         _run(data_dir, out, vae_dir)
     assert (out / "shard_00000.done").is_file() and (out / "shard_00000.mean.npy").is_file()
@@ -158,7 +161,7 @@ def test_interrupted_run_leaves_no_half_shard(vae_dir, data_dir, tmp_path, monke
     with pytest.raises(RuntimeError, match=naming("1/3", "--out")):
         LatentCacheDataset(out)
 
-    monkeypatch.setattr(cache_latents, "encode_moments", original)
+    monkeypatch.setattr(latent_cache, "encode_moments", original)
     _run(data_dir, out, vae_dir)
     for name in ("shard_00000", "shard_00001", "shard_00002"):
         for kind in ("mean", "std"):

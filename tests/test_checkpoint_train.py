@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from sit_vit5 import io as sio
+from sit_vit5 import atomic_files, checksums
 from sit_vit5.config import load_config
 from sit_vit5.training import checkpoint as ck
 from tests.helpers import TRAIN_ARGV, assert_states_equal, load_train_cli, naming, run_train
@@ -152,11 +152,11 @@ def small_state(step: int) -> dict:
 
 def test_payload_digest_is_independent_of_the_pickle(tmp_path):
     state = small_state(1)
-    digest = sio.payload_sha256(state)
+    digest = checksums.payload_sha256(state)
     torch.save(state, tmp_path / "a.pt")
-    assert sio.payload_sha256(torch.load(tmp_path / "a.pt", weights_only=True)) == digest
+    assert checksums.payload_sha256(torch.load(tmp_path / "a.pt", weights_only=True)) == digest
     state["model"]["weight"][0, 0] += 1e-7  # any change of a value changes the digest
-    assert sio.payload_sha256(state) != digest
+    assert checksums.payload_sha256(state) != digest
 
 
 def test_byte_flips_without_sidecar_are_never_silent(tmp_path):
@@ -178,7 +178,7 @@ def test_byte_flips_without_sidecar_are_never_silent(tmp_path):
         except ck.CheckpointError:
             refused += 1
             continue
-        same = sio.payload_sha256(loaded) == sio.payload_sha256(state)
+        same = checksums.payload_sha256(loaded) == checksums.payload_sha256(state)
         assert same, f"silent change at byte {offset}"
         assert loaded.keys() == state.keys()
     # most bytes are tensor data or pickle: those flips must be refused
@@ -206,7 +206,7 @@ def test_disk_full_during_a_checkpoint(tmp_path, capsys, monkeypatch):
     latest."""
     run = tmp_path / "run"
     writes = {"n": 0}
-    real_write = sio._HashingWriter.write
+    real_write = atomic_files._HashingWriter.write
 
     def failing_write(self, data):
         if self.file.name.endswith("0000004.pt"):
@@ -215,7 +215,7 @@ def test_disk_full_during_a_checkpoint(tmp_path, capsys, monkeypatch):
                 raise OSError(errno.ENOSPC, "No space left on device")
         return real_write(self, data)
 
-    monkeypatch.setattr(sio._HashingWriter, "write", failing_write)
+    monkeypatch.setattr(atomic_files._HashingWriter, "write", failing_write)
     argv = [*TRAIN_ARGV, f"train.out_dir={run}", "train.steps=6", "train.ckpt_every=2"]
     status, line = run_train(argv, capsys)
     ckpts = run / "checkpoints"

@@ -13,11 +13,11 @@ from sit_vit5.data import (
     DigitsDataset,
     ImageFolderDataset,
     UnreadableImageError,
-    build_dataset,
     center_crop_arr,
     item_generator,
     item_seed,
 )
+from sit_vit5.training.build import build_dataset
 from tests.helpers import TRAIN_ARGV, naming, run_train
 
 

@@ -221,7 +221,7 @@ def test_sd_vae_architecture_decoder():
 
 
 def test_repa_projector_capture_and_alignment_loss():
-    from sit_vit5 import repa
+    from sit_vit5.training import repa
 
     model = tiny("ViT5-S/2").train()
     projector = repa.Projector(32, 64, 16)

@@ -20,17 +20,13 @@ from diffusers import AutoencoderKL
 from PIL import Image
 
 import sit_vit5.cache_latents as cache_latents
+import sit_vit5.latent_cache as latent_cache
+from sit_vit5.atomic_files import TMP_PREFIX
 from sit_vit5.config import load_config
-from sit_vit5.data import (
-    CacheMismatchError,
-    CorruptCacheError,
-    LatentCacheDataset,
-    build_dataset,
-    npy_layout,
-)
 from sit_vit5.errors import SitVit5Error, run_cli
-from sit_vit5.io import TMP_PREFIX
+from sit_vit5.latent_cache import CacheMismatchError, CorruptCacheError, LatentCacheDataset, npy_layout
 from sit_vit5.training import NonFiniteLossError, train
+from sit_vit5.training.build import build_dataset
 from tests.conftest import TINY_VAE
 from tests.helpers import assert_names, make_image_folder, naming, refused_in_one_line
 
@@ -247,7 +243,7 @@ def test_ctrl_c_says_rerun_leaves_no_temporary_and_the_rerun_is_identical(
     cache, data_dir, vae_dir, tmp_path, capsys, monkeypatch
 ):
     out = tmp_path / "interrupted"
-    calls, original = [], cache_latents.encode_moments
+    calls, original = [], latent_cache.encode_moments
 
     def interrupted_in_shard_1(vae, x, *args, **kwargs):
         calls.append(len(x))
@@ -255,12 +251,12 @@ def test_ctrl_c_says_rerun_leaves_no_temporary_and_the_rerun_is_identical(
             raise KeyboardInterrupt
         return original(vae, x, *args, **kwargs)
 
-    monkeypatch.setattr(cache_latents, "encode_moments", interrupted_in_shard_1)
+    monkeypatch.setattr(latent_cache, "encode_moments", interrupted_in_shard_1)
     line = refused(capsys, argv(data_dir, out, vae_dir), status=130)
     assert line == f"{PROG}: interrupted; rerun the same command to continue"
     assert_consistent(out)
     assert not (out / "shard_00001.mean.npy").exists()
-    monkeypatch.setattr(cache_latents, "encode_moments", original)
+    monkeypatch.setattr(latent_cache, "encode_moments", original)
     assert cache_latents.cli(argv(data_dir, out, vae_dir)) == 0
     assert snapshot(out) == snapshot(cache)
 

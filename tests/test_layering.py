@@ -1,5 +1,6 @@
 """The import graph read from the sources: every project-internal import points down the layer
-table, sits at module top, and fid/ stays standalone."""
+table, sits at module top, and fid/ stays standalone; no module of sit_vit5/, fid/ or bench/ is
+part of an import cycle."""
 
 from __future__ import annotations
 
@@ -14,17 +15,18 @@ ROOT = Path(__file__).resolve().parents[1]
 #: Components of sit_vit5 by layer, bottom first: a module may import only from lower layers.
 LAYERS: list[tuple[str, ...]] = [
     ("errors", "names"),
+    ("checksums",),  # file and checkpoint digests: below atomic_files, which writes their sidecars
     ("launcher", "hub_access"),  # read before torch: the launcher's environment, whether the hub answers
-    ("io", "guidance", "precision", "vae", "distributed", "runtime", "repa"),
+    ("atomic_files", "guidance", "precision", "vae", "distributed", "cpu_threads"),
     ("images", "transport", "run_files"),
     ("models", "diffusion"),
     ("sample_spec",),
     ("objective",),
     ("config", "data"),
-    ("sampling", "cache_latents"),
+    ("sampling", "latent_cache"),  # latent_cache: the cache's format, writer, reader and verifier
     ("training", "hub"),
     ("experiments", "export", "pipeline"),  # pipeline: the import path exported folders run
-    ("cli",),
+    ("cli", "cache_latents"),  # cache_latents: the command line over latent_cache
 ]
 #: Modules that import some project modules inside functions, and why: they check their inputs before
 #: the heavy imports (torch, diffusers: seconds), so that a bad flag or key is reported at once
@@ -44,7 +46,7 @@ PACKAGE_LAYERS: dict[str, list[tuple[str, ...]]] = {
     "training": [
         ("batching", "checkpoint", "diagnostics", "ema", "fsdp", "grids", "logging", "metrics",
          "optim", "preemption"),
-        ("repa",),
+        ("repa",),  # all of REPA (encoders, projector, loss, its share of the step): training-only
         ("build",),
         ("loop",),
     ],
@@ -58,15 +60,15 @@ PACKAGE_RANK = {package: {module: rank for rank, layer in enumerate(layers) for 
 PACKAGE_MODULES = [(p, m) for p, ranks in sorted(PACKAGE_RANK.items()) for m in sorted(ranks)]
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+def _module_name(path: Path, root: Path | None = None) -> str:
+    parts = list(path.relative_to(root or ROOT).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imports(path: Path) -> list[tuple[str, int, bool]]:
+def _imports(path: Path, root: Path | None = None) -> list[tuple[str, int, bool]]:
     """(absolute module imported, line, at module top?) for every import statement in ``path``."""
     tree = ast.parse(path.read_text(), str(path))
-    package = _module_name(path).split(".")
+    package = _module_name(path, root).split(".")
     if path.name != "__init__.py":
         package = package[:-1]
     top_level = {id(node) for node in tree.body}
@@ -146,9 +148,131 @@ def test_the_graph_check_can_fail(tmp_path, monkeypatch):
     """A planted upward import (config -> training) and a lazy one are both caught."""
     fake = tmp_path / "sit_vit5"
     fake.mkdir()
-    (fake / "config.py").write_text("from .training import train\n\ndef f():\n    from .io import x\n")
+    (fake / "config.py").write_text("from .training import train\n\ndef f():\n    from .vae import x\n")
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     found = _imports(fake / "config.py")
-    assert ("sit_vit5.training", 1, True) in found and ("sit_vit5.io", 4, False) in found
+    assert ("sit_vit5.training", 1, True) in found and ("sit_vit5.vae", 4, False) in found
     with pytest.raises(AssertionError, match="upward"):
         test_no_upward_or_hidden_imports(fake / "config.py")
+
+
+# ----------------------------------------------------------------------------- no import cycles
+
+#: Packages whose module graph must be acyclic (imports inside functions count: a lazy import that
+#: hides a cycle is still one).
+GRAPH_ROOTS = ("sit_vit5", "fid", "bench")
+#: Two-module cycles allowed for now, each as a pair of modules (remove a pair once it is broken).
+ALLOWED_CYCLES = {
+    frozenset({"sit_vit5.models.diffusers_dit", "sit_vit5.models.loading"}),  # issue 38: broken on the sampling side
+}
+
+
+def _resolve(module: str, known: set[str]) -> str | None:
+    """The project module ``module`` names (``from pkg.mod import name`` gives ``pkg.mod.name``
+    or ``pkg.mod``: the longest prefix that is a module), or None outside the project."""
+    parts = module.split(".")
+    for end in range(len(parts), 0, -1):
+        if ".".join(parts[:end]) in known:
+            return ".".join(parts[:end])
+    return None
+
+
+def import_graph(root: Path = ROOT) -> dict[str, dict[str, int]]:
+    """module -> {module it imports: first line}, over every .py file of GRAPH_ROOTS under ``root``."""
+    paths = [p for r in GRAPH_ROOTS for p in sorted((root / r).rglob("*.py"))]
+    modules = {_module_name(p, root): p for p in paths}
+    graph: dict[str, dict[str, int]] = {}
+    for name, path in modules.items():
+        edges = graph.setdefault(name, {})
+        for imported, line, _ in _imports(path, root):
+            target = _resolve(imported, set(modules))
+            if target is not None and target != name:
+                edges.setdefault(target, line)
+    return graph
+
+
+def find_cycles(graph: dict[str, dict[str, int]],
+                allowed: set[frozenset[str]] = frozenset()) -> list[list[str]]:
+    """One cycle (``[a, b, ..., a]``) per strongly connected component of more than one module,
+    after dropping the edges between the two modules of each ``allowed`` pair (Tarjan's algorithm)."""
+    edges = {a: [b for b in sorted(targets) if frozenset({a, b}) not in allowed and b in graph]
+             for a, targets in graph.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 10 * len(graph) + 100))
+    try:
+        for v in sorted(edges):
+            if v not in index:
+                visit(v)
+    finally:
+        sys.setrecursionlimit(limit)
+    cycles = []
+    for component in components:  # a shortest way from the first module back to it, inside the component
+        members, start = set(component), component[0]
+        paths = {start: [start]}
+        queue = [start]
+        while queue:
+            v = queue.pop(0)
+            for w in edges[v]:
+                if w == start:
+                    cycles.append([*paths[v], start])
+                    queue = []
+                    break
+                if w in members and w not in paths:
+                    paths[w] = [*paths[v], w]
+                    queue.append(w)
+    return cycles
+
+
+def _describe(cycle: list[str], graph: dict[str, dict[str, int]]) -> str:
+    return " -> ".join(f"{a} (line {graph[a][b]})" for a, b in zip(cycle, cycle[1:])) + f" -> {cycle[-1]}"
+
+
+def test_no_import_cycles():
+    graph = import_graph()
+    cycles = find_cycles(graph, ALLOWED_CYCLES)
+    assert not cycles, "import cycles (imports inside functions count):\n" + "\n".join(
+        _describe(c, graph) for c in cycles)
+
+
+def test_the_cycle_check_can_fail(tmp_path):
+    """A cycle hidden by a lazy import (a -> b at top, b -> a inside a function) is found, and an
+    allowed pair is not."""
+    fake = tmp_path / "bench"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("")
+    (fake / "a.py").write_text("from bench.b import f\n")
+    (fake / "b.py").write_text("def f():\n    from . import a\n")
+    (fake / "c.py").write_text("import bench.a\n")
+    graph = import_graph(tmp_path)
+    assert graph["bench.a"] == {"bench.b": 1} and graph["bench.b"] == {"bench.a": 2}
+    assert find_cycles(graph) == [["bench.a", "bench.b", "bench.a"]]
+    assert find_cycles(graph, {frozenset({"bench.a", "bench.b"})}) == []
+    with pytest.raises(AssertionError, match=r"bench\.a \(line 1\) -> bench\.b \(line 2\) -> bench\.a"):
+        assert not find_cycles(graph), _describe(find_cycles(graph)[0], graph)

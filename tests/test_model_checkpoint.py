@@ -7,7 +7,7 @@ import argparse
 import pytest
 import torch
 
-from sit_vit5.io import sha256_file, sidecar
+from sit_vit5.checksums import sha256_file, sidecar
 from sit_vit5.models import CheckpointError, create_model, load_checkpoint
 from tests.helpers import naming
 from tests.test_models import TINY, inputs, randomize

@@ -102,9 +102,9 @@ def test_repa_extras_count_the_projector_encoder_and_vae_as_built():
     timm = pytest.importorskip("timm")
     from diffusers import AutoencoderKL
 
-    from bench.data_path import TINY_VAE_ARCH
+    from bench.common import TINY_VAE_ARCH
     from bench.plan import Extras, forward_gflops, repa_extras
-    from sit_vit5.repa import Projector
+    from sit_vit5.training.repa import Projector
 
     gflops, out = forward_gflops(torch.nn.Linear(64, 32), torch.zeros(10, 64))
     assert gflops == pytest.approx(10 * 64 * 32 / 1e9) and out.shape == (10, 32)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sit_vit5 import io as sio
+from sit_vit5 import checksums
 from sit_vit5.cli.train import main as train_main
 from sit_vit5.config import load_config
 from sit_vit5.training import checkpoint as ck
@@ -87,5 +87,5 @@ def test_signal_checkpoints_the_step_and_resume_is_bit_identical(tmp_path, name,
             assert train_main(train_command(run, end, "--resume", "latest")[2:]) == 0
             other = ck.latest_checkpoint(run / "checkpoints")
             assert ck.read_checkpoint(other)["step"] == end
-        assert sio.payload_sha256(compared(ck.read_checkpoint(other))) == \
-            sio.payload_sha256(compared(ck.read_checkpoint(ref))), target
+        assert checksums.payload_sha256(compared(ck.read_checkpoint(other))) == \
+            checksums.payload_sha256(compared(ck.read_checkpoint(ref))), target

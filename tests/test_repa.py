@@ -1,4 +1,4 @@
-"""REPA (sit_vit5/repa.py, training/repa.py) on tiny models made here: the projector's layout, the
+"""REPA (sit_vit5/training/repa.py) on tiny models made here: the projector's layout, the
 loss against an independent computation, the gradient only where it belongs (the encoder frozen),
 coeff 0 = training without REPA bit for bit, exact resume, registers left out, the one-line errors
 (token grid, offline download, bad keys), timm / torch.hub / digits encoders without downloads, and
@@ -13,10 +13,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sit_vit5 import repa as R
 from sit_vit5.config import ConfigError, configs_dir, load_config
 from sit_vit5.models import load_model
 from sit_vit5.training import read_checkpoint, train
+from sit_vit5.training import repa as R
 from sit_vit5.training.build import build
 from sit_vit5.training.loop import train_step
 from tests.helpers import assert_names, assert_states_equal, make_image_folder, naming, run_train
@@ -260,7 +260,8 @@ def latents_repa(tmp_path, name, latent_cache, vae_dir, tiny_vit, *extra):
 def test_cached_latents_come_with_their_own_images_cropped_and_flipped_alike(latent_cache):
     """Each item's image is the ImageFolder's item (same crop, same flip draw) and its latent is the
     one the cache gives without images (the same draws)."""
-    from sit_vit5.data import ImageFolderDataset, LatentCacheDataset
+    from sit_vit5.data import ImageFolderDataset
+    from sit_vit5.latent_cache import LatentCacheDataset
 
     root, cache = latent_cache
     with_images = LatentCacheDataset(cache, random_flip=True, seed=3, image_root=root)
@@ -312,7 +313,8 @@ def test_images_beside_latents_must_be_the_cached_ones(latent_cache, tmp_path):
 
     from PIL import Image
 
-    from sit_vit5.data import CacheMismatchError, DataRootError, LatentCacheDataset
+    from sit_vit5.data import DataRootError
+    from sit_vit5.latent_cache import CacheMismatchError, LatentCacheDataset
 
     root, cache = latent_cache
     with pytest.raises(DataRootError, match="is not a folder"):

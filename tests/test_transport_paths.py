@@ -7,7 +7,7 @@ import torch
 
 from sit_vit5.transport import DIFFUSION_FORMS, PATHS, create_transport
 from sit_vit5.transport.paths import GVPCPlan, ICPlan, VPCPlan
-from sit_vit5.transport.utils import expand_t_like_x
+from sit_vit5.transport.per_sample import expand_t_like_x
 from tests.gaussian_target import GaussianTarget
 
 F64 = torch.float64

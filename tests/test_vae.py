@@ -70,7 +70,7 @@ def test_the_decoder_does_not_depend_on_how_the_vae_was_loaded(tmp_path):
     """diffusers' from_pretrained leaves the weights trainable, load_vae freezes them; torch's matmul
     takes another path for weights that require grad (the attention's transposed inputs), which put
     the pipeline's pixels one uint8 step off sample.py's: the decoder freezes its VAE."""
-    from bench.data_path import TINY_VAE_ARCH
+    from bench.common import TINY_VAE_ARCH
     from sit_vit5.vae import decoder
 
     torch.manual_seed(0)

@@ -11,8 +11,8 @@ import re
 from importlib import metadata
 from pathlib import Path
 
+from sit_vit5.checksums import ChecksumError, verify_sidecar
 from sit_vit5.errors import SitVit5Error
-from sit_vit5.io import ChecksumError, verify_sidecar
 from sit_vit5.run_files import previous_checkpoint, resume_file, truncation
 
 #: sidecars of files up to this size are verified here too (the loader verifies every file again

@@ -26,9 +26,9 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sit_vit5.atomic_files import unwritable_dir_reason
 from sit_vit5.cli.preflight import check_checkpoint_file, check_torch_pair
 from sit_vit5.errors import KNOWN_ERRORS, SettingError, SitVit5Error, one_line, run_cli
-from sit_vit5.io import unwritable_dir_reason
 from sit_vit5.launcher import check_launcher_env
 from sit_vit5.names import (
     OBJECTIVES,

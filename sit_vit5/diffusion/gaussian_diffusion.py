@@ -22,8 +22,9 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from sit_vit5.names import choose
+from sit_vit5.transport.per_sample import mean_flat
 from sit_vit5.transport.rng import GeneratorLike, randn_like, resolve_generator
-from sit_vit5.transport.utils import choose, mean_flat
 
 from .losses import discretized_gaussian_log_likelihood, normal_kl
 from .schedule import named_betas, respace_betas, space_timesteps

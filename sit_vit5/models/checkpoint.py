@@ -16,14 +16,8 @@ import os
 import torch
 from torch import Tensor, nn
 
+from ..checksums import PAYLOAD_DIGEST_KEY, ChecksumError, verify_payload_digest, verify_sha256, verify_sidecar
 from ..errors import SitVit5Error
-from ..io import (
-    PAYLOAD_DIGEST_KEY,
-    ChecksumError,
-    verify_payload_digest,
-    verify_sha256,
-    verify_sidecar,
-)
 from ..run_files import truncation
 
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP and torch.compile wrappers

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import hub_access
-from ..io import ChecksumError, sha256_file, sidecar, verify_sha256, verify_sidecar
+from ..checksums import ChecksumError, sha256_file, sidecar, verify_sha256, verify_sidecar
 from .checkpoint import CheckpointError
 
 # announced in willisma/SiT issue #42 (SiT's old Dropbox link is dead)

@@ -28,9 +28,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..atomic_files import atomic_write, atomic_write_text, output_dir
 from ..errors import SitVit5Error
 from ..images import save_png, to_rgb
-from ..io import atomic_write, atomic_write_text, output_dir
 from .pipeline import Generated, SamplingPipeline
 
 #: settings keys holding content digests (``SamplingPipeline.input_digests``)

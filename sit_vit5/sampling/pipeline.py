@@ -15,11 +15,11 @@ import torch
 from diffusers import AutoencoderKL
 from torch import Tensor, nn
 
+from ..checksums import json_safe, payload_sha256
 from ..diffusion import DiffusionSampler, GaussianDiffusion
 from ..errors import SettingError, SitVit5Error
 from ..guidance import ClassifierFreeGuidance
 from ..images import to_uint8
-from ..io import json_safe, payload_sha256
 from ..models import LoadedModel
 from ..objective import Objective, Steps, as_objective, create_objective
 from ..precision import PRECISION_OF_DTYPE, autocast, check_precision

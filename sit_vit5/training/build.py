@@ -20,13 +20,14 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
 from ..config import Config, ConfigError, check_out_dir, save_config, validate_architecture
-from ..data import DATASETS, build_dataset
+from ..cpu_threads import set_cpu_threads
+from ..data import DataRootError, DigitsDataset, ImageFolderDataset
 from ..distributed import check_group, describe_group, prepare_launch
+from ..latent_cache import MANIFEST_NAME, CacheMismatchError, LatentCacheDataset
 from ..models import count_params, model_from_config
 from ..objective import Objective, create_objective
 from ..precision import grad_scaler
 from ..run_files import previous_checkpoint
-from ..runtime import set_cpu_threads
 from ..vae import downsampling_factor, load_vae, vae_enabled
 from . import fsdp
 from .batching import StepBatchSampler
@@ -138,6 +139,57 @@ class Run:
     @property
     def encode_on_the_fly(self) -> bool:
         return vae_enabled(self.cfg["vae"]["name"]) and self.cfg["data"]["kind"] != "latents"
+
+
+def _build_digits(cfg: dict[str, Any]) -> Dataset:
+    return DigitsDataset(image_size=cfg.get("image_size", 8), split=cfg.get("split", "all"),
+                         random_flip=cfg.get("random_flip", False),
+                         resize_mode=cfg.get("resize_mode", "bilinear"), seed=cfg.get("seed", 0))
+
+
+def _build_imagefolder(cfg: dict[str, Any]) -> Dataset:
+    return ImageFolderDataset(_require(cfg, "root"), _require(cfg, "image_size"),
+                              random_flip=cfg.get("random_flip", True), skip_bad=cfg.get("skip_bad", False),
+                              seed=cfg.get("seed", 0), min_side=cfg.get("min_image_side", 0))
+
+
+def _build_latents(cfg: dict[str, Any]) -> Dataset:
+    dataset = LatentCacheDataset(_require(cfg, "root"), random_flip=cfg.get("random_flip", True),
+                                 seed=cfg.get("seed", 0), image_root=cfg.get("image_root"))
+    if cfg.get("image_size") is not None and int(cfg["image_size"]) != dataset.image_size:
+        raise CacheMismatchError(
+            f"data.image_size={cfg['image_size']} but the latent cache {cfg['root']} was made from "
+            f"{dataset.image_size}px images (its {MANIFEST_NAME}); set data.image_size="
+            f"{dataset.image_size} or point data.root at a {cfg['image_size']}px cache")
+    return dataset
+
+
+# kind → builder; each reads only its own keys of the data config
+DATASETS: dict[str, Callable[[dict[str, Any]], Dataset]] = {
+    "digits": _build_digits,  # image_size (default 8), split, random_flip (default False), resize_mode, seed
+    "imagefolder": _build_imagefolder,  # root, image_size, random_flip, skip_bad, min_image_side, seed
+    "latents": _build_latents,  # root (the cache dir), random_flip, seed, image_root (images beside)
+}
+
+
+def _require(cfg: dict[str, Any], key: str) -> Any:
+    if key == "root" and cfg.get(key) is None:
+        raise DataRootError(f"data.root is not set: data.kind={cfg.get('kind', cfg.get('name'))!r} reads its "
+                            "images (or latent cache) from there")
+    if cfg.get(key) is None:
+        raise KeyError(f"data config for kind {cfg.get('kind', cfg.get('name'))!r} needs key {key!r}")
+    return cfg[key]
+
+
+def build_dataset(cfg: dict[str, Any]) -> Dataset:
+    """Dataset from a data config dict: `kind` (or `name`) ∈ DATASETS plus that kind's keys, e.g.
+    {"kind": "imagefolder", "root": "/data/imagenet/train", "image_size": 256, "random_flip": True}.
+    Keys the kind does not use (loader settings, other kinds' options) are ignored: sit_vit5.config
+    validates key names. An unknown kind raises, listing the valid ones."""
+    kind = cfg.get("kind", cfg.get("name"))
+    if kind not in DATASETS:
+        raise ValueError(f"data kind {kind!r} is not one of: {', '.join(DATASETS)}")
+    return DATASETS[kind](cfg)
 
 
 def build_dataset_from_config(cfg: Config) -> Dataset:

@@ -1,6 +1,35 @@
-"""REPA in the training loop (``repa`` config section; the pieces: ``sit_vit5/repa.py``).
+"""REPA (representation alignment, Yu et al. 2025), all of it: the frozen encoder, the projector,
+the loss and their share of the training step (``RepaTraining``; the ``repa`` config section).
 
-:class:`RepaTraining` holds what REPA adds to a run and does its share of each optimizer step:
+A training-only addition to any SiT / ViT-5 backbone: the backbone's hidden state after block
+``repa.depth`` is mapped token by token by a small MLP (the projector) and pulled towards the patch
+features of a frozen pretrained encoder on the clean image; the loss
+``diffusion + repa.coeff * alignment`` trains backbone and projector together. EMA weights, exports
+and the pipeline never carry the projector; checkpoints do (``RepaTraining.state_dict``).
+
+Facts taken from the official code (github.com/sihyun-yu/REPA at 67f7145), each where it is used:
+the projector's shape and init (``models/sit.py``: ``build_mlp``, ``initialize_weights``), the block
+read (``(i + 1) == encoder_depth``), the loss (``loss.py``: per image, the mean over tokens of the
+negative cosine similarity), λ = 0.5 and depth 8 (README, ``train.py``), the DINOv2 preprocessing
+(``train.py``: ``preprocess_raw_image``) and the patch tokens (``x_norm_patchtokens``).
+
+Encoders (``repa.encoder``):
+
+* ``digits``: ``fid.digits``' feature network (trained here, deterministic), for the digits proxy:
+  its 64-channel ReLU conv2 map before (8×8) or after (4×4) its last max-pool, whichever is the
+  model's patch grid; it sees the [-1, 1] images as they are;
+* ``timm:NAME`` (or a bare timm name): ``timm.create_model(NAME, pretrained=True)``, weights from
+  the Hugging Face hub (or ``repa.weights``, a local state-dict file, instead); needs timm;
+* ``hub:REPO:ENTRY``: ``torch.hub.load(REPO, ENTRY)`` (REPO = ``owner/name`` or a local checkout),
+  e.g. ``hub:facebookresearch/dinov2:dinov2_vitb14``, REPA's own encoder;
+* a local folder in timm's Hugging Face layout (``config.json`` + ``model.safetensors``, as
+  ``timm.models.save_for_hf`` writes it).
+
+Shapes: B batch, T patch tokens of the model (= the encoder's), D the backbone width, E the
+encoder's feature width.
+
+In the training loop, :class:`RepaTraining` holds what REPA adds to a run and does its share of
+each optimizer step:
 
 * the frozen encoder (features of each micro-batch's clean images, no gradient), the hook that reads
   the backbone's hidden state after block ``repa.depth`` from the training forward, and the
@@ -21,21 +50,452 @@ model trains bit for bit as without REPA (tests/test_repa.py).
 
 from __future__ import annotations
 
+import hashlib
 import math
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .. import hub_access
 from ..config import Config
+from ..errors import SitVit5Error
 from ..precision import autocast
-from ..repa import FrozenEncoder, HiddenCapture, Projector, RepaError, alignment_loss, load_encoder
 from ..transport.rng import mix_seed
 from .checkpoint import IncompatibleCheckpointError
 from .optim import param_groups
 
+#: ImageNet mean / std: REPA normalises DINOv2's input with timm's IMAGENET_DEFAULT_* (train.py)
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+INTERPOLATIONS = ("bicubic", "bilinear", "nearest", "area")
+DIGITS = "digits"
 SALT_REPA = 0x4E9A  # the projector's init stream, apart from the model's (the global RNG)
 METRICS = ("loss_diffusion", "loss_repa")  # the log's columns: diffusion loss, alignment loss
+
+
+class RepaError(SitVit5Error, ValueError):
+    """A REPA setting that cannot work: an encoder that cannot be loaded (offline: what to
+    download), a token grid that differs from the model's, a depth beyond the model's blocks."""
+
+
+# ----------------------------------------------------------------------------- projector and loss
+
+
+class Projector(nn.Sequential):
+    """REPA's projector: Linear(D, P) – SiLU – Linear(P, P) – SiLU – Linear(P, E), applied to each
+    token (B, T, D) -> (B, T, E); P = 2048 in REPA (``build_mlp``)."""
+
+    def __init__(self, hidden_size: int, projector_dim: int, feature_dim: int) -> None:
+        super().__init__(nn.Linear(hidden_size, projector_dim), nn.SiLU(),
+                         nn.Linear(projector_dim, projector_dim), nn.SiLU(),
+                         nn.Linear(projector_dim, feature_dim))
+
+    @torch.no_grad()
+    def reset_parameters(self, generator: torch.Generator | None = None) -> Projector:
+        """SiT's Linear init, which REPA's ``initialize_weights`` applies to the projector too:
+        xavier-uniform weights, zero biases; from ``generator`` (the global RNG stays untouched)."""
+        for layer in self:
+            if isinstance(layer, nn.Linear):
+                nn.init.xavier_uniform_(layer.weight, generator=generator)
+                nn.init.zeros_(layer.bias)
+        return self
+
+
+def alignment_loss(projected: Tensor, features: Tensor) -> Tensor:
+    """REPA's loss per image (B,): the mean over the T tokens of ``-cos(projected, features)``
+    (``loss.py``: both L2-normalised along the feature axis), in fp32; inputs (B, T, E)."""
+    if projected.shape != features.shape:
+        raise RepaError(f"projected hidden states {tuple(projected.shape)} and encoder features "
+                        f"{tuple(features.shape)} differ in shape")
+    h = F.normalize(projected.float(), dim=-1)
+    z = F.normalize(features.float(), dim=-1)
+    return -(h * z).sum(dim=-1).mean(dim=-1)
+
+
+class HiddenCapture:
+    """The patch tokens (B, T, D) of the hidden state after block ``depth`` (1-based, REPA's
+    ``(i + 1) == encoder_depth``), read from the training forward itself by a forward hook: no
+    second pass. Registers and other extra tokens (after the T patch tokens) are dropped.
+
+    Only forwards inside :meth:`armed` are recorded, so the recompute of gradient checkpointing
+    (in the backward pass) and other callers of the model leave no tensor behind.
+    """
+
+    def __init__(self, model: nn.Module, depth: int) -> None:
+        blocks = getattr(model, "blocks", None)
+        if blocks is None or not 1 <= depth <= len(blocks):
+            count = "no" if blocks is None else len(blocks)
+            raise RepaError(f"repa.depth={depth}: the model has {count} blocks; choose 1..{count} "
+                            "(REPA: 8 of SiT-XL/2's 28)")
+        self.depth, self.extra_tokens = depth, int(getattr(model, "num_registers", 0) or 0)
+        self._armed, self._hidden, self._calls = False, None, 0
+        self._handle = blocks[depth - 1].register_forward_hook(self._store)
+
+    def _store(self, module: nn.Module, args: tuple, output: Tensor) -> None:
+        if self._armed:
+            self._hidden = output[:, : output.shape[1] - self.extra_tokens]
+            self._calls += 1
+
+    @contextmanager
+    def armed(self) -> Iterator[None]:
+        """Record the forwards run inside; :meth:`take` then returns the hidden state."""
+        self._armed, self._hidden, self._calls = True, None, 0
+        try:
+            yield
+        finally:
+            self._armed = False
+
+    def take(self) -> Tensor:
+        """The recorded hidden patch tokens (B, T, D), part of the autograd graph; cleared."""
+        hidden, calls, self._hidden = self._hidden, self._calls, None
+        if calls != 1 or hidden is None:
+            raise RuntimeError(f"REPA reads the hidden state of one forward per loss; the loss ran "
+                               f"{calls} forwards of block {self.depth}")
+        return hidden
+
+    def remove(self) -> None:
+        self._handle.remove()
+
+
+# ----------------------------------------------------------------------------- encoders
+
+
+class DigitsTokens(nn.Module):
+    """``fid.digits``' DigitsNet as a patch-token encoder: images (B, 1, R, R) in [-1, 1] ->
+    the ReLU conv2 map (B, 64, h, w), before its last max-pool (``pooled=False``: 8×8) or after
+    it (4×4)."""
+
+    def __init__(self, net: nn.Module, pooled: bool) -> None:
+        super().__init__()
+        self.net, self.pooled = net, pooled
+
+    def forward(self, x: Tensor) -> Tensor:
+        net = self.net
+        x = F.relu(net.conv1(x))
+        if net.resolution == 16:  # DigitsNet.features: the 16×16 network pools once more first
+            x = F.max_pool2d(x, 2)
+        x = F.relu(net.conv2(x))
+        return F.max_pool2d(x, 2) if self.pooled else x
+
+
+class FrozenEncoder(nn.Module):
+    """A frozen encoder with its preprocessing: images (B, C, H, W) in [-1, 1] -> patch features
+    (B, T, E), without gradients.
+
+    Preprocessing (REPA's for DINOv2, ``preprocess_raw_image``): to [0, 1] (REPA: ``x / 255`` of
+    uint8 images), normalised with ``mean`` / ``std``, then resized to ``resolution`` (bicubic); a
+    gray image is repeated to the encoder's 3 channels. ``unit_range=False`` (the digits network)
+    feeds the [-1, 1] images unchanged. ``prefix_tokens`` (class token, registers) are dropped.
+    """
+
+    def __init__(self, net: nn.Module, name: str, *, resolution: tuple[int, int] | None,
+                 mean: Sequence[float] | None, std: Sequence[float] | None,
+                 interpolation: str = "bicubic", unit_range: bool = True, prefix_tokens: int = 0,
+                 in_chans: int | None = None) -> None:
+        super().__init__()
+        self.net = net.eval().requires_grad_(False)
+        self.name, self.resolution, self.interpolation = name, resolution, interpolation
+        self.unit_range, self.prefix_tokens, self.in_chans = unit_range, prefix_tokens, in_chans
+        self.mean = None if mean is None else tuple(float(m) for m in mean)
+        self.std = None if std is None else tuple(float(s) for s in std)
+        self.feature_dim = 0  # E, set by load_encoder's dry run
+        self.eval()
+
+    def train(self, mode: bool = True) -> FrozenEncoder:
+        return super().train(False)  # frozen: dropout and norms stay in inference mode
+
+    def preprocess(self, images: Tensor) -> Tensor:
+        """(B, C, H, W) in [-1, 1] -> the encoder's input."""
+        x = images.float()
+        if self.in_chans is not None and x.shape[1] != self.in_chans:
+            if x.shape[1] != 1:
+                raise RepaError(f"repa.encoder={self.name} takes {self.in_chans}-channel images, "
+                                f"the data gives {x.shape[1]}")
+            x = x.expand(-1, self.in_chans, -1, -1)
+        if self.unit_range:
+            x = (x + 1) / 2
+        if self.mean is not None:  # REPA: Normalize first, then the resize
+            shape = (1, -1, 1, 1)
+            mean = torch.tensor(self.mean, device=x.device).view(shape)
+            std = torch.tensor(self.std, device=x.device).view(shape)
+            x = (x - mean) / std
+        if self.resolution is not None and tuple(x.shape[-2:]) != self.resolution:
+            x = F.interpolate(x, size=self.resolution, mode=self.interpolation)
+        return x
+
+    @torch.no_grad()
+    def forward(self, images: Tensor) -> Tensor:
+        return self.tokens(self.net_output(self.preprocess(images)))
+
+    def net_output(self, x: Tensor) -> Any:
+        net = self.net
+        return net.forward_features(x) if hasattr(net, "forward_features") else net(x)
+
+    def tokens(self, out: Any) -> Tensor:
+        """The encoder's output as patch tokens (B, T, E): DINOv2's ``x_norm_patchtokens``, a token
+        sequence without its prefix tokens, or a feature map (B, E, h, w) flattened row by row."""
+        if isinstance(out, dict):
+            if "x_norm_patchtokens" not in out:
+                raise RepaError(f"repa.encoder={self.name}: forward_features returned a dict "
+                                f"without 'x_norm_patchtokens' (keys: {', '.join(map(str, out))})")
+            return out["x_norm_patchtokens"]  # DINOv2: patch tokens only, after its final norm
+        if out.ndim == 4:
+            return out.flatten(2).transpose(1, 2)
+        if out.ndim != 3:
+            raise RepaError(f"repa.encoder={self.name} gives features of shape {tuple(out.shape)}; "
+                            "need tokens (B, T, E) or a map (B, E, h, w)")
+        return out[:, self.prefix_tokens:]
+
+    @torch.no_grad()
+    def token_grid(self, channels: int, image_size: tuple[int, int], device: torch.device
+                   ) -> tuple[int, int, int]:
+        """(T, E, side or 0) for images (1, channels, *image_size): token count, feature width and
+        the grid side when T is a square (a dry run on zeros)."""
+        z = self(torch.zeros(1, channels, *image_size, device=device))
+        side = math.isqrt(z.shape[1])
+        return z.shape[1], z.shape[2], side if side * side == z.shape[1] else 0
+
+    def patch_size(self) -> int | None:
+        """The encoder's patch side, when it is a ViT (timm's or DINOv2's ``patch_embed``)."""
+        patch = getattr(getattr(self.net, "patch_embed", None), "patch_size", None)
+        if patch is None:
+            patch = getattr(self.net, "patch_size", None)
+        if isinstance(patch, (tuple, list)):
+            patch = patch[0] if len(set(patch)) == 1 else None
+        return int(patch) if isinstance(patch, int) else None
+
+    def weights_sha256(self) -> str:
+        """SHA-256 of the encoder's weights (names, dtypes, shapes, bytes), checked on resume."""
+        digest = hashlib.sha256()
+        for name, tensor in sorted(self.net.state_dict().items()):
+            t = tensor.detach().cpu().contiguous()
+            digest.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
+            digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        return digest.hexdigest()
+
+
+def _first_conv_channels(net: nn.Module) -> int | None:
+    conv = next((m for m in net.modules() if isinstance(m, nn.Conv2d)), None)
+    return None if conv is None else conv.in_channels
+
+
+def _import_timm(spec: str):
+    try:
+        import timm
+    except ImportError:
+        raise RepaError(f"repa.encoder={spec} needs timm: pip install timm "
+                        "(or pip install 'sit-vit5[repa]')") from None
+    return timm
+
+
+def _offline_hint(err: BaseException) -> bool:
+    text = f"{type(err).__name__} {err}".lower()
+    words = ("offline", "connect", "resolve", "network", "urlopen", "localentrynotfound",
+             "cannot find the requested files", "max retries", "timed out", "name or service")
+    return any(w in text for w in words)
+
+
+def _timm_encoder(spec: str, name: str, weights: str | None) -> tuple[nn.Module, dict[str, Any]]:
+    """(network, its pretrained cfg) of a timm name, ``hf-hub:`` id or local timm folder
+    (``local-dir:``); ``weights``: a local state-dict file instead of the pretrained weights."""
+    timm = _import_timm(spec)
+    named = not name.startswith(("local-dir:", "hf-hub:"))
+    if named and not timm.is_model(name):
+        raise RepaError(f"repa.encoder={spec}: {name!r} is not a timm model name "
+                        "(timm.list_models() lists them)")
+    pretrained = weights is None
+    if pretrained and not name.startswith("local-dir:"):
+        hub_access.is_offline()  # unreachable: offline mode now, so timm looks in the cache only
+    try:
+        with hub_access.quiet_hub_logs():
+            net = timm.create_model(name, pretrained=pretrained, num_classes=0)
+    except Exception as err:  # noqa: BLE001  timm/hf raise many kinds; the offline ones get a hint
+        if name.startswith("local-dir:") or not _offline_hint(err):
+            raise RepaError(f"repa.encoder={spec}: timm could not build it ({err})") from err
+        hub_id = name.removeprefix("hf-hub:")
+        if named:
+            hub_id = getattr(timm.models.get_pretrained_cfg(name), "hf_hub_id", None) or name
+        raise RepaError(
+            f"repa.encoder={spec}: its weights are not in the local cache and "
+            f"{hub_access.offline_reason()} ({type(err).__name__}); download them once online "
+            f"(hf download {hub_id}, or python -c \"import timm; "
+            f"timm.create_model('{name}', pretrained=True)\"), or pass a local folder / "
+            "repa.weights") from err
+    if weights is not None:  # every weight of the network; only a classifier head may be left over
+        found = net.load_state_dict(_read_state_dict(weights, spec), strict=False)
+        heads = ("head.", "fc.", "classifier.")
+        extra = [k for k in found.unexpected_keys if not k.startswith(heads)]
+        if found.missing_keys or extra:
+            bad = found.missing_keys[:3] or extra[:3]
+            raise RepaError(f"repa.weights={weights} does not fit repa.encoder={spec}: "
+                            f"{len(found.missing_keys)} missing and {len(extra)} unexpected keys "
+                            f"(e.g. {', '.join(bad)})")
+    return net, dict(getattr(net, "pretrained_cfg", None) or {})
+
+
+def _read_state_dict(path: str, spec: str) -> dict[str, Tensor]:
+    file = Path(path)
+    if not file.is_file():
+        raise RepaError(f"repa.weights={path}: no such file (a state dict for repa.encoder={spec})")
+    if file.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(file))
+    state = torch.load(file, map_location="cpu", weights_only=True)
+    return state.get("state_dict", state.get("model", state)) if isinstance(state, dict) else state
+
+
+def _cached_hub_checkout(repo: str) -> Path | None:
+    """torch.hub's cached checkout of ``owner/name[:ref]`` (``<hub dir>/owner_name_ref``; without a
+    ref, main then master as torch.hub tries them), None when there is none."""
+    name, _, ref = repo.partition(":")
+    stem = name.replace("/", "_")
+    refs = [ref.replace("/", "_")] if ref else ["main", "master"]
+    found = [Path(torch.hub.get_dir()) / f"{stem}_{r}" for r in refs]
+    return next((path for path in found if (path / "hubconf.py").is_file()), None)
+
+
+def _hub_encoder(spec: str, target: str) -> nn.Module:
+    repo, sep, entry = target.rpartition(":")
+    if not sep or not repo or not entry:
+        raise RepaError(f"repa.encoder={spec}: expected hub:OWNER/REPO:ENTRY (e.g. "
+                        "hub:facebookresearch/dinov2:dinov2_vitb14) or hub:/local/repo:ENTRY")
+    source = "local" if Path(repo).is_dir() else "github"
+    if source == "github" and hub_access.is_offline(hub_access.GITHUB):
+        cached = _cached_hub_checkout(repo)
+        if cached is None:
+            raise RepaError(
+                f"repa.encoder={spec}: no cached copy of {repo} in {torch.hub.get_dir()} and "
+                f"{hub_access.offline_reason(hub_access.GITHUB)}; run once online: python -c "
+                f"\"import torch; torch.hub.load('{repo}', '{entry}')\", or pass "
+                "hub:/path/to/checkout:ENTRY")
+        repo, source = str(cached), "local"  # torch.hub would ask GitHub for the branch first
+    try:  # trust_repo: the config names the repository explicitly; no interactive prompt on a job
+        net = torch.hub.load(repo, entry, source=source, trust_repo=True)
+    except Exception as err:  # noqa: BLE001
+        if source == "local" or not _offline_hint(err):
+            raise RepaError(f"repa.encoder={spec}: torch.hub could not load it ({err})") from err
+        raise RepaError(
+            f"repa.encoder={spec}: torch.hub cannot reach GitHub and has no cached copy "
+            f"({type(err).__name__}); run once online: python -c \"import torch; "
+            f"torch.hub.load('{repo}', '{entry}')\" (fills {torch.hub.get_dir()}), or pass "
+            "hub:/path/to/checkout:ENTRY") from err
+    if hasattr(net, "head"):  # REPA: del encoder.head; encoder.head = Identity()
+        net.head = nn.Identity()
+    return net
+
+
+def _resample_pos_embed(net: nn.Module, grid: tuple[int, int], spec: str) -> None:
+    """REPA resamples DINOv2's position table once to the token grid (timm's
+    ``resample_abs_pos_embed``); DINOv2's own forward then uses it unchanged."""
+    table = getattr(net, "pos_embed", None)
+    if not isinstance(table, Tensor) or table.ndim != 3:
+        return
+    n = table.shape[1]
+    prefix = 1 if math.isqrt(n - 1) ** 2 == n - 1 else 0  # DINOv2: the class token's entry first
+    side = math.isqrt(n - prefix)
+    if side * side != n - prefix or (side, side) == tuple(grid):
+        return
+    timm = _import_timm(spec)
+    resampled = timm.layers.resample_abs_pos_embed(table.data, list(grid), num_prefix_tokens=prefix)
+    net.pos_embed = nn.Parameter(resampled, requires_grad=False)
+
+
+def _digits_encoder(image_size: int, grid: tuple[int, int]) -> FrozenEncoder:
+    from fid.digits import TRAIN_CONFIGS, load_digits_net
+
+    if image_size not in TRAIN_CONFIGS:
+        raise RepaError(f"repa.encoder=digits: the digits feature network exists at "
+                        f"{', '.join(map(str, TRAIN_CONFIGS))} px; data.image_size={image_size}")
+    maps = {(image_size // (2 if image_size == 16 else 1),) * 2: False,
+            (image_size // (4 if image_size == 16 else 2),) * 2: True}  # pre-pool, post-pool
+    pooled = maps.get(tuple(grid), True)  # no match: the grid check names both
+    net = DigitsTokens(load_digits_net(resolution=image_size), pooled)
+    return FrozenEncoder(net, DIGITS, resolution=None, mean=None, std=None, unit_range=False,
+                         in_chans=1)
+
+
+def _timm_name(spec: str) -> str:
+    """timm's name for ``spec``: ``timm:NAME`` and bare names as they are, a folder as
+    ``local-dir:``; a path that does not exist is refused."""
+    if spec.startswith("timm:"):
+        return spec.removeprefix("timm:")
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise RepaError(f"repa.encoder={spec}: a local encoder folder needs timm's config.json "
+                            "and weights (timm.models.save_for_hf writes them)")
+        return f"local-dir:{path}"
+    if path.exists() or spec.startswith(("/", ".", "~")):
+        raise RepaError(f"repa.encoder={spec}: not a folder in timm's layout (config.json + "
+                        "weights); a weights file goes to repa.weights with repa.encoder=timm:ARCH")
+    return spec
+
+
+def load_encoder(cfg_repa: dict[str, Any], image_size: int, grid: tuple[int, int],
+                 channels: int, device: torch.device | str = "cpu") -> FrozenEncoder:
+    """The frozen encoder ``cfg_repa`` names (see the module doc), its preprocessing set up for
+    images (B, ``channels``, ``image_size``, ``image_size``) and a model patch grid ``grid``
+    (rows, cols); raises RepaError when its token grid differs from ``grid`` (or it cannot be
+    loaded: offline, the message names what to download)."""
+    spec, weights = cfg_repa["encoder"], cfg_repa.get("weights")
+    resolution, mean, std = cfg_repa.get("resolution"), cfg_repa.get("mean"), cfg_repa.get("std")
+    interpolation = cfg_repa.get("interpolation") or "bicubic"
+    if spec == DIGITS:
+        encoder = _digits_encoder(image_size, grid)
+        if resolution not in (None, image_size) or mean is not None or std is not None:
+            raise RepaError("repa.encoder=digits sees the [-1, 1] images as the FID network does: "
+                            "leave repa.resolution, repa.mean and repa.std unset")
+    else:
+        prefix = 0
+        if spec.startswith("hub:"):
+            net, pretrained_cfg = _hub_encoder(spec, spec[4:]), {}
+            prefix = 1 + int(getattr(net, "num_register_tokens", 0) or 0)
+        else:
+            name = _timm_name(spec)
+            net, pretrained_cfg = _timm_encoder(spec, name, weights)
+            prefix = int(getattr(net, "num_prefix_tokens", 0) or 0)
+        in_chans = _first_conv_channels(net)
+        mean = mean if mean is not None else pretrained_cfg.get("mean", IMAGENET_MEAN)
+        std = std if std is not None else pretrained_cfg.get("std", IMAGENET_STD)
+        encoder = FrozenEncoder(net, spec, resolution=None, mean=mean, std=std,
+                                interpolation=interpolation, prefix_tokens=prefix,
+                                in_chans=in_chans)
+        patch = encoder.patch_size()
+        if resolution is None:  # REPA's 224 for DINOv2/14 at 256 px: the patch grid of the model
+            if patch is None:
+                raise RepaError(f"repa.encoder={spec} is not a ViT with a known patch size: set "
+                                "repa.resolution to the input side that gives the model's grid")
+            size = (patch * grid[0], patch * grid[1])
+        else:
+            size = (resolution, resolution)
+        if patch is not None and hasattr(net, "set_input_size"):  # timm ViTs: resample once
+            if tuple(net.patch_embed.img_size) != size:
+                net.set_input_size(img_size=size)
+        elif spec.startswith("hub:") and patch is not None:
+            _resample_pos_embed(net, (size[0] // patch, size[1] // patch), spec)
+        encoder.resolution = size
+    encoder = encoder.to(device)
+    tokens, width, side = encoder.token_grid(channels, (image_size,) * 2, torch.device(device))
+    if tokens != grid[0] * grid[1]:
+        at = f" at {encoder.resolution[0]}×{encoder.resolution[1]} px" if encoder.resolution else ""
+        shape = f"{side}×{side}" if side else "not square"
+        fix = (f"; set repa.resolution={encoder.patch_size() * grid[0]}"
+               if encoder.patch_size() and spec != DIGITS else "")
+        if spec == DIGITS:
+            fix = "; its maps are 8×8 and 4×4: choose model.patch_size for one of them"
+        raise RepaError(f"repa.encoder={spec}: the encoder gives {tokens} patch tokens "
+                        f"({shape}){at} but the model has {grid[0] * grid[1]} "
+                        f"({grid[0]}×{grid[1]}){fix}")
+    encoder.feature_dim = width
+    return encoder
+
+
+# ----------------------------------------------------------------------------- in the training loop
 
 
 class RepaTraining:

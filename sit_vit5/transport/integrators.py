@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 from torchdiffeq import odeint
 
-from .utils import choose
+from ..names import choose
 
 ODE_ALIASES = {"heun": "heun2"}
 #: model evaluations per step of each fixed-grid Runge-Kutta method

@@ -14,7 +14,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from .utils import choose, expand_t_like_x
+from ..names import choose
+from .per_sample import expand_t_like_x
 
 
 class Path:

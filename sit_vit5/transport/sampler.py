@@ -19,7 +19,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..errors import SettingError
-from ..names import DEFAULT_ATOL, DEFAULT_RTOL
+from ..names import DEFAULT_ATOL, DEFAULT_RTOL, choose
 from .integrators import (
     SDE_STEPS,
     CountingModel,
@@ -31,9 +31,9 @@ from .integrators import (
 )
 from .likelihood import PROBES, exact_divergence, hutchinson_divergence
 from .paths import DIFFUSION_FORMS
+from .per_sample import expand_t_like_x
 from .rng import GeneratorLike, randn_like, resolve_generator
 from .transport import Transport
-from .utils import choose, expand_t_like_x
 
 METHODS = ("ode", "sde")  # probability-flow ODE or SDE: the ``method`` of configs and CLIs
 

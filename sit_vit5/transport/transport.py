@@ -16,9 +16,10 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
+from ..names import choose
 from .paths import PATHS, Path
+from .per_sample import expand_t_like_x, mean_flat
 from .rng import GeneratorLike, randn_like, resolve_generator, uniform
-from .utils import choose, expand_t_like_x, mean_flat
 
 #: where a singular end of the time interval must be moved inside even when eps = 0 (SBDM start, SDE end)
 SDE_MIN_EPS = 1e-3

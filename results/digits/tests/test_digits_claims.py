@@ -15,7 +15,7 @@ import pytest
 import torch
 from digits_study import claims, cli, digits
 
-from sit_vit5.io import atomic_write_text
+from sit_vit5.atomic_files import atomic_write_text
 from sit_vit5.models import SIT_SWITCHES, VIT5_SWITCHES, create_model
 from sit_vit5.models.layers import sincos_pos_embed_2d
 

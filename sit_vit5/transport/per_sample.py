@@ -1,14 +1,10 @@
-"""Small shared helpers for the transport package: broadcasting, reductions, registry look-up."""
+"""Per-sample tensor helpers of the transport package: a time per sample broadcast against a batch,
+and a mean per sample."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, TypeVar
-
 import torch
 from torch import Tensor
-
-V = TypeVar("V")
 
 
 def expand_t_like_x(t: Tensor | float, x: Tensor) -> Tensor:
@@ -27,12 +23,3 @@ def expand_t_like_x(t: Tensor | float, x: Tensor) -> Tensor:
 def mean_flat(x: Tensor) -> Tensor:
     """Mean over every non-batch dimension: ``(B, ...) -> (B,)``."""
     return x.mean(dim=tuple(range(1, x.dim())))
-
-
-def choose(registry: Mapping[Any, V], key: Any, what: str) -> V:
-    """``registry[key]``, or a ValueError that names the bad ``what`` value and lists the valid ones."""
-    try:
-        return registry[key]
-    except (KeyError, TypeError):
-        valid = ", ".join(repr(k) for k in registry)
-        raise ValueError(f"unknown {what} {key!r}; valid options: {valid}") from None

@@ -1,0 +1,124 @@
+"""Atomic file writes, shared by checkpoints, latent caches and sample shards: a file is replaced whole
+or not at all (``atomic_write``, ``atomic_torch_save`` with its SHA-256 sidecar), and output folders
+are checked before anything is written into them. (The digests: ``sit_vit5.checksums``.)"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any, TypeVar
+
+from .checksums import sidecar
+from .errors import SitVit5Error
+
+T = TypeVar("T")
+TMP_PREFIX = ".tmp-"  # temporary files start with this; a killed writer's leftovers are recognisable
+
+
+class OutputPathError(SitVit5Error, NotADirectoryError):
+    """An output folder that is a file, or lies under one."""
+
+
+def output_dir(path: str | os.PathLike) -> Path:
+    """``path`` as a folder, created if needed; OutputPathError naming the file in the way."""
+    out = Path(path)
+    blocking = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise OutputPathError(f"{out}: cannot be the output folder: {blocking} is a file")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # some platforms cannot open directories; the rename is still atomic
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], T]) -> T:
+    """Call ``write(file)`` on a temporary file next to ``path``, fsync, rename over ``path``; returns its result.
+
+    A crash at any point leaves either the old file or the new one, never a half-written file; on an error
+    the temporary file is removed.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{TMP_PREFIX}{os.getpid()}-{path.name}")
+    try:
+        with open(tmp, "wb") as f:
+            result = write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+    return result
+
+
+def unwritable_dir_reason(path: str | os.PathLike) -> str | None:
+    """Why a directory could not be created or written at ``path`` (None when it can), leaving nothing
+    behind: the nearest existing ancestor must be a directory in which a folder can be made (tried
+    with a temporary one, removed at once: ``os.access`` says yes to root on /proc or a read-only
+    mount)."""
+    path = Path(path)
+    probe = path
+    while not probe.exists():
+        if probe.parent == probe:
+            return f"no existing folder above {path}"
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"{probe} is a file, not a folder"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"{probe} is not writable"
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".write-test-", dir=probe))
+    except OSError as err:
+        return f"cannot create a folder in {probe}: {err.strerror or err}"
+    return None
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically."""
+    atomic_write(path, lambda f: f.write(text.encode()))
+
+
+class _HashingWriter:
+    """File-like object that hashes the bytes on their way to ``file`` (one pass instead of a re-read)."""
+
+    def __init__(self, file: IO[bytes]) -> None:
+        self.file, self.sha256 = file, hashlib.sha256()
+
+    def write(self, data: Any) -> int:
+        self.sha256.update(data)
+        return self.file.write(data)
+
+    def flush(self) -> None:
+        self.file.flush()
+
+
+def atomic_torch_save(obj: Any, path: str | os.PathLike, checksum: bool = True) -> str:
+    """``torch.save(obj)`` to ``path`` atomically; returns the SHA-256 of the bytes and, with ``checksum``,
+    writes the ``.sha256`` sidecar (after the data file, so a sidecar never names a missing file)."""
+    import torch
+
+    def write(f: IO[bytes]) -> str:
+        writer = _HashingWriter(f)
+        torch.save(obj, writer)
+        return writer.sha256.hexdigest()
+
+    digest = atomic_write(path, write)
+    if checksum:
+        atomic_write_text(sidecar(path), f"{digest}  {Path(path).name}\n")
+    return digest

@@ -1,0 +1,704 @@
+"""The latent cache: SD-VAE posterior moments of an image folder, in memory-mappable shards. Its
+format (the manifest and file layout), its writer, its reader (``LatentCacheDataset``) and its
+verifier; ``python -m sit_vit5.cache_latents`` is the command line over them.
+
+Layout (in ``cache_dir``):
+    manifest.json            settings, classes, latent shape, scaling factor, VAE id, shard index ranges
+    labels.npy               int64 [num_images], class index of each image
+    files.txt                one image path per line (relative to the data dir), index order
+    shard_NNNNN.mean.npy     [n, 2, C, h, w] posterior mean × scaling factor; [:, 0] original, [:, 1] flipped
+    shard_NNNNN.std.npy      [n, 2, C, h, w] posterior std × scaling factor
+    shard_NNNNN.done         JSON marker written after both arrays are in place (resume skips these shards)
+    file_sizes.npy           int64 [num_images], byte size of each image when it was encoded
+
+Writing (``CacheWriter``): for every image (ADM center crop) and its horizontal flip the cache
+stores the posterior mean and std, multiplied by the scaling factor; training draws mean + std·ε.
+Shard k holds images [k·shard_size, (k+1)·shard_size); pending shards are dealt round-robin to the
+processes. A shard's arrays are written under temporary names (``.tmp-<pid>-*``, removed on an
+error and swept by the next run after a kill), fsynced and renamed into place, then its `.done`
+marker records their SHA-256, so an interrupted run leaves no half shard and a rerun with the same
+arguments encodes only the shards without a marker (with any number of processes). Rank 0 writes
+the manifest first (settings, labels, file list; "complete": false) and completes it at the end.
+The manifest records a digest of every input that decides the output: the image list with each
+file's size, the VAE's config and weights (SHA-256 of its state dict as loaded: ≈ 1 s for the
+SD-VAE) and every setting. A rerun onto a cache made from other inputs is refused, naming what
+changed.
+
+Reading it is checked (`LatentCacheDataset`): at open, every file the manifest names must exist with
+the size its .npy header implies and the shape / dtype the manifest implies (≈ 0.1 ms a file); every
+item read is checked for NaN / inf (≈ 3 µs of a 22 µs item at ImageNet-256 shapes, CPU time,
+`python -m bench.cache_checks`, results/bench/cpu/cache_checks.json); `verify_cache` (the writer's
+`--verify`) also compares each shard with the SHA-256 the writer recorded. A failure raises
+CorruptCacheError naming the file and how to re-encode it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from .atomic_files import TMP_PREFIX, atomic_write, atomic_write_text, unwritable_dir_reason
+from .checksums import payload_sha256, sha256_file
+from .data import (
+    DataRootError,
+    EpochDataset,
+    ImageFolderDataset,
+    TooSmallImageError,
+    UnreadableImageError,
+    item_generator,
+    read_image,
+)
+from .errors import SitVit5Error
+from .vae import downsampling_factor, encode_moments, load_vae
+
+# ----------------------------------------------------------------------------- format
+
+CACHE_FORMAT = "sit_vit5.latent_cache/1"
+MANIFEST_NAME = "manifest.json"
+LABELS_NAME = "labels.npy"
+FILES_NAME = "files.txt"
+FILE_SIZES_NAME = "file_sizes.npy"
+# float16 halves disk and page-cache use at a relative rounding of ≤ 4.9e-4 (std values below 6e-5
+# keep ~6e-8 absolute precision as subnormals); --dtype float32 stores the moments exactly
+STORAGE_DTYPES = {"float16": np.float16, "float32": np.float32}
+VAE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# manifest keys that must agree between an existing partial cache and a rerun (with the inputs'
+# digests); --skip-bad and --min-image-side may change on a rerun: they only choose what is skipped
+SETTINGS_KEYS = (
+    "num_images",
+    "files_sha256",
+    "file_sizes_sha256",
+    "classes",
+    "image_size",
+    "vae",
+    "vae_config_sha256",
+    "vae_weights_sha256",
+    "vae_dtype",
+    "scaling_factor",
+    "dtype",
+    "shard_size",
+)
+
+
+class IncompleteCacheError(DataRootError, RuntimeError):
+    """A latent cache whose writer has not finished (a RuntimeError too, as it was before)."""
+
+
+class CorruptCacheError(SitVit5Error, ValueError):
+    """A latent cache file that does not hold what the manifest says: missing, truncated, of another
+    shape or dtype, non-finite values, or another SHA-256 than the writer recorded. The message
+    names the file."""
+
+
+class CacheMismatchError(SitVit5Error, ValueError):
+    """A latent cache that does not fit the run: made from images of another size, or (for its
+    writer) from other inputs than those of the run resuming it. The message names the value that
+    differs."""
+
+class CacheArgumentError(SitVit5Error, ValueError):
+    """A flag value the cache writer cannot use (an image size the VAE cannot encode, an --out that
+    cannot be a folder); the message names the flag and value."""
+
+
+# ----------------------------------------------------------------------------- reader and verifier
+
+#: manifest keys every reader relies on
+MANIFEST_KEYS = ("num_images", "classes", "image_size", "vae", "scaling_factor", "dtype", "shards",
+                 "labels", "latent_shape")
+_NPY_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0,
+                (2, 0): np.lib.format.read_array_header_2_0}
+
+
+def reencode_hint(cache_dir: str | os.PathLike, shard: str) -> str:
+    """How to rebuild one shard: the writer re-encodes every shard without a .done marker."""
+    return (f"delete {Path(cache_dir) / (shard + '.done')} and rerun "
+            f"`python -m sit_vit5.cache_latents` with the cache's arguments (--out {cache_dir}) to "
+            "re-encode it")
+
+
+def read_manifest(cache_dir: str | os.PathLike) -> dict[str, Any]:
+    """The cache's manifest.json as a dict; errors name the directory and how to create the cache."""
+    path = Path(cache_dir) / MANIFEST_NAME
+    if not path.is_file():
+        raise DataRootError(
+            f"no latent cache at {cache_dir} ({MANIFEST_NAME} missing); create one with "
+            f"`python -m sit_vit5.cache_latents --data-dir <imagenet/train> --out {cache_dir}`")
+    try:
+        manifest = json.loads(path.read_text())
+    except (UnicodeDecodeError, ValueError) as err:  # written atomically: damaged from outside
+        raise CorruptCacheError(f"{path}: not valid JSON ({err}); re-create the cache in a new "
+                                "--out") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != CACHE_FORMAT:
+        found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+        raise CorruptCacheError(f"{path}: format {found!r}, expected {CACHE_FORMAT!r}")
+    missing = [key for key in MANIFEST_KEYS if key not in manifest]
+    if missing:
+        raise CorruptCacheError(f"{path}: lacks {', '.join(missing)}; re-create the cache in a new "
+                                "--out")
+    return manifest
+
+
+def npy_layout(path: str | os.PathLike) -> tuple[tuple[int, ...], np.dtype, int]:
+    """(shape, dtype, the file size in bytes they imply) from an .npy header, without reading the
+    data. Raises CorruptCacheError naming the file when it is missing or has no readable header."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            if version not in _NPY_HEADERS:
+                raise ValueError(f"unsupported .npy format version {version}")
+            shape, _, dtype = _NPY_HEADERS[version](f)
+            offset = f.tell()
+    except FileNotFoundError:
+        raise CorruptCacheError(f"{path} is missing") from None
+    except (OSError, ValueError, EOFError) as err:
+        raise CorruptCacheError(f"{path}: not a readable .npy file ({err})") from None
+    return tuple(shape), dtype, offset + math.prod(shape) * dtype.itemsize
+
+
+def check_npy(path: str | os.PathLike, shape: tuple[int, ...], dtype: np.dtype, hint: str) -> None:
+    """Raise CorruptCacheError (naming ``path``, ending in ``hint``) unless the .npy file holds
+    ``dtype`` ``shape`` and is exactly as long as its header says (a truncated or padded file is
+    refused)."""
+    path = Path(path)
+    try:
+        found_shape, found_dtype, size = npy_layout(path)
+    except CorruptCacheError as err:
+        raise CorruptCacheError(f"{err}; {hint}") from None
+    if found_shape != tuple(shape) or found_dtype != np.dtype(dtype):
+        raise CorruptCacheError(f"{path}: holds {found_dtype} {list(found_shape)}, the manifest "
+                                f"says {np.dtype(dtype)} {list(shape)}; {hint}")
+    actual = path.stat().st_size
+    if actual != size:
+        kind = "truncated" if actual < size else "extra bytes"
+        raise CorruptCacheError(f"{path}: {actual} bytes, its header ({found_dtype} "
+                                f"{list(found_shape)}) needs {size} ({kind}); {hint}")
+
+
+class LatentCacheDataset(EpochDataset):
+    """Cached SD-VAE posteriors → (latent Tensor[C, h, w] float32, label), and with `image_root`
+    (the ImageFolder the cache was made from) → (latent, label, image Tensor[3, S, S] in [-1, 1]):
+    the item's own image, center-cropped as the writer cropped it and flipped with the latent (what
+    REPA's encoder sees beside cached latents, as REPA's own code trains).
+
+    The latent is mean + std·ε with ε ~ N(0, I), both moments already multiplied by the scaling factor,
+    from the original or (if `random_flip`, probability 1/2) the flipped image. Flip and ε come from a
+    generator seeded by (seed, epoch, index): first draw the flip bit, then ε. Shards are opened with
+    `np.load(mmap_mode="r")` lazily in each process (never pickled), so an item costs two small memmap
+    reads. Images the cache writer skipped as unreadable are left out (`len` counts the rest).
+
+    Checked (CorruptCacheError naming the file): at open, that labels.npy and every shard file
+    exist with the shape, dtype and byte size the manifest implies (headers only: ≈ 0.1 ms a file);
+    at each read, that the item's mean and std are finite (≈ 3 µs for a 4×32×32 latent, on a 22 µs
+    item read), so a shard overwritten with NaN is named before it can reach the loss. With
+    `image_root` (CacheMismatchError naming the file): at open, that files.txt lists the cache's
+    images and its first and last image exist there; at each read, that the image still has the
+    byte size it had when it was encoded (one stat).
+    """
+
+    def __init__(self, cache_dir: str | os.PathLike, random_flip: bool = True, seed: int = 0,
+                 image_root: str | os.PathLike | None = None):
+        self.cache_dir = Path(cache_dir)
+        manifest = read_manifest(self.cache_dir)
+        if not manifest.get("complete"):
+            shards = manifest["shards"]
+            done = sum((self.cache_dir / f"{s['name']}.done").is_file() for s in shards)
+            raise IncompleteCacheError(
+                f"latent cache {self.cache_dir} is incomplete ({done}/{len(shards)} shards done); "
+                f"rerun the same `python -m sit_vit5.cache_latents ... --out {self.cache_dir}` to resume")
+        self.manifest = manifest
+        self.classes: list[str] = manifest["classes"]
+        self.latent_shape = tuple(manifest["latent_shape"])
+        self.scaling_factor = float(manifest["scaling_factor"])
+        self.vae = manifest["vae"]
+        self.image_size = int(manifest["image_size"])
+        self.random_flip = random_flip
+        self.seed = seed
+        self.epoch = 0
+        self._check_files()
+        self.labels = np.load(self.cache_dir / manifest["labels"])
+        self._starts = np.asarray([s["start"] for s in manifest["shards"]], dtype=np.int64)
+        valid = np.ones(manifest["num_images"], dtype=bool)
+        valid[np.asarray(manifest.get("bad_indices", []), dtype=np.int64)] = False
+        self._indices = np.flatnonzero(valid)  # dataset index → cache index
+        self._arrays: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.image_root = None if image_root is None else Path(image_root)
+        if self.image_root is not None:
+            self._files, self._file_sizes = self._check_images()
+
+    def _check_images(self) -> tuple[list[str], np.ndarray]:
+        """files.txt and file_sizes.npy of the cache, after checking that `image_root` holds its
+        first and last image (the per-read size check covers the rest)."""
+        root, n = self.image_root, int(self.manifest["num_images"])
+        if not root.is_dir():
+            raise DataRootError(f"data.image_root={root} is not a folder: point it at the "
+                                f"ImageFolder the latent cache {self.cache_dir} was made from")
+        listing = self.cache_dir / self.manifest.get("files", FILES_NAME)
+        try:
+            files = listing.read_text().splitlines()
+        except (OSError, UnicodeDecodeError) as err:
+            raise CorruptCacheError(f"{listing}: cannot be read ({err}); it names the images the "
+                                    "cache was made from: re-create the cache in a new --out") from None
+        sizes_path = self.cache_dir / self.manifest.get("file_sizes", FILE_SIZES_NAME)
+        check_npy(sizes_path, (n,), np.dtype(np.int64), "re-create the cache in a new --out")
+        if len(files) != n:
+            raise CorruptCacheError(f"{listing}: {len(files)} lines for the manifest's {n} images; "
+                                    "re-create the cache in a new --out")
+        for i in {int(self._indices[0]), int(self._indices[-1])} if len(self._indices) else ():
+            if not (root / files[i]).is_file():
+                raise CacheMismatchError(
+                    f"data.image_root={root} has no {files[i]}, an image of the latent cache "
+                    f"{self.cache_dir} ({listing.name}): point it at the folder the cache was made "
+                    "from")
+        return files, np.load(sizes_path)
+
+    def image(self, index: int, flip: int) -> torch.Tensor:
+        """Item `index`'s image (dataset numbering) as the cache writer cropped it, mirrored when
+        `flip` is 1: Tensor[3, S, S] in [-1, 1]. Raises CacheMismatchError when the file's size
+        differs from the one recorded at encoding (the latent would not be this image's)."""
+        i = int(self._indices[index])
+        path = self.image_root / self._files[i]
+        try:
+            size = path.stat().st_size
+        except OSError as err:
+            raise UnreadableImageError(f"cannot read image {path}: {err}", path) from None
+        if size != int(self._file_sizes[i]):
+            raise CacheMismatchError(
+                f"{path}: {size} bytes, {int(self._file_sizes[i])} when the latent cache "
+                f"{self.cache_dir} encoded it: the image changed since; re-encode the cache or "
+                "restore the image")
+        image = read_image(path, self.image_size)
+        return image.flip(-1) if flip else image
+
+    def _check_files(self) -> None:
+        """The layout checks of the class docstring (headers and sizes only; no data is read)."""
+        manifest = self.manifest
+        check_npy(self.cache_dir / manifest["labels"], (int(manifest["num_images"]),),
+                  np.dtype(np.int64), "re-create the cache in a new --out")
+        dtype = np.dtype(manifest["dtype"])
+        for info in manifest["shards"]:
+            shape = (info["stop"] - info["start"], 2, *self.latent_shape)
+            for key in ("mean", "std"):
+                check_npy(self.cache_dir / info[key], shape, dtype,
+                          reencode_hint(self.cache_dir, info["name"]))
+
+    def _sample_shape(self) -> tuple[int, int, int]:
+        return self.latent_shape
+
+    def __len__(self) -> int:
+        return len(self._indices)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_arrays"] = {}  # memmaps are reopened in the receiving process instead of copied
+        return state
+
+    def _shard(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        if k not in self._arrays:
+            info = self.manifest["shards"][k]
+            arrays = []
+            for key in ("mean", "std"):
+                path = self.cache_dir / info[key]
+                try:  # checked at open; a file changed since (in a worker) is still named
+                    arrays.append(np.load(path, mmap_mode="r"))
+                except (OSError, ValueError) as err:
+                    hint = reencode_hint(self.cache_dir, info["name"])
+                    raise CorruptCacheError(f"{path}: cannot be mapped ({err}); {hint}") from None
+            self._arrays[k] = (arrays[0], arrays[1])
+        return self._arrays[k]
+
+    def _image_name(self, i: int) -> str:
+        """The image file of cache index ``i`` (for messages), or "?" when files.txt cannot tell."""
+        try:
+            names = self.cache_dir / self.manifest.get("files", FILES_NAME)
+            return names.read_text().splitlines()[i]
+        except (OSError, IndexError, UnicodeDecodeError):
+            return "?"
+
+    def moments(self, index: int, flip: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Scaled (mean, std) float32 of item `index` (dataset numbering); flip 0 = original,
+        1 = mirrored. Raises CorruptCacheError naming the shard file when either holds NaN or
+        inf."""
+        i = int(self._indices[index])
+        k = int(np.searchsorted(self._starts, i, side="right")) - 1
+        mean, std = self._shard(k)
+        row = i - int(self._starts[k])
+        values = {"mean": np.array(mean[row, flip], dtype=np.float32),
+                  "std": np.array(std[row, flip], dtype=np.float32)}
+        for key, value in values.items():
+            if not np.isfinite(value).all():
+                info = self.manifest["shards"][k]
+                raise CorruptCacheError(
+                    f"{self.cache_dir / info[key]}: row {row} (image {i}, {self._image_name(i)}) "
+                    f"holds NaN or inf: the cache is corrupt; "
+                    f"{reencode_hint(self.cache_dir, info['name'])}")
+        return torch.from_numpy(values["mean"]), torch.from_numpy(values["std"])
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int] | tuple[torch.Tensor, int, torch.Tensor]:
+        gen = item_generator(self.seed, self.epoch, index)
+        flip = int(torch.randint(2, (1,), generator=gen).item()) if self.random_flip else 0
+        mean, std = self.moments(index, flip)
+        latent = mean + std * torch.randn(mean.shape, generator=gen)  # on cpu: a loader item, its own generator
+        label = int(self.labels[self._indices[index]])
+        if self.image_root is None:
+            return latent, label
+        return latent, label, self.image(index, flip)
+
+
+def _recorded_digests(cache_dir: Path, info: dict[str, Any]) -> dict[str, str]:
+    """The SHA-256 per array ("mean", "std") the writer recorded for a shard: in the manifest, else
+    in its .done marker; {} for caches written before digests were recorded."""
+    if isinstance(info.get("sha256"), dict):
+        return info["sha256"]
+    try:
+        marker = json.loads((cache_dir / f"{info['name']}.done").read_text())
+    except (OSError, ValueError):
+        return {}
+    digests = marker.get("sha256") if isinstance(marker, dict) else None
+    return digests if isinstance(digests, dict) else {}
+
+
+def first_nonfinite_row(array: np.ndarray, chunk_rows: int = 256) -> int | None:
+    """Index of the first row of ``array`` holding NaN or inf, or None; reads ``chunk_rows`` rows
+    at a time (a memmap is never loaded whole)."""
+    for start in range(0, len(array), chunk_rows):
+        block = np.asarray(array[start : start + chunk_rows])
+        finite = np.isfinite(block.reshape(len(block), -1)).all(axis=1)
+        if not finite.all():
+            return start + int(np.flatnonzero(~finite)[0])
+    return None
+
+
+def verify_cache(cache_dir: str | os.PathLike) -> dict[str, Any]:
+    """Check every byte of a complete latent cache: LatentCacheDataset's layout checks, then each
+    shard file's SHA-256 against the one its writer recorded (caches written before digests were
+    recorded skip this) and every value for NaN / inf. Raises CorruptCacheError listing the bad
+    files on one line; returns {"files", "bytes", "seconds"}.
+
+    Cost: one read of every shard for the digest, one more (from the page cache) for the values:
+    ≈ 1.7 s of CPU per GB on one core here (SHA-256 1.5 of it; `python -m bench.cache_checks`),
+    i.e. ≈ 70 s for ImageNet-256's 42 GB float16 cache, or the disk's read time if that is longer.
+    """
+    began = time.perf_counter()
+    dataset = LatentCacheDataset(cache_dir, random_flip=False)
+    problems: list[str] = []
+    files = size = 0
+    for info in dataset.manifest["shards"]:
+        digests = _recorded_digests(dataset.cache_dir, info)
+        for key in ("mean", "std"):
+            path = dataset.cache_dir / info[key]
+            files, size = files + 1, size + path.stat().st_size
+            if digests.get(key) and sha256_file(path) != digests[key]:
+                problems.append(f"{info[key]} (its SHA-256 differs from the one written with it)")
+                continue
+            row = first_nonfinite_row(np.load(path, mmap_mode="r"))
+            if row is not None:
+                problems.append(f"{info[key]} (NaN or inf from row {row})")
+    if problems:
+        raise CorruptCacheError(
+            f"latent cache {dataset.cache_dir}: {len(problems)} corrupt file(s): "
+            f"{'; '.join(problems[:8])}{'; ...' if len(problems) > 8 else ''}; delete the .done "
+            "marker of each one's shard and rerun `python -m sit_vit5.cache_latents` with the "
+            "cache's arguments to re-encode them")
+    return {"files": files, "bytes": size, "seconds": time.perf_counter() - began}
+
+
+
+# ----------------------------------------------------------------------------- writer
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    """What the writer encodes with (the command line's flags of the same names)."""
+
+    vae: str  # hub id or a local diffusers AutoencoderKL dir
+    image_size: int
+    batch_size: int  # images per VAE call (each also flipped)
+    shard_size: int  # images per shard file
+    scaling_factor: float
+    dtype: str  # storage dtype of mean and std: a key of STORAGE_DTYPES
+    vae_dtype: str  # precision the VAE runs in: a key of VAE_DTYPES
+    num_workers: int  # image decoders
+    skip_bad: bool  # skip unreadable or too small images (listed in the manifest) instead of stopping
+    min_image_side: int  # refuse images whose short side is below this many pixels
+
+
+class _CropItems(Dataset):
+    """Images [start, stop) of an ImageFolderDataset, center-cropped, unflipped:
+    (index, image | None, error message)."""
+
+    def __init__(self, images: ImageFolderDataset, start: int, stop: int, skip_bad: bool):
+        self.images, self.start, self.stop, self.skip_bad = images, start, stop, skip_bad
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def __getitem__(self, i: int) -> tuple[int, torch.Tensor | None, str]:
+        index = self.start + i
+        try:
+            return index, self.images.read(index), ""
+        except UnreadableImageError as err:
+            if self.skip_bad:
+                return index, None, str(err)
+            small = isinstance(err, TooSmallImageError)
+            hint = ("pass --skip-bad to skip it, or --min-image-side with a smaller value to accept it"
+                    if small else "pass --skip-bad to skip unreadable images")
+            raise type(err)(f"{err}; {hint}", err.path) from None
+
+
+def _collate(items: list[tuple[int, torch.Tensor | None, str]]):
+    good = [(i, x) for i, x, _ in items if x is not None]
+    bad = [(i, msg) for i, x, msg in items if x is None]
+    index = torch.tensor([i for i, _ in good], dtype=torch.long)  # on cpu: collate, in the loader worker
+    images = torch.stack([x for _, x in good]) if good else None
+    return index, images, bad
+
+
+def latent_shape_of(vae, image_size: int) -> tuple[int, int, int]:
+    """(C, h, w) the AutoencoderKL gives for image_size² inputs (it downsamples by 2 per extra
+    block); CacheArgumentError when image_size is not a multiple of that factor."""
+    factor = downsampling_factor(vae)
+    if image_size % factor:
+        lower, upper = image_size // factor * factor, (image_size // factor + 1) * factor
+        raise CacheArgumentError(f"--image-size {image_size} is not a multiple of the VAE's downsampling "
+                                 f"factor {factor}; use {lower or upper} or {upper}")
+    return (vae.config.latent_channels, image_size // factor, image_size // factor)
+
+
+def vae_digests(vae) -> dict[str, str]:
+    """SHA-256 of the VAE's config (public keys) and of its weights as loaded (``payload_sha256`` of
+    the state dict: independent of the file format the weights came in)."""
+    config = {k: v for k, v in dict(vae.config).items() if not k.startswith("_")}
+    text = json.dumps(config, sort_keys=True, default=str)
+    return {"vae_config_sha256": hashlib.sha256(text.encode()).hexdigest(),
+            "vae_weights_sha256": payload_sha256(vae.state_dict())}
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=1))  # readers see the old or the new file, never half of one
+
+
+def _shard_entries(num_images: int, shard_size: int) -> list[dict[str, Any]]:
+    entries = []
+    for k, start in enumerate(range(0, num_images, shard_size)):
+        name = f"shard_{k:05d}"
+        entries.append({"name": name, "mean": f"{name}.mean.npy", "std": f"{name}.std.npy", "start": start,
+                        "stop": min(start + shard_size, num_images)})
+    return entries
+
+
+def _file_list_change(out: Path, files: list[str], sizes: np.ndarray) -> str:
+    """What differs between the cache's image list (files.txt, file_sizes.npy) and this run's, in
+    words."""
+    try:
+        old = (out / FILES_NAME).read_text().splitlines()
+    except OSError:
+        return "the image file list differs"
+    if old != files:
+        added, removed = sorted(set(files) - set(old)), sorted(set(old) - set(files))
+        parts = [f"{len(added)} added (e.g. {added[0]})" if added else "",
+                 f"{len(removed)} removed (e.g. {removed[0]})" if removed else ""]
+        return "the image file list differs: " + (", ".join(p for p in parts if p) or "another order")
+    try:
+        old_sizes = np.load(out / FILE_SIZES_NAME)
+    except (OSError, ValueError):
+        return "the image files' sizes differ"
+    changed = np.flatnonzero(old_sizes != sizes) if old_sizes.shape == sizes.shape else [0]
+    first = int(changed[0]) if len(changed) else 0
+    then = int(old_sizes[first]) if first < len(old_sizes) else "?"
+    return (f"{len(changed)} image file(s) changed since they were encoded (e.g. {files[first]}: "
+            f"{then} bytes then, {int(sizes[first])} now)")
+
+
+def _check_settings(out: Path, settings: dict[str, Any], files: list[str],
+                    sizes: np.ndarray) -> dict[str, Any] | None:
+    """The existing manifest (if any), after checking that it was made from the same inputs and
+    settings; CacheMismatchError naming each difference (on one line) otherwise."""
+    if not (out / MANIFEST_NAME).is_file():
+        return None
+    manifest = read_manifest(out)  # CorruptCacheError if unreadable
+    diff = []
+    for key in SETTINGS_KEYS:
+        if key in ("files_sha256", "file_sizes_sha256") or manifest.get(key) == settings[key]:
+            continue
+        if key not in manifest:
+            diff.append(f"the cache does not record {key} (written by an older version)")
+        elif key.endswith("_sha256"):
+            diff.append(f"{key}: the cache's inputs had {str(manifest[key])[:12]}, this run's "
+                        f"{settings[key][:12]}")
+        else:
+            diff.append(f"{key}: cache has {manifest[key]!r}, this run {settings[key]!r}")
+    if any(manifest.get(k) != settings[k] for k in ("files_sha256", "file_sizes_sha256")):
+        diff.append(_file_list_change(out, files, sizes))
+    if diff:
+        raise CacheMismatchError(f"{out} holds a cache made from other inputs or settings "
+                                 f"({'; '.join(diff)}); rerun with the original arguments and inputs, or "
+                                 "choose a new --out")
+    return manifest
+
+
+def _sweep_temporaries(out: Path) -> list[str]:
+    """Remove what a killed writer left: ``.tmp-*`` files (and the ``*.npy.tmp`` of earlier
+    versions). Only called while no process of this run writes (before the first barrier)."""
+    stale = [*out.glob(f"{TMP_PREFIX}*"), *out.glob("*.npy.tmp")]
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return sorted(path.name for path in stale)
+
+
+def _fsync(path: Path) -> None:
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+
+
+class CacheWriter:
+    """Encodes the image folder ``data_dir`` into the cache ``out`` with the processes of
+    ``state`` (accelerate's PartialState: ``sit_vit5.distributed.join_launcher_group``), in steps
+    that every process calls in turn: construct (checks ``out``, lists the images, loads the VAE,
+    refuses an existing cache made from other inputs), ``begin``, ``my_shards``, ``encode_shard``
+    for each of them, ``finish``."""
+
+    def __init__(self, out: str | os.PathLike, data_dir: str | os.PathLike, options: WriteOptions, state):
+        self.out, self.options, self.state = Path(out), options, state
+        reason = unwritable_dir_reason(self.out)
+        if reason is not None:
+            raise CacheArgumentError(f"--out {self.out}: cannot be the cache folder ({reason})")
+        self.images = ImageFolderDataset(data_dir, options.image_size, random_flip=False,
+                                         skip_bad=options.skip_bad, min_side=options.min_image_side)
+        self.files_text = "".join(f"{f}\n" for f in self.images.files)
+        self.sizes = np.asarray([os.stat(self.images.root / f).st_size for f in self.images.files],
+                                dtype=np.int64)
+        self.vae = load_vae(options.vae, device=state.device, dtype=VAE_DTYPES[options.vae_dtype], key="--vae")
+        self.latent_shape = latent_shape_of(self.vae, options.image_size)
+        vae_id = options.vae if not os.path.isdir(options.vae) else str(Path(options.vae).resolve())
+        self.settings = {
+            "format": CACHE_FORMAT,
+            "complete": False,
+            "num_images": len(self.images),
+            "files_sha256": hashlib.sha256(self.files_text.encode()).hexdigest(),
+            "file_sizes_sha256": hashlib.sha256(self.sizes.tobytes()).hexdigest(),
+            "classes": self.images.classes,
+            "image_size": options.image_size,
+            "vae": vae_id,
+            **vae_digests(self.vae),
+            "vae_dtype": options.vae_dtype,
+            "scaling_factor": options.scaling_factor,
+            "dtype": options.dtype,
+            "shard_size": options.shard_size,
+            "data_dir": str(Path(data_dir).resolve()),
+        }
+        # every rank checks: all of them stop
+        self.existing = _check_settings(self.out, self.settings, self.images.files, self.sizes)
+        self.entries = _shard_entries(len(self.images), options.shard_size)
+
+    def begin(self) -> list[str]:
+        """On the main process: the labels, file list and incomplete manifest of a new cache, then
+        the temporaries of a killed run removed; returns their names."""
+        if not self.state.is_main_process:
+            return []
+        out = self.out
+        if self.existing is None:
+            out.mkdir(parents=True, exist_ok=True)
+            # each written whole or not at all (the manifest, which names them, comes after them)
+            atomic_write(out / LABELS_NAME, lambda f: np.save(f, self.images.labels))
+            atomic_write(out / FILE_SIZES_NAME, lambda f: np.save(f, self.sizes))
+            atomic_write_text(out / FILES_NAME, self.files_text)
+            _write_json(out / MANIFEST_NAME, {**self.settings, "latent_shape": list(self.latent_shape),
+                                              "shards": self.entries, "labels": LABELS_NAME, "files": FILES_NAME,
+                                              "file_sizes": FILE_SIZES_NAME, "bad_indices": []})
+        return _sweep_temporaries(out)
+
+    def my_shards(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """(this process's shards, every pending shard): those without a .done marker, dealt
+        round-robin."""
+        state = self.state
+        state.wait_for_everyone()
+        pending = [e for e in self.entries if not (self.out / f"{e['name']}.done").is_file()]
+        state.wait_for_everyone()  # every rank has listed the pending shards before any adds a marker
+        return pending[state.process_index :: state.num_processes], pending
+
+    def encode_shard(self, entry: dict[str, Any], progress: Callable[[int], object],
+                     skipped: Callable[[str], object]) -> None:
+        """Encode one shard (``progress(n)`` after each batch of n images, ``skipped(message)`` for
+        each image skipped under skip_bad), write it atomically, then its .done marker."""
+        out, options, latent_shape = self.out, self.options, self.latent_shape
+        start, stop = entry["start"], entry["stop"]
+        dtype = STORAGE_DTYPES[options.dtype]
+        shape = (stop - start, 2, *latent_shape)
+        tmp = {key: out / f"{TMP_PREFIX}{os.getpid()}-{entry[key]}" for key in ("mean", "std")}
+        arrays: dict[str, np.ndarray] = {}
+        bad: list[int] = []
+        reasons: list[str] = []
+        try:
+            for key in tmp:
+                arrays[key] = np.lib.format.open_memmap(tmp[key], mode="w+", dtype=dtype, shape=shape)
+            loader = DataLoader(_CropItems(self.images, start, stop, options.skip_bad),
+                                batch_size=options.batch_size, num_workers=options.num_workers,
+                                collate_fn=_collate, pin_memory=torch.cuda.is_available())
+            for index, x, bad_items in loader:
+                for i, msg in bad_items:
+                    skipped(msg)
+                    bad.append(i)
+                    reasons.append(msg)
+                if x is not None:
+                    both = torch.cat([x, x.flip(-1)])  # original and mirrored in one VAE call
+                    mean, std = encode_moments(self.vae, both, options.scaling_factor)
+                    rows = (index - start).numpy()
+                    for key, value in (("mean", mean), ("std", std)):
+                        value = value.view(2, len(x), *latent_shape).transpose(0, 1)  # [B, 2, C, h, w]
+                        arrays[key][rows] = value.cpu().numpy().astype(dtype)
+                progress(len(index) + len(bad_items))
+            digests = {}
+            for key in tmp:
+                array = arrays.pop(key)
+                array.flush()
+                del array  # the last reference: closes the memmap
+                _fsync(tmp[key])  # on disk before the rename: a power loss leaves no renamed half file
+                digests[key] = sha256_file(tmp[key])  # from the page cache: ≈ 0.3 s per 10,000-image shard
+            for key in tmp:
+                os.replace(tmp[key], out / entry[key])
+        except BaseException:
+            arrays.clear()
+            for path in tmp.values():
+                path.unlink(missing_ok=True)  # an error or Ctrl-C leaves no temporary behind
+            raise
+        _write_json(out / f"{entry['name']}.done",
+                    {"start": start, "stop": stop, "bad": bad, "bad_reasons": reasons, "sha256": digests})
+
+    def finish(self) -> dict[str, Any] | None:
+        """After every process's shards: the main process completes the manifest and returns it
+        (None on the others)."""
+        self.state.wait_for_everyone()
+        manifest = _complete(self.out, self.entries) if self.state.is_main_process else None
+        self.state.wait_for_everyone()
+        return manifest
+
+
+def _complete(out: Path, entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """Mark the manifest complete, with the skipped images and each shard's digests from its
+    marker."""
+    manifest = read_manifest(out)
+    markers = [out / f"{e['name']}.done" for e in entries]
+    missing = [m.name for m in markers if not m.is_file()]
+    if missing:
+        raise IncompleteCacheError(f"{len(missing)} shard(s) of {out} lack a done marker: {missing[:5]}; "
+                                   "rerun the same command")
+    done = [json.loads(m.read_text()) for m in markers]
+    manifest["bad_indices"] = sorted(i for d in done for i in d["bad"])
+    manifest["bad_files"] = [reason for d in done for reason in d.get("bad_reasons", [])]
+    for entry, marker in zip(manifest["shards"], done, strict=True):
+        entry["sha256"] = marker.get("sha256", {})
+    manifest["complete"] = True
+    _write_json(out / MANIFEST_NAME, manifest)
+    return manifest
