@@ -238,7 +238,8 @@ def test_a_mismatched_torchvision_is_one_line_naming_both(monkeypatch, capsys):
 def test_the_name_copies_equal_their_sources():
     from fid import inception, reference
     from fid.evaluate import METRICS
-    from sit_vit5 import objective, precision, repa, vae
+    from sit_vit5 import objective, precision, vae
+    from sit_vit5.training import repa
     from sit_vit5.diffusion import METHODS as DIFFUSION_METHODS
     from sit_vit5.models import list_models, name_objective, valid_overrides
     from sit_vit5.models.official import ALIASES, OFFICIAL_WEIGHTS

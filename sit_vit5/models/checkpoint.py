@@ -1,6 +1,6 @@
 """Reading and verifying checkpoint files: our training checkpoints and the official SiT/DiT
 files, as dicts of tensors, and loading their weights into a model that fits them (building the
-model from a file is ``loading.load_model``).
+model from a file is ``loading.load_model``), and ``LoadedModel``: such a model with what its file says about sampling.
 
 Accepted layouts: a bare state dict (the released ``SiT-XL-2-256.pt`` is the EMA weights), a
 training checkpoint ``{model, ema, opt, args, ...}`` (DiT/SiT and ours), or a ``.safetensors`` file.
@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -182,3 +184,36 @@ def load_checkpoint(
     model.load_state_dict(state, strict=True)
     return model
 
+
+@dataclass
+class LoadedModel:
+    """A model built and loaded from a checkpoint, and what the checkpoint says about sampling from
+    it.
+
+    ``source``: "ours" (training checkpoint of this codebase, config in ``args``), "official"
+    (bare state dict such as SiT-XL-2-256.pt, or a DiT/SiT training checkpoint with argparse
+    ``args``) or "diffusers" (a DiTTransformer2DModel folder). ``input_size``: the model's
+    training input side (latent side for latent models).
+    ``objective``: the config's ``transport`` section the objective is built from
+    (``create_objective(loaded.objective)``): ``objective`` sit | ddpm (DiT), as recorded (ours) or as told
+    (official), and that objective's keys. ``vae``: ``{"name": hub id | directory | "none", "scaling_factor"}``.
+    ``sample``: the checkpoint's ``sample`` config section (ours) or {}. ``step``: the training step
+    if recorded; ``which``: "ema" | "model" for training checkpoints, None for bare state dicts.
+    """
+
+    model: nn.Module
+    name: str
+    source: str
+    input_size: int
+    in_channels: int
+    num_classes: int
+    objective: dict[str, Any]
+    vae: dict[str, Any]
+    sample: dict[str, Any] = field(default_factory=dict)
+    step: int | None = None
+    which: str | None = None
+
+    @property
+    def objective_name(self) -> str:
+        """sit | ddpm: what the model's output means."""
+        return self.objective.get("objective") or "sit"

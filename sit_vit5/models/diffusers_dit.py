@@ -30,9 +30,8 @@ import torch
 from torch import Tensor
 
 from ..vae import SD_VAE_EMA, SD_VAE_SCALING_FACTOR
-from .checkpoint import CheckpointError, check_state_dict
+from .checkpoint import CheckpointError, LoadedModel, check_state_dict
 from .layers import sincos_pos_embed_2d
-from .loading import LoadedModel
 from .registry import SIZES
 from .sit import _CONFIG_KWARGS, SIT_SWITCHES, SiT
 

@@ -12,49 +12,15 @@ import argparse
 import math
 import os
 import warnings
-from dataclasses import dataclass, field
 from typing import Any
 
-from torch import Tensor, nn
+from torch import Tensor
 
 from ..transport import TRANSPORT_KEYS
 from ..vae import SD_VAE_EMA, SD_VAE_SCALING_FACTOR
-from .checkpoint import CheckpointError, check_state_dict, read_checkpoint, strip_wrappers
+from .checkpoint import CheckpointError, LoadedModel, check_state_dict, read_checkpoint, strip_wrappers
+from .diffusers_dit import load_dit_folder
 from .registry import create_model, list_models, model_kwargs, name_objective, name_objective_conflict
-
-
-@dataclass
-class LoadedModel:
-    """A model built and loaded from a checkpoint, and what the checkpoint says about sampling from
-    it.
-
-    ``source``: "ours" (training checkpoint of this codebase, config in ``args``), "official"
-    (bare state dict such as SiT-XL-2-256.pt, or a DiT/SiT training checkpoint with argparse
-    ``args``) or "diffusers" (a DiTTransformer2DModel folder). ``input_size``: the model's
-    training input side (latent side for latent models).
-    ``objective``: the config's ``transport`` section the objective is built from
-    (``create_objective(loaded.objective)``): ``objective`` sit | ddpm (DiT), as recorded (ours) or as told
-    (official), and that objective's keys. ``vae``: ``{"name": hub id | directory | "none", "scaling_factor"}``.
-    ``sample``: the checkpoint's ``sample`` config section (ours) or {}. ``step``: the training step
-    if recorded; ``which``: "ema" | "model" for training checkpoints, None for bare state dicts.
-    """
-
-    model: nn.Module
-    name: str
-    source: str
-    input_size: int
-    in_channels: int
-    num_classes: int
-    objective: dict[str, Any]
-    vae: dict[str, Any]
-    sample: dict[str, Any] = field(default_factory=dict)
-    step: int | None = None
-    which: str | None = None
-
-    @property
-    def objective_name(self) -> str:
-        """sit | ddpm: what the model's output means."""
-        return self.objective.get("objective") or "sit"
 
 
 def _is_our_config(args: Any) -> bool:
@@ -196,8 +162,6 @@ def load_model(
     if which not in ("ema", "model"):
         raise ValueError(f"which={which!r}; valid: ema, model")
     if os.path.isdir(path):  # a diffusers DiT folder (facebook/DiT-XL-2-256's layout)
-        from .diffusers_dit import load_dit_folder  # it imports this module
-
         if sha256 or overrides:
             raise ValueError(f"{path}: sha256 / overrides apply to checkpoint files, not folders")
         return load_dit_folder(path, model_name, objective)
