@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     device = setup(args)
     from sit_vit5 import cache_latents
-    from sit_vit5.data import ImageFolderDataset
+    from sit_vit5.image_data import ImageFolderDataset
     from sit_vit5.latent_cache import LatentCacheDataset
     from sit_vit5.vae import encode
 

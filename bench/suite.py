@@ -29,7 +29,7 @@ import argparse
 import traceback
 from pathlib import Path
 
-from bench import correctness, data_path, pipeline, sample, train_step, vit5_overhead
+from bench import correctness, data_path, pipeline_speed, sample_speed, train_step, vit5_overhead
 
 TIMING = "--warmup 2 --steps 4 --rounds 3"
 STAGES = {
@@ -40,11 +40,12 @@ STAGES = {
     "small": (train_step.main, f"--sizes S B --precisions fp32 bf16 --batch-size 32 {TIMING}"),
     "vit5_overhead": (vit5_overhead.main, "--batch-size 32 --warmup 2 --steps 5 --rounds 5"),
     "fsdp": (train_step.main, f"--sizes XL --precisions bf16 --models SiT ViT5 --fsdp --batch-size 32 {TIMING}"),
-    "sample": (sample.main, "--sizes XL --precisions bf16 --samplers sde --num-steps 250 --cfg-scale 4.0 "
+    "sample": (sample_speed.main, "--sizes XL --precisions bf16 --samplers sde --num-steps 250 --cfg-scale 4.0 "
                             "--batch-size 32 --rounds 2"),
-    "sample_nocfg": (sample.main, "--sizes XL --precisions bf16 --samplers sde --num-steps 250 --cfg-scale 1.0 "
+    "sample_nocfg": (sample_speed.main, "--sizes XL --precisions bf16 --samplers sde --num-steps 250 --cfg-scale 1.0 "
                                   "--batch-size 32 --rounds 2"),
-    "pipeline": (pipeline.main, "--size XL --precisions fp32 bf16 fp16 --num-images 16 --num-steps 50 --rounds 2"),
+    "pipeline": (pipeline_speed.main, "--size XL --precisions fp32 bf16 fp16 --num-images 16 --num-steps 50 "
+                                      "--rounds 2"),
     "data_path": (data_path.main, "--model SiT-XL/2 --precision bf16 --batch-size 32 --num-images 128"),
 }
 #: --smoke: appended to every stage of that script (argparse keeps the last value given).
@@ -53,9 +54,9 @@ SMOKE = {
     "correctness": "--device cpu --size S --input-size 8 --batch-size 2 --num-steps 3",
     "vit5_overhead": f"{TINY} --settings S:8:fp32 S:8:bf16",
     "train_step": f"{TINY} --sizes S --input-size 8 --precisions fp32 --modes eager",
-    "sample": f"{TINY} --sizes S --input-size 8 --precisions fp32 --num-steps 3",
+    "sample_speed": f"{TINY} --sizes S --input-size 8 --precisions fp32 --num-steps 3",
     "data_path": f"{TINY} --vae tiny --image-size 32 --num-images 4 --model SiT-S/2 --precision fp32",
-    "pipeline": "--device cpu --depth 1 --warmup 1 --steps 1 --rounds 1 --size S --input-size 4 --vae tiny "
+    "pipeline_speed": "--device cpu --depth 1 --warmup 1 --steps 1 --rounds 1 --size S --input-size 4 --vae tiny "
                 "--num-images 2 --num-steps 3",
 }
 

@@ -15,7 +15,7 @@ from typing import Any
 
 #: public name -> the module that defines it
 _LAZY = {
-    **dict.fromkeys(["ImageSource", "InputError", "images_from_array", "open_images"], "fid.data"),
+    **dict.fromkeys(["ImageSource", "InputError", "images_from_array", "open_images"], "fid.image_sets"),
     **dict.fromkeys(["digits_metrics", "load_digits_net"], "fid.digits"),
     **dict.fromkeys(["METRICS", "check_sample_size", "evaluate"], "fid.evaluate"),
     **dict.fromkeys(["INCEPTION_FILENAME", "INCEPTION_SHA256", "INCEPTION_URL", "InceptionFeatures",

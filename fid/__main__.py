@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from fid.data import InputError, load_plain_array, npz_keys, open_images
+from fid.image_sets import InputError, load_plain_array, npz_keys, open_images
 from fid.metric_names import METRICS, check_metrics
 
 # The arguments, the samples file (header, size, count, labels) and the reference's existence are

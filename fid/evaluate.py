@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from fid.data import ImageSource, InputError
+from fid.image_sets import ImageSource, InputError
 from fid.inception import InceptionFeatures, extract_features
 from fid.metric_names import METRICS, check_metrics
 from fid.metrics import frechet_distance, inception_score, precision_recall

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from fid.data import InputError
+from fid.image_sets import InputError
 
 # name → what it reports (the one registry of metric names)
 METRICS = {

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fid.data import ImageSource, InputError, npz_keys, open_images
+from fid.image_sets import ImageSource, InputError, npz_keys, open_images
 from fid.inception import InceptionFeatures, extract_features
 from fid.metrics import feature_statistics
 

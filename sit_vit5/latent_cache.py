@@ -50,7 +50,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from .atomic_files import TMP_PREFIX, atomic_write, atomic_write_text, unwritable_dir_reason
 from .checksums import payload_sha256, sha256_file
-from .data import (
+from .errors import SitVit5Error
+from .image_data import (
     DataRootError,
     EpochDataset,
     ImageFolderDataset,
@@ -59,7 +60,6 @@ from .data import (
     item_generator,
     read_image,
 )
-from .errors import SitVit5Error
 from .vae import downsampling_factor, encode_moments, load_vae
 
 # ----------------------------------------------------------------------------- format

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from .diffusion import GaussianDiffusion, create_diffusion
-from .diffusion.sampler import DiffusionSampler, DiffusionSteps, SchedulerSteps, is_epsilon_scheduler
+from .diffusion.ddpm_sampler import DiffusionSampler, DiffusionSteps, SchedulerSteps, is_epsilon_scheduler
 from .diffusion.schedule import NOISE_SCHEDULES
 from .errors import SettingError, SitVit5Error
 from .models import name_objective_conflict

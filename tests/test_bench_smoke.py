@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from bench import data_path, sample, suite, train_step
+from bench import data_path, sample_speed, suite, train_step
 
 TINY = ["--device", "cpu", "--threads", "1", "--warmup", "1", "--steps", "1", "--rounds", "1", "--depth", "1"]
 
@@ -46,7 +46,7 @@ def test_train_step_bench_rows_ratios_and_flops(tmp_path):
 
 def test_sample_bench_counts_function_evaluations(tmp_path):
     path = tmp_path / "sample.json"
-    sample.main([*TINY, "--sizes", "S", "--input-size", "8", "--batch-size", "2", "--num-steps", "3",
+    sample_speed.main([*TINY, "--sizes", "S", "--input-size", "8", "--batch-size", "2", "--num-steps", "3",
                  "--samplers", "sde", "ode", "--json", str(path)])
     rows = _load(path)["rows"]
     assert [(r["model"], r["sampler"]) for r in rows] == [("SiT", "sde"), ("ViT5", "sde"), ("SiT", "ode"),
@@ -79,7 +79,7 @@ def test_suite_runs_every_stage_and_writes_one_json_each(tmp_path):
 
 
 def test_bad_arguments_are_named():
-    for main, bad in ((train_step.main, ["--sizes", "M"]), (sample.main, ["--samplers", "heun"]),
+    for main, bad in ((train_step.main, ["--sizes", "M"]), (sample_speed.main, ["--samplers", "heun"]),
                       (data_path.main, ["--model", "SiT-M/2"]), (train_step.main, ["--rounds", "0"])):
         with pytest.raises(SystemExit) as err:
             main([*TINY, *bad])

@@ -9,7 +9,7 @@ import torch
 from PIL import Image
 from sklearn.datasets import load_digits
 
-from sit_vit5.data import (
+from sit_vit5.image_data import (
     DigitsDataset,
     ImageFolderDataset,
     UnreadableImageError,
@@ -280,7 +280,7 @@ def test_training_refuses_a_tiny_image_unless_told(tmp_path):
     from PIL import Image
 
     from sit_vit5.config import load_config
-    from sit_vit5.data import TooSmallImageError
+    from sit_vit5.image_data import TooSmallImageError
     from sit_vit5.training.build import build_dataset_from_config
 
     for name, side in (("a/big.png", 16), ("a/tiny.png", 1)):

@@ -13,7 +13,7 @@ from tests.helpers import load_train_cli
 def test_one_line_unwraps_dataloader_worker_messages():
     wrapped = RuntimeError("Caught UnreadableImageError in DataLoader worker process 0.\n"
                            "Original Traceback (most recent call last):\n  File \"x.py\", line 1\n"
-                           "sit_vit5.data.UnreadableImageError: "
+                           "sit_vit5.image_data.UnreadableImageError: "
                            "cannot read image /d/a.jpg: OSError: broken")
     assert one_line(wrapped) == "cannot read image /d/a.jpg: OSError: broken"
     assert one_line(ValueError("a\n  b")) == "a b"

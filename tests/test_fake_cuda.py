@@ -246,7 +246,7 @@ def test_exported_sit_pipeline_call(monkeypatch):
     from sit_vit5 import SiTPipeline, guidance
     from sit_vit5.pipeline import scheduler_from
     from sit_vit5.sample_spec import SampleSpec
-    from sit_vit5.sampling import pipeline as sampling_pipeline
+    from sit_vit5.sampling import sampling_pipeline as sampling_pipeline
 
     seen: list[Tensor] = []
 

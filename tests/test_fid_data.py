@@ -5,7 +5,7 @@ import pytest
 from PIL import Image
 
 from fid import FeatureStats, InputError, open_images, read_reference, save_reference
-from fid.data import images_from_array
+from fid.image_sets import images_from_array
 from tests.helpers import naming
 
 

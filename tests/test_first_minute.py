@@ -177,7 +177,7 @@ def test_unwritable_out_dir_names_the_key(capsys):
 
 
 def test_truncated_checkpoint_is_named_as_one(tmp_path):
-    from sit_vit5.models.checkpoint import CheckpointError, read_checkpoint
+    from sit_vit5.models.checkpoint_files import CheckpointError, read_checkpoint
 
     ckpt = pixel_checkpoint(tmp_path / "checkpoints")
     whole = ckpt.read_bytes()
@@ -239,10 +239,10 @@ def test_the_name_copies_equal_their_sources():
     from fid import inception, reference
     from fid.evaluate import METRICS
     from sit_vit5 import objective, precision, vae
-    from sit_vit5.training import repa
     from sit_vit5.diffusion import METHODS as DIFFUSION_METHODS
     from sit_vit5.models import list_models, name_objective, valid_overrides
     from sit_vit5.models.official import ALIASES, OFFICIAL_WEIGHTS
+    from sit_vit5.training import repa
     from sit_vit5.transport import DIFFUSION_FORMS, LAST_STEPS, PATHS, PREDICTIONS
     from sit_vit5.transport.sampler import METHODS as TRANSPORT_METHODS
 

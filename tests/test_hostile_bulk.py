@@ -17,7 +17,7 @@ import torch
 import sample
 from sit_vit5.sampling import SampleSpec, SamplingPipeline, sample_bulk
 from sit_vit5.sampling.bulk import CLAIM_PREFIX, _part_name, claim_batch
-from sit_vit5.sampling.pipeline import Generated
+from sit_vit5.sampling.sampling_pipeline import Generated
 from tests.test_sampling_cli import our_checkpoint
 
 ODE = SampleSpec(method="ode", sampling_method="euler", num_steps=3)

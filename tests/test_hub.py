@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from sit_vit5.models import SiT, ViT5, create_model, load_checkpoint
-from sit_vit5.models.checkpoint import CheckpointError
+from sit_vit5.models.checkpoint_files import CheckpointError
 from sit_vit5.models.official import (
     OFFICIAL_WEIGHTS,
     SIT_REPO,

@@ -18,7 +18,7 @@ CONSTRUCTORS = {"arange", "zeros", "ones", "empty", "full", "randn", "rand", "te
 MARKER = "# on cpu:"
 #: (path, the call's source text) -> why the CPU is right; for files whose owner keeps markers out
 ALLOWED: dict[tuple[str, str], str] = {
-    ("sit_vit5/sampling/pipeline.py", "torch.empty(0)"):
+    ("sit_vit5/sampling/sampling_pipeline.py", "torch.empty(0)"):
         "a dtype probe for a model without parameters; never data",
     ("fid/digits.py", "torch.arange(len(labels))"):
         "the test/train split mask over the host-side digits data set",

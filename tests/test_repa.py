@@ -260,7 +260,7 @@ def latents_repa(tmp_path, name, latent_cache, vae_dir, tiny_vit, *extra):
 def test_cached_latents_come_with_their_own_images_cropped_and_flipped_alike(latent_cache):
     """Each item's image is the ImageFolder's item (same crop, same flip draw) and its latent is the
     one the cache gives without images (the same draws)."""
-    from sit_vit5.data import ImageFolderDataset
+    from sit_vit5.image_data import ImageFolderDataset
     from sit_vit5.latent_cache import LatentCacheDataset
 
     root, cache = latent_cache
@@ -313,7 +313,7 @@ def test_images_beside_latents_must_be_the_cached_ones(latent_cache, tmp_path):
 
     from PIL import Image
 
-    from sit_vit5.data import DataRootError
+    from sit_vit5.image_data import DataRootError
     from sit_vit5.latent_cache import CacheMismatchError, LatentCacheDataset
 
     root, cache = latent_cache

@@ -212,7 +212,7 @@ def test_bulk_is_independent_of_world_size_and_batch_size(tmp_path):
 
 
 def test_merged_npz_reads_like_np_savez(tmp_path):
-    from fid.data import open_images
+    from fid.image_sets import open_images
 
     result = sample_bulk(pipeline(ODE), 5, tmp_path, batch_size=2, progress=False, png=True)
     images, labels, _ = _read(result.npz)

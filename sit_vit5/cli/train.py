@@ -137,7 +137,7 @@ def habit_overrides(args: argparse.Namespace) -> list[str]:
 
 def _message(err: BaseException) -> str:
     hint = " (set data.skip_bad=true to skip unreadable images)"
-    data = sys.modules.get("sit_vit5.data")  # imported by then if the error came from the data
+    data = sys.modules.get("sit_vit5.image_data")  # imported by then if the error came from the data
     unreadable = data is not None and isinstance(err, data.UnreadableImageError)
     return one_line(err) + (hint if unreadable else "")
 

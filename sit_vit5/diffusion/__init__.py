@@ -5,6 +5,7 @@
 the transport's): integer steps, t = 0 is data, t = T-1 is noise; the network receives original step
 numbers 0 .. 999. """
 
+from .ddpm_sampler import DiffusionSampler, DiffusionSteps, SchedulerSteps, diffusers_scheduler, respaced
 from .gaussian_diffusion import (
     LOSS_TYPES,
     MEAN_TYPES,
@@ -14,7 +15,6 @@ from .gaussian_diffusion import (
     create_diffusion,
 )
 from .losses import approx_standard_normal_cdf, discretized_gaussian_log_likelihood, normal_kl
-from .sampler import DiffusionSampler, DiffusionSteps, SchedulerSteps, diffusers_scheduler, respaced
 from .schedule import NOISE_SCHEDULES, named_betas, respace_betas, space_timesteps
 
 __all__ = [

@@ -8,11 +8,11 @@
 ``sit_vit5.pipeline`` re-exports these names: exported folders import ``SiTPipeline`` from there.
 """
 
-from ..diffusion.sampler import diffusers_scheduler
+from ..diffusion.ddpm_sampler import diffusers_scheduler
 from .labels import IMAGENET_CLASSES, imagenet_id2label, read_id2label
 from .loader import LOADER_FILE, LOADER_SOURCE, STABLE_MODULE
-from .pipeline import OUTPUT_TYPES, SiTPipeline
 from .scheduler import SETTINGS, SiTScheduler, scheduler_from
+from .sit_pipeline import OUTPUT_TYPES, SiTPipeline
 
 __all__ = [
     "IMAGENET_CLASSES",

@@ -34,7 +34,7 @@ class SiTScheduler(SchedulerMixin, ConfigMixin):
     [0, 1), 0 = noise) and DDPM / DDIM on DiT's respaced steps (``timesteps`` = DiT's integer steps);
     ``step`` takes the model's full output (2C channels with a learned variance). The DDPM / DDIM steps
     are bit-identical to the pipeline's; diffusers' ``DDPMScheduler`` / ``DDIMScheduler``
-    (:func:`~sit_vit5.diffusion.sampler.diffusers_scheduler`) compute the same formulas in another
+    (:func:`~sit_vit5.diffusion.ddpm_sampler.diffusers_scheduler`) compute the same formulas in another
     float32 order::
 
         scheduler.set_timesteps(num_steps)

@@ -1,7 +1,7 @@
 """Backbones: the SiT/DiT baseline and the ViT-5 diffusion transformer, one registry for both
 (``DiT-*`` names: the SiT network under DiT's ddpm objective)."""
 
-from .checkpoint import CheckpointError, LoadedModel, load_checkpoint, load_state_dict
+from .checkpoint_files import CheckpointError, LoadedModel, load_checkpoint, load_state_dict
 from .diffusers_dit import from_diffusers_dit, to_diffusers_dit
 from .loading import load_model
 from .official import OFFICIAL_WEIGHTS, WeightsUnavailableError, resolve_checkpoint

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from ..vae import SD_VAE_EMA, SD_VAE_SCALING_FACTOR
-from .checkpoint import CheckpointError, LoadedModel, check_state_dict
+from .checkpoint_files import CheckpointError, LoadedModel, check_state_dict
 from .layers import sincos_pos_embed_2d
 from .registry import SIZES
 from .sit import _CONFIG_KWARGS, SIT_SWITCHES, SiT

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from ..transport import TRANSPORT_KEYS
 from ..vae import SD_VAE_EMA, SD_VAE_SCALING_FACTOR
-from .checkpoint import CheckpointError, LoadedModel, check_state_dict, read_checkpoint, strip_wrappers
+from .checkpoint_files import CheckpointError, LoadedModel, check_state_dict, read_checkpoint, strip_wrappers
 from .diffusers_dit import load_dit_folder
 from .registry import create_model, list_models, model_kwargs, name_objective, name_objective_conflict
 

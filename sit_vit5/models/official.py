@@ -25,7 +25,7 @@ from pathlib import Path
 
 from .. import hub_access
 from ..checksums import ChecksumError, sha256_file, sidecar, verify_sha256, verify_sidecar
-from .checkpoint import CheckpointError
+from .checkpoint_files import CheckpointError
 
 # announced in willisma/SiT issue #42 (SiT's old Dropbox link is dead)
 SIT_REPO = "nyu-visionx/SiT-collections"

@@ -187,7 +187,7 @@ class SiT(ModelMixin, ConfigMixin):
         """diffusers' ``from_pretrained`` (folder or hub id), strict: a config.json written for another
         class, a config key this class does not know, and missing, unexpected or misshapen weights
         raise CheckpointError (one line) instead of warnings over a randomly initialised model."""
-        from .checkpoint import CheckpointError  # checkpoint imports this module
+        from .checkpoint_files import CheckpointError  # checkpoint imports this module
 
         where = os.fspath(pretrained_model_name_or_path)
         if kwargs.get("subfolder"):

@@ -16,7 +16,7 @@ solvers and all SDE samplers have no such coupling.
 from ..sample_spec import DEFAULT_SAMPLING_METHOD, METHODS, SampleSpec
 from .bulk import BulkResult, ResumeError, merge_parts, sample_bulk, scan_parts
 from .grid import GridResult, generate_first, sample_grid
-from .pipeline import (
+from .sampling_pipeline import (
     LABEL_STREAM,
     NOISE_STREAM,
     Generated,

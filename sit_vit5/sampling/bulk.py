@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 from ..atomic_files import atomic_write, atomic_write_text, output_dir
 from ..errors import SitVit5Error
 from ..images import save_png, to_rgb
-from .pipeline import Generated, SamplingPipeline
+from .sampling_pipeline import Generated, SamplingPipeline
 
 #: settings keys holding content digests (``SamplingPipeline.input_digests``)
 DIGEST_KEYS = ("weights_sha256", "vae_sha256")

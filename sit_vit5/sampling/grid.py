@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 
 from ..atomic_files import output_dir
 from ..images import save_png, save_uint8_grid
-from .pipeline import Generated, SamplingPipeline
+from .sampling_pipeline import Generated, SamplingPipeline
 
 
 @dataclass

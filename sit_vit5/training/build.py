@@ -21,8 +21,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..config import Config, ConfigError, check_out_dir, save_config, validate_architecture
 from ..cpu_threads import set_cpu_threads
-from ..data import DataRootError, DigitsDataset, ImageFolderDataset
 from ..distributed import check_group, describe_group, prepare_launch
+from ..image_data import DataRootError, DigitsDataset, ImageFolderDataset
 from ..latent_cache import MANIFEST_NAME, CacheMismatchError, LatentCacheDataset
 from ..models import count_params, model_from_config
 from ..objective import Objective, create_objective

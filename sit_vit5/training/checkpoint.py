@@ -39,7 +39,7 @@ from ..atomic_files import TMP_PREFIX, atomic_torch_save, atomic_write_text
 from ..checksums import PAYLOAD_DIGEST_KEY, payload_sha256, sha256_file, sidecar
 from ..config import DEFAULTS
 from ..errors import find_errno
-from ..models.checkpoint import CheckpointError, read_checkpoint
+from ..models.checkpoint_files import CheckpointError, read_checkpoint
 from ..run_files import (
     CKPT_DIR,
     LATEST,

@@ -40,9 +40,9 @@ from .build import LossFn, Run, TrainResult, build, describe, objective_loss
 from .checkpoint import latest_checkpoint, package_versions, rng_state, save_checkpoint
 from .ema import update_ema
 from .grids import write_grid
-from .metrics import MetricWindow, console_line
 from .optim import learning_rate
 from .preemption import PreemptionGuard
+from .step_report import MetricWindow, console_line
 
 SALT_NOISE = 0x5EED  # keeps the noise stream apart from the data-order stream (batching.SALT_DATA)
 

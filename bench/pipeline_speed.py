@@ -1,7 +1,7 @@
 """The diffusers pipeline (``SiTPipeline``) in each precision: images/s and the pixel error against fp32.
 
-    python -m bench.pipeline --device cuda --size XL --precisions fp32 bf16 --num-images 16 --num-steps 50
-    python -m bench.pipeline --device cpu --threads 1 --size S --input-size 8 --vae tiny --depth 1 --num-steps 3
+    python -m bench.pipeline_speed --device cuda --size XL --precisions fp32 bf16 --num-images 16 --num-steps 50
+    python -m bench.pipeline_speed --device cpu --threads 1 --size S --input-size 8 --vae tiny --depth 1 --num-steps 3
 
 A random-weight model (``--model`` at ``--size``) and an AutoencoderKL (``--vae sd-arch``: SD-VAE ft-EMA's
 architecture; ``tiny``: the same factor 8) are put in a pipeline per precision, fp32 as built, bf16 / fp16
@@ -26,7 +26,7 @@ COLUMNS = ("model", "precision", "images", "nfe", "cfg", "call_s", "img_per_s", 
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.pipeline", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.pipeline_speed", description=__doc__.split("\n")[0])
     p.add_argument("--model", choices=("SiT", "ViT5"), default="ViT5")
     p.add_argument("--size", choices=SIZES, default="XL")
     p.add_argument("--input-size", type=int, default=32, help="latent side (32 = 256-px images)")

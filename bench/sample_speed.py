@@ -1,8 +1,8 @@
 """Sampling throughput (images/s at a fixed number of function evaluations), SiT vs ViT-5, side by side.
 
-    python -m bench.sample --device cuda --sizes XL --precisions bf16 --samplers sde --num-steps 250 \
+    python -m bench.sample_speed --device cuda --sizes XL --precisions bf16 --samplers sde --num-steps 250 \
         --cfg-scale 4.0 --batch-size 64 --json results/bench/sample_h200.json
-    python -m bench.sample --device cpu --threads 1 --sizes S B --num-steps 8 --batch-size 8
+    python -m bench.sample_speed --device cpu --threads 1 --sizes S B --num-steps 8 --batch-size 8
 
 ``sde``: Euler-Maruyama on the SiT SDE (``Sampler.sample_sde``, last step "Mean"): NFE = num_steps.
 ``ode``: Euler on the probability-flow ODE (``sample_ode(sampling_method="euler")``): NFE = num_steps - 1.
@@ -50,7 +50,7 @@ COLUMNS = ("model", "size", "sampler", "nfe", "cfg", "precision", "mode", "batch
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.sample", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.sample_speed", description=__doc__.split("\n")[0])
     p.add_argument("--models", nargs="+", default=["SiT", "ViT5"], choices=BACKBONE_NAMES)
     p.add_argument("--sizes", nargs="+", default=["S", "B"], choices=SIZES)
     p.add_argument("--patch", type=int, default=2)
