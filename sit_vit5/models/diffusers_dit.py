@@ -45,14 +45,13 @@ RENAMES: tuple[tuple[str, str], ...] = (
     ("t_embedder.mlp.0", "transformer_blocks.{i}.norm1.emb.timestep_embedder.linear_1"),
     ("t_embedder.mlp.2", "transformer_blocks.{i}.norm1.emb.timestep_embedder.linear_2"),
     ("y_embedder.embedding_table",
-     "transformer_blocks.{i}.norm1.emb.class_embedder.embedding_table"),
+    "transformer_blocks.{i}.norm1.emb.class_embedder.embedding_table"),
     ("blocks.{i}.adaLN_modulation.1", "transformer_blocks.{i}.norm1.linear"),
     ("blocks.{i}.attn.qkv", "transformer_blocks.{i}.attn1.to_{q,k,v}"),
     ("blocks.{i}.attn.proj", "transformer_blocks.{i}.attn1.to_out.0"),
     ("blocks.{i}.mlp.fc1", "transformer_blocks.{i}.ff.net.0.proj"),
     ("blocks.{i}.mlp.fc2", "transformer_blocks.{i}.ff.net.2"),
-    ("final_layer.adaLN_modulation.1", "proj_out_1"),
-    ("final_layer.linear", "proj_out_2"),
+    ("final_layer.adaLN_modulation.1", "proj_out_1"), ("final_layer.linear", "proj_out_2"),
 )
 #: diffusers' FeedForward activation name <-> our mlp_act
 ACTIVATIONS = {"gelu-approximate": "gelu_tanh", "gelu": "gelu"}

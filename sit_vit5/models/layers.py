@@ -163,8 +163,7 @@ class TimestepEmbedder(nn.Module):
         super().__init__()
         self.frequency_embedding_size, self.freq_shift = frequency_embedding_size, freq_shift
         self.mlp = nn.Sequential(
-            nn.Linear(frequency_embedding_size, hidden_size),
-            nn.SiLU(),
+            nn.Linear(frequency_embedding_size, hidden_size), nn.SiLU(),
             nn.Linear(hidden_size, hidden_size),
         )
 
@@ -194,9 +193,7 @@ class LabelEmbedder(nn.Module):
         self.num_classes, self.dropout_prob = num_classes, dropout_prob
         self.embedding_table = nn.Embedding(num_classes + int(dropout_prob > 0), hidden_size)
 
-    def forward(
-        self, labels: Tensor, train: bool, force_drop_ids: Tensor | None = None
-    ) -> Tensor:
+    def forward(self, labels: Tensor, train: bool, force_drop_ids: Tensor | None = None) -> Tensor:
         if (train and self.dropout_prob > 0) or force_drop_ids is not None:
             if force_drop_ids is None:
                 drop = torch.rand(labels.shape[0], device=labels.device) < self.dropout_prob
@@ -327,17 +324,9 @@ class Block(nn.Module):
     """
 
     def __init__(
-        self,
-        hidden_size: int,
-        num_heads: int,
-        mlp_ratio: float = 4.0,
-        norm: str = "layernorm",
-        qk_norm: bool = False,
-        qkv_bias: bool = True,
-        layer_scale_init: float | None = None,
-        mlp: str = "gelu",
-        mlp_act: str = "gelu_tanh",
-        mlp_norm_eps: float = 1e-6,
+        self, hidden_size: int, num_heads: int, mlp_ratio: float = 4.0, norm: str = "layernorm",
+        qk_norm: bool = False, qkv_bias: bool = True, layer_scale_init: float | None = None,
+        mlp: str = "gelu", mlp_act: str = "gelu_tanh", mlp_norm_eps: float = 1e-6,
     ) -> None:
         super().__init__()
         if mlp not in MLPS:

@@ -130,13 +130,9 @@ def _official(args: Any, state: dict[str, Tensor], model_name: str | None,
 
 
 def load_model(
-    ckpt: str | os.PathLike,
-    model_name: str | None = None,
-    which: str = "ema",
-    input_size: int | None = None,
-    sha256: str | None = None,
-    overrides: dict[str, Any] | None = None,
-    objective: str | None = None,
+    ckpt: str | os.PathLike, model_name: str | None = None, which: str = "ema",
+    input_size: int | None = None, sha256: str | None = None,
+    overrides: dict[str, Any] | None = None, objective: str | None = None,
 ) -> LoadedModel:
     """Build the model stored in ``ckpt`` and load its weights (``which``: ema | model), on the CPU,
     in eval mode without gradients.

@@ -15,10 +15,7 @@ from .vit5 import ViT5
 
 #: size -> (depth, hidden_size, num_heads), as in DiT/SiT.
 SIZES: dict[str, tuple[int, int, int]] = {
-    "S": (12, 384, 6),
-    "B": (12, 768, 12),
-    "L": (24, 1024, 16),
-    "XL": (28, 1152, 16),
+    "S": (12, 384, 6), "B": (12, 768, 12), "L": (24, 1024, 16), "XL": (28, 1152, 16),
 }
 PATCH_SIZES = (2, 4, 8)
 BACKBONES: dict[str, type[SiT]] = {"SiT": SiT, "ViT5": ViT5, "DiT": SiT}

@@ -120,12 +120,8 @@ class RopeTables:
     """
 
     def __init__(
-        self,
-        head_dim: int,
-        train_grid: tuple[int, int],
-        theta: float | None = 10000.0,
-        num_registers: int = 0,
-        register_theta: float | None = 100.0,
+        self, head_dim: int, train_grid: tuple[int, int], theta: float | None = 10000.0,
+        num_registers: int = 0, register_theta: float | None = 100.0,
     ) -> None:
         self.head_dim, self.train_grid, self.theta = head_dim, train_grid, theta
         self.num_registers, self.register_theta = num_registers, register_theta

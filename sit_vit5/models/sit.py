@@ -109,20 +109,10 @@ class SiT(ModelMixin, ConfigMixin):
         return {*inspect.signature(SiT.__init__).parameters, *SIT_SWITCHES} - {"switches"}
 
     def __init__(
-        self,
-        input_size: int = 32,
-        patch_size: int = 2,
-        in_channels: int = 4,
-        hidden_size: int = 1152,
-        depth: int = 28,
-        num_heads: int = 16,
-        mlp_ratio: float = 4.0,
-        class_dropout_prob: float = 0.1,
-        num_classes: int = 1000,
-        learn_sigma: bool = True,
-        grad_checkpointing: bool = False,
-        t_freq_shift: int = 0,
-        mlp_norm_eps: float = 1e-6,
+        self, input_size: int = 32, patch_size: int = 2, in_channels: int = 4,
+        hidden_size: int = 1152, depth: int = 28, num_heads: int = 16, mlp_ratio: float = 4.0,
+        class_dropout_prob: float = 0.1, num_classes: int = 1000, learn_sigma: bool = True,
+        grad_checkpointing: bool = False, t_freq_shift: int = 0, mlp_norm_eps: float = 1e-6,
         **switches,
     ) -> None:
         super().__init__()
