@@ -67,12 +67,8 @@ def batch_time(t: Tensor | float, x: Tensor) -> Tensor:
 
 
 def solve_ode(
-    drift: Callable[[Tensor, Tensor], Tensor | tuple[Tensor, ...]],
-    y0: Tensor | tuple[Tensor, ...],
-    grid: Tensor,
-    method: str,
-    atol: float,
-    rtol: float,
+    drift: Callable[[Tensor, Tensor], Tensor | tuple[Tensor, ...]], y0: Tensor | tuple[Tensor, ...],
+    grid: Tensor, method: str, atol: float, rtol: float,
 ) -> Tensor | tuple[Tensor, ...]:
     """Integrate ``dy/dt = drift(y, t_batch)`` over ``grid``; returns the states on the grid (time
     first)."""

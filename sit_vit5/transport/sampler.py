@@ -105,15 +105,9 @@ class Sampler:
 
     # ---------------------------------------------------------------- SDE
     def sample_sde(
-        self,
-        *,
-        sampling_method: str = "Euler",
-        diffusion_form: str = "SBDM",
-        diffusion_norm: float = 1.0,
-        last_step: str | None = "Mean",
-        last_step_size: float = 0.04,
-        num_steps: int = 250,
-        progress: bool = False,
+        self, *, sampling_method: str = "Euler", diffusion_form: str = "SBDM",
+        diffusion_norm: float = 1.0, last_step: str | None = "Mean", last_step_size: float = 0.04,
+        num_steps: int = 250, progress: bool = False,
     ) -> Callable[..., list[Tensor]]:
         """SDE ``dX = [v + D s] dt + sqrt(2 D) dW`` on ``linspace(t0, t1, num_steps)`` then a last step.
 
@@ -129,11 +123,7 @@ class Sampler:
             last_step_size = 0.0
         tr, path = self.transport, self.transport.path_sampler
         t0, t1 = tr.check_interval(
-            tr.train_eps,
-            tr.sample_eps,
-            diffusion_form=diffusion_form,
-            sde=True,
-            eval=True,
+            tr.train_eps, tr.sample_eps, diffusion_form=diffusion_form, sde=True, eval=True,
             last_step_size=last_step_size,
         )
         if num_steps < 2:
@@ -175,14 +165,8 @@ class Sampler:
 
     # ---------------------------------------------------------------- likelihood
     def sample_ode_likelihood(
-        self,
-        *,
-        sampling_method: str = "dopri5",
-        num_steps: int = 50,
-        atol: float = DEFAULT_ATOL,
-        rtol: float = DEFAULT_RTOL,
-        divergence: str = "hutchinson",
-        probe: str = "rademacher",
+        self, *, sampling_method: str = "dopri5", num_steps: int = 50, atol: float = DEFAULT_ATOL,
+        rtol: float = DEFAULT_RTOL, divergence: str = "hutchinson", probe: str = "rademacher",
         num_probes: int = 1,
     ) -> Callable[..., tuple[Tensor, Tensor]]:
         """Log-likelihood of data ``x`` by integrating the ODE from t1 back to t0 with ``d logp = -div v dt``.

@@ -58,16 +58,14 @@ PREDICTIONS: dict[str, Prediction] = {
         residual=lambda out, x0, ut, sigma: sigma * out + x0,  # target s = -x0 / sigma, scaled by sigma
     ),
     "noise": Prediction(
-        velocity=_velocity_from_noise,
-        score=_score_from_noise,
+        velocity=_velocity_from_noise, score=_score_from_noise,
         residual=lambda out, x0, ut, sigma: out - x0,
     ),
 }
 
 #: loss weight as a function of (w_t, sigma_t), both (B, 1, ..., 1); applied to score / noise losses as in SiT
 LOSS_WEIGHTS: dict[str | None, Callable[[Tensor, Tensor], Tensor | float]] = {
-    None: lambda w, sigma: 1.0,
-    "velocity": lambda w, sigma: (w / sigma) ** 2,
+    None: lambda w, sigma: 1.0, "velocity": lambda w, sigma: (w / sigma) ** 2,
     "likelihood": lambda w, sigma: w / sigma**2,
 }
 
@@ -88,13 +86,8 @@ class Transport:
     """
 
     def __init__(
-        self,
-        *,
-        path_type: str = "Linear",
-        prediction: str = "velocity",
-        loss_weight: str | None = None,
-        train_eps: float,
-        sample_eps: float,
+        self, *, path_type: str = "Linear", prediction: str = "velocity",
+        loss_weight: str | None = None, train_eps: float, sample_eps: float,
     ) -> None:
         self.path_type = path_type
         self.path_sampler: Path = choose(PATHS, path_type, "path_type")()
@@ -123,15 +116,8 @@ class Transport:
 
     # ---------------------------------------------------------------- time intervals
     def check_interval(
-        self,
-        train_eps: float,
-        sample_eps: float,
-        *,
-        diffusion_form: str = "SBDM",
-        sde: bool = False,
-        reverse: bool = False,
-        eval: bool = False,
-        last_step_size: float = 0.0,
+        self, train_eps: float, sample_eps: float, *, diffusion_form: str = "SBDM",
+        sde: bool = False, reverse: bool = False, eval: bool = False, last_step_size: float = 0.0,
     ) -> tuple[float, float]:
         """Integration interval ``(t0, t1)`` (``(t1, t0)`` when ``reverse``), SiT signature.
 
@@ -198,10 +184,7 @@ class Transport:
         return t, x0, x1
 
     def training_losses(
-        self,
-        model: Callable[..., Tensor],
-        x1: Tensor,
-        model_kwargs: dict | None = None,
+        self, model: Callable[..., Tensor], x1: Tensor, model_kwargs: dict | None = None,
         generator: GeneratorLike = None,
     ) -> dict[str, Tensor]:
         """Per-sample loss for data ``x1`` of shape ``(B, C, ...)``.
@@ -234,11 +217,8 @@ TRANSPORT_KEYS = ("path_type", "prediction", "loss_weight", "train_eps", "sample
 
 
 def create_transport(
-    path_type: str = "Linear",
-    prediction: str = "velocity",
-    loss_weight: str | None = None,
-    train_eps: float | None = None,
-    sample_eps: float | None = None,
+    path_type: str = "Linear", prediction: str = "velocity", loss_weight: str | None = None,
+    train_eps: float | None = None, sample_eps: float | None = None,
 ) -> Transport:
     """SiT-compatible factory. ``path_type``: Linear | GVP | VP; ``prediction``: velocity | score | noise;
     ``loss_weight``: None | velocity | likelihood; an eps left as None takes its :func:`default_eps` value."""
@@ -246,9 +226,7 @@ def create_transport(
     choose(PREDICTIONS, prediction, "prediction")
     default_train, default_sample = default_eps(path_type, prediction)
     return Transport(
-        path_type=path_type,
-        prediction=prediction,
-        loss_weight=loss_weight,
+        path_type=path_type, prediction=prediction, loss_weight=loss_weight,
         train_eps=default_train if train_eps is None else train_eps,
         sample_eps=default_sample if sample_eps is None else sample_eps,
     )
