@@ -18,22 +18,8 @@ from .losses import approx_standard_normal_cdf, discretized_gaussian_log_likelih
 from .schedule import NOISE_SCHEDULES, named_betas, respace_betas, space_timesteps
 
 __all__ = [
-    "LOSS_TYPES",
-    "MEAN_TYPES",
-    "METHODS",
-    "NOISE_SCHEDULES",
-    "SchedulerSteps",
-    "VAR_TYPES",
-    "DiffusionSampler",
-    "DiffusionSteps",
-    "GaussianDiffusion",
-    "approx_standard_normal_cdf",
-    "create_diffusion",
-    "diffusers_scheduler",
-    "discretized_gaussian_log_likelihood",
-    "named_betas",
-    "normal_kl",
-    "respace_betas",
-    "respaced",
-    "space_timesteps",
+    "LOSS_TYPES", "MEAN_TYPES", "METHODS", "NOISE_SCHEDULES", "SchedulerSteps", "VAR_TYPES",
+    "DiffusionSampler", "DiffusionSteps", "GaussianDiffusion", "approx_standard_normal_cdf",
+    "create_diffusion", "diffusers_scheduler", "discretized_gaussian_log_likelihood", "named_betas",
+    "normal_kl", "respace_betas", "respaced", "space_timesteps",
 ]

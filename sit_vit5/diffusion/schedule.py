@@ -44,9 +44,7 @@ def cosine_betas(num_steps: int) -> Tensor:
 
 #: DiT/IDDPM names (``squaredcos_cap_v2`` is the cosine schedule's name in DiT's code)
 NOISE_SCHEDULES = {
-    "linear": linear_betas,
-    "cosine": cosine_betas,
-    "squaredcos_cap_v2": cosine_betas,
+    "linear": linear_betas, "cosine": cosine_betas, "squaredcos_cap_v2": cosine_betas,
 }
 
 
