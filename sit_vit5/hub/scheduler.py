@@ -49,9 +49,7 @@ class SiTScheduler(SchedulerMixin, ConfigMixin):
 
     @register_to_config
     def __init__(
-        self,
-        transport: dict[str, Any] | None = None,
-        sampler: dict[str, Any] | None = None,
+        self, transport: dict[str, Any] | None = None, sampler: dict[str, Any] | None = None,
         vae: dict[str, Any] | None = None,
     ) -> None:
         # fail now, naming the field, rather than at the first call (an export that cannot sample)
@@ -91,12 +89,8 @@ class SiTScheduler(SchedulerMixin, ConfigMixin):
         self.num_inference_steps = len(self.timesteps)
 
     def step(
-        self,
-        model_output: Tensor,
-        timestep: float | Tensor,
-        sample: Tensor,
-        generator: torch.Generator | list[torch.Generator] | None = None,
-        return_dict: bool = True,
+        self, model_output: Tensor, timestep: float | Tensor, sample: Tensor,
+        generator: torch.Generator | list[torch.Generator] | None = None, return_dict: bool = True,
     ) -> SchedulerOutput | tuple[Tensor]:
         """``x`` at the next entry of ``timesteps`` from the model's full output at ``timestep`` (one of
         ``timesteps``) and ``sample`` ``(B, C, H, W)``; ``generator``: the DDPM noise (a list = one per
