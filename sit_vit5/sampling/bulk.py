@@ -241,17 +241,9 @@ def _default_barrier() -> Callable[[], None] | None:
 
 
 def sample_bulk(
-    pipe: SamplingPipeline,
-    num_samples: int,
-    out_dir: str | os.PathLike,
-    *,
-    global_seed: int = 0,
-    batch_size: int = 32,
-    rank: int = 0,
-    world_size: int = 1,
-    png: bool = False,
-    settings: dict[str, Any] | None = None,
-    barrier: Callable[[], None] | None = None,
+    pipe: SamplingPipeline, num_samples: int, out_dir: str | os.PathLike, *, global_seed: int = 0,
+    batch_size: int = 32, rank: int = 0, world_size: int = 1, png: bool = False,
+    settings: dict[str, Any] | None = None, barrier: Callable[[], None] | None = None,
     progress: bool = True,
 ) -> BulkResult:
     """Generate samples ``0 .. num_samples-1`` with uniform random labels; this process does ``i %

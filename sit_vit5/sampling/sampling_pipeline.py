@@ -160,14 +160,8 @@ class SamplingPipeline:
 
     @classmethod
     def for_model(
-        cls,
-        loaded: LoadedModel,
-        spec: SampleSpec,
-        *,
-        objective: Objective | None = None,
-        vae: str | AutoencoderKL | None = None,
-        image_size: int | None = None,
-        **kwargs: Any,
+        cls, loaded: LoadedModel, spec: SampleSpec, *, objective: Objective | None = None,
+        vae: str | AutoencoderKL | None = None, image_size: int | None = None, **kwargs: Any,
     ) -> SamplingPipeline:
         """The pipeline of a loaded checkpoint with its objective (or ``objective``).
 
@@ -258,13 +252,8 @@ class SamplingPipeline:
 
     @torch.no_grad()
     def generate(
-        self,
-        indices: Sequence[int],
-        global_seed: int,
-        labels: Sequence[int] | None = None,
-        *,
-        generators: Sequence[torch.Generator] | None = None,
-        steps: Steps | None = None,
+        self, indices: Sequence[int], global_seed: int, labels: Sequence[int] | None = None, *,
+        generators: Sequence[torch.Generator] | None = None, steps: Steps | None = None,
         tick: Callable[[], Any] | None = None,
     ) -> Generated:
         """Images of samples ``indices``: sample i's initial noise (float32) and any stochastic noise come
