@@ -62,13 +62,9 @@ def save_figure(fig, path: str | os.PathLike) -> Path:
 
 
 def plot_curves(
-    curves: dict[str, tuple[Sequence[float], Sequence[float]]],
-    path: str | os.PathLike,
-    xlabel: str,
-    ylabel: str,
-    title: str = "",
-    reference_points: dict[str, tuple[float, float]] | None = None,
-    logy: bool = False,
+    curves: dict[str, tuple[Sequence[float], Sequence[float]]], path: str | os.PathLike,
+    xlabel: str, ylabel: str, title: str = "",
+    reference_points: dict[str, tuple[float, float]] | None = None, logy: bool = False,
 ) -> Path:
     """Line plot of ``{label: (xs, ys)}``; ``reference_points`` {label: (x, y)} drawn as hollow markers."""
     plt = pyplot()
