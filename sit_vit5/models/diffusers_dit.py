@@ -173,7 +173,8 @@ def from_diffusers_dit(source: str | os.PathLike | DiTTransformer2DModel, **kwar
     """Our DiT model with the weights of a DiTTransformer2DModel: an instance, a local folder (a
     transformer folder or a pipeline folder) or a hub id (``kwargs``: diffusers' from_pretrained
     keywords: cache_dir, local_files_only, revision, subfolder ...). CPU, eval mode, no gradients;
-    its forward gives diffusers' output for the same inputs (all 2C channels with a learned sigma)."""
+    its forward gives diffusers' output for the same inputs (all 2C channels with a learned sigma).
+    """
     from diffusers import DiTTransformer2DModel
 
     if isinstance(source, DiTTransformer2DModel):
@@ -232,9 +233,9 @@ def load_dit_folder(path: str | os.PathLike, model_name: str | None = None,
         scale = json.loads(vae_config.read_text()).get("scaling_factor", SD_VAE_SCALING_FACTOR)
         vae = {"name": str(vae_config.parent), "scaling_factor": scale}
     variance = "learned" if model.learn_sigma else "fixed_large"
-    return LoadedModel(model, name, "diffusers", model.input_size, model.in_channels, model.num_classes,
-                       objective={"objective": "ddpm", "ddpm_variance": variance, **folder_schedule(path)},
-                       vae=vae)
+    objective = {"objective": "ddpm", "ddpm_variance": variance, **folder_schedule(path)}
+    return LoadedModel(model, name, "diffusers", model.input_size, model.in_channels,
+                       model.num_classes, objective=objective, vae=vae)
 
 
 def diffusers_schedule(noise_schedule: str, steps: int) -> dict[str, Any]:
@@ -338,8 +339,8 @@ def dit_pipeline(loaded: LoadedModel, vae: Any, ddpm: dict[str, Any]) -> Any:
     from diffusers import DiTPipeline
 
     if loaded.objective_name != "ddpm":
-        raise CheckpointError(f"{loaded.name} is a {loaded.objective_name}-objective model; DiTPipeline "
-                              "samples DiT's (ddpm, epsilon): export it in our format")
+        raise CheckpointError(f"{loaded.name} is a {loaded.objective_name}-objective model; "
+                              "DiTPipeline samples DiT's (ddpm, epsilon): export it in our format")
     if vae is None:
         raise CheckpointError(f"{loaded.name} is a pixel-space model; DiTPipeline always decodes "
                               "latents with a VAE")

@@ -112,7 +112,7 @@ class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-6, affine: bool = True) -> None:
         super().__init__()
         self.dim, self.eps = dim, eps
-        self.weight = nn.Parameter(torch.ones(dim)) if affine else None  # on cpu: a parameter, moved by .to
+        self.weight = nn.Parameter(torch.ones(dim)) if affine else None  # on cpu: a parameter
 
     def forward(self, x: Tensor) -> Tensor:
         x32 = x.float()
@@ -213,8 +213,10 @@ def norm_and_rotate(x: Tensor, norm: nn.Module, rope: Rotation | None) -> Tensor
     ):
         if x.dtype == torch.float32 and rope.complex_ok(x):
             return _QKNormRopeFunction.apply(x, norm.weight, norm.eps, rope.cis, rope.cis_conj)
-        if rope.half_cis is not None and x.dtype == rope.cos.dtype and not torch.compiler.is_compiling():
-            return _QKNormRopeFunction.apply(x, norm.weight, norm.eps, rope.half_cis, rope.half_cis_conj)
+        fused = rope.half_cis is not None and x.dtype == rope.cos.dtype
+        if fused and not torch.compiler.is_compiling():
+            return _QKNormRopeFunction.apply(x, norm.weight, norm.eps, rope.half_cis,
+                                             rope.half_cis_conj)
     x = norm(x)
     return x if rope is None else rope(x)
 
@@ -341,8 +343,9 @@ class Block(nn.Module):
             self.mlp = MLPS[mlp](hidden_size, hidden)
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 6 * hidden_size))
         if layer_scale_init is not None:
-            self.gamma_1 = nn.Parameter(torch.full((hidden_size,), float(layer_scale_init)))  # on cpu: a parameter
-            self.gamma_2 = nn.Parameter(torch.full((hidden_size,), float(layer_scale_init)))  # on cpu: a parameter
+            init = float(layer_scale_init)
+            self.gamma_1 = nn.Parameter(torch.full((hidden_size,), init))  # on cpu: a parameter
+            self.gamma_2 = nn.Parameter(torch.full((hidden_size,), init))  # on cpu: a parameter
         else:
             self.gamma_1 = self.gamma_2 = None
 
