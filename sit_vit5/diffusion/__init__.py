@@ -5,7 +5,13 @@
 the transport's): integer steps, t = 0 is data, t = T-1 is noise; the network receives original step
 numbers 0 .. 999. """
 
-from .ddpm_sampler import DiffusionSampler, DiffusionSteps, SchedulerSteps, diffusers_scheduler, respaced
+from .ddpm_sampler import (
+    DiffusionSampler,
+    DiffusionSteps,
+    SchedulerSteps,
+    diffusers_scheduler,
+    respaced,
+)
 from .gaussian_diffusion import (
     LOSS_TYPES,
     MEAN_TYPES,

@@ -85,8 +85,8 @@ class GaussianDiffusion:
         self.original_num_steps = len(self.original_betas)
         if self.timestep_map[-1] >= self.original_num_steps:
             raise ValueError(
-                f"timestep_map reaches step {self.timestep_map[-1]} of a {self.original_num_steps}-step "
-                "original process"
+                f"timestep_map reaches step {self.timestep_map[-1]} of a "
+                f"{self.original_num_steps}-step original process"
             )
         self.last_nfe: int | None = None  # model evaluations of the most recent sampling loop
 
@@ -114,8 +114,8 @@ class GaussianDiffusion:
     def __repr__(self) -> str:
         return (
             f"GaussianDiffusion(num_timesteps={self.num_timesteps}, original_num_steps="
-            f"{self.original_num_steps}, mean={self.model_mean_type!r}, var={self.model_var_type!r}, "
-            f"loss={self.loss_type!r})"
+            f"{self.original_num_steps}, mean={self.model_mean_type!r}, "
+            f"var={self.model_var_type!r}, loss={self.loss_type!r})"
         )
 
     def respace(self, timestep_respacing: str | Sequence[int] | None) -> GaussianDiffusion:
@@ -226,8 +226,8 @@ class GaussianDiffusion:
             return out[:, :channels], out[:, channels:]
         if out.shape != x.shape:
             raise ValueError(
-                f"model output shape {tuple(out.shape)} does not match x {tuple(x.shape)}; a 2C-channel "
-                "(learn_sigma) model needs learn_sigma=True in create_diffusion"
+                f"model output shape {tuple(out.shape)} does not match x {tuple(x.shape)}; "
+                "a 2C-channel (learn_sigma) model needs learn_sigma=True in create_diffusion"
             )
         return out, None
 
