@@ -162,14 +162,15 @@ class SiTPipeline(DiffusionPipeline):
         pipe = self.sampling_pipeline(num_inference_steps, guidance_scale)
         steps = None  # our whole-trajectory sampler, or a swapped-in diffusers scheduler's steps
         if not isinstance(self.scheduler, SiTScheduler):
-            steps = pipe.objective.steps(pipe.spec, pixel_space=pipe.decode is None, scheduler=self.scheduler,
-                                         device=pipe.device)
+            steps = pipe.objective.steps(pipe.spec, pixel_space=pipe.decode is None,
+                                         scheduler=self.scheduler, device=pipe.device)
         starts = range(0, len(labels), batch_size)
         per_batch = pipe.objective.evaluations(pipe.spec) if steps is None else len(steps.timesteps)
         total = float("inf") if per_batch is None else per_batch * len(starts)  # inf: unknown
         with self.progress_bar(total=total) as bar:
             batches = [pipe.generate(range(lo, min(lo + batch_size, len(labels))), 0,
-                                     labels[lo : lo + batch_size], generators=gens[lo : lo + batch_size],
+                                     labels[lo : lo + batch_size],
+                                     generators=gens[lo : lo + batch_size],
                                      steps=steps, tick=bar.update) for lo in starts]
         pixels = torch.cat([b.pixels for b in batches])
         if output_type in ("np", "pt"):
