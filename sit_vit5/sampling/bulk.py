@@ -172,7 +172,8 @@ def _write_npz_streamed(
 ) -> None:
     """Write ``arr_0`` uint8 [num, H, W, 3] and ``arr_1`` labels in index order, streaming rows from
     the parts (an uncompressed zip of .npy members, as ``np.savez`` writes) so the whole array is
-    never in memory; ``settings`` (settings.json's text) becomes the 0-d string member ``settings``."""
+    never in memory; ``settings`` (settings.json's text) becomes the 0-d string member ``settings``.
+    """
     cache: OrderedDict[Path, tuple[np.ndarray, np.ndarray]] = OrderedDict()
 
     def row(i: int) -> tuple[np.ndarray, int]:
