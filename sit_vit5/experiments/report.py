@@ -23,14 +23,17 @@ def _escape(text: str) -> str:
 
 
 def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
-    """A GitHub markdown table of ``rows`` restricted to ``columns`` (missing cells shown as –; a "|" in a
-    name or cell is escaped, so it cannot split the column)."""
-    lines = ["| " + " | ".join(map(_escape, columns)) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    """A GitHub markdown table of ``rows`` restricted to ``columns`` (missing cells shown as –; a
+    "|" in a name or cell is escaped, so it cannot split the column)."""
+    lines = ["| " + " | ".join(map(_escape, columns)) + " |",
+             "|" + "|".join("---" for _ in columns) + "|"]
     lines += ["| " + " | ".join(_escape(_fmt(row.get(c))) for c in columns) + " |" for row in rows]
     return "\n".join(lines) + "\n"
 
 
-def write_csv(rows: Sequence[dict[str, Any]], columns: Sequence[str], path: str | os.PathLike) -> Path:
+def write_csv(
+    rows: Sequence[dict[str, Any]], columns: Sequence[str], path: str | os.PathLike
+) -> Path:
     """Write ``rows`` as CSV with a header; returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -66,7 +69,8 @@ def plot_curves(
     xlabel: str, ylabel: str, title: str = "",
     reference_points: dict[str, tuple[float, float]] | None = None, logy: bool = False,
 ) -> Path:
-    """Line plot of ``{label: (xs, ys)}``; ``reference_points`` {label: (x, y)} drawn as hollow markers."""
+    """Line plot of ``{label: (xs, ys)}``; ``reference_points`` {label: (x, y)} drawn as hollow
+    markers."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=120)
     colors = {}
