@@ -5,7 +5,13 @@
 the transport's): integer steps, t = 0 is data, t = T-1 is noise; the network receives original step
 numbers 0 .. 999. """
 
-from .ddpm_sampler import DiffusionSampler, DiffusionSteps, SchedulerSteps, diffusers_scheduler, respaced
+from .ddpm_sampler import (
+    DiffusionSampler,
+    DiffusionSteps,
+    SchedulerSteps,
+    diffusers_scheduler,
+    respaced,
+)
 from .gaussian_diffusion import (
     LOSS_TYPES,
     MEAN_TYPES,
@@ -18,22 +24,8 @@ from .losses import approx_standard_normal_cdf, discretized_gaussian_log_likelih
 from .schedule import NOISE_SCHEDULES, named_betas, respace_betas, space_timesteps
 
 __all__ = [
-    "LOSS_TYPES",
-    "MEAN_TYPES",
-    "METHODS",
-    "NOISE_SCHEDULES",
-    "SchedulerSteps",
-    "VAR_TYPES",
-    "DiffusionSampler",
-    "DiffusionSteps",
-    "GaussianDiffusion",
-    "approx_standard_normal_cdf",
-    "create_diffusion",
-    "diffusers_scheduler",
-    "discretized_gaussian_log_likelihood",
-    "named_betas",
-    "normal_kl",
-    "respace_betas",
-    "respaced",
-    "space_timesteps",
+    "LOSS_TYPES", "MEAN_TYPES", "METHODS", "NOISE_SCHEDULES", "SchedulerSteps", "VAR_TYPES",
+    "DiffusionSampler", "DiffusionSteps", "GaussianDiffusion", "approx_standard_normal_cdf",
+    "create_diffusion", "diffusers_scheduler", "discretized_gaussian_log_likelihood", "named_betas",
+    "normal_kl", "respace_betas", "respaced", "space_timesteps",
 ]

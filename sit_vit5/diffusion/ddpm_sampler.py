@@ -1,9 +1,9 @@
-"""Sampling DiT's objective: whole DDPM / DDIM trajectories (:class:`DiffusionSampler`), the same steps one at
-a time (:class:`DiffusionSteps`), diffusers' DDPM / DDIM schedulers driven step by step
+"""Sampling DiT's objective: whole DDPM / DDIM trajectories (:class:`DiffusionSampler`), the same
+steps one at a time (:class:`DiffusionSteps`), diffusers' DDPM / DDIM schedulers driven step by step
 (:class:`SchedulerSteps`) and set up as our process (:func:`diffusers_scheduler`).
 
-``num_steps`` respaced steps of the trained process: DDPM keeps them evenly spread with both ends (DiT's
-``"250"``), DDIM takes them on an integer stride (ADM's ``"ddim50"``).
+``num_steps`` respaced steps of the trained process: DDPM keeps them evenly spread with both ends
+(DiT's ``"250"``), DDIM takes them on an integer stride (ADM's ``"ddim50"``).
 """
 
 from __future__ import annotations
@@ -26,13 +26,14 @@ def respaced(diffusion: GaussianDiffusion, method: str, num_steps: int) -> Gauss
 
 
 class DiffusionSampler:
-    """Whole DDPM / DDIM trajectories, shaped like :class:`~sit_vit5.transport.Sampler`: :meth:`build`
-    returns ``fn(z, model_fn, *, generator=None, **model_kwargs) -> [x]`` (final sample last) and
-    ``last_nfe`` counts the model calls of the latest call.
+    """Whole DDPM / DDIM trajectories, shaped like :class:`~sit_vit5.transport.Sampler`:
+    :meth:`build` returns ``fn(z, model_fn, *, generator=None, **model_kwargs) -> [x]`` (final
+    sample last) and ``last_nfe`` counts the model calls of the latest call.
 
-    ``clip_denoised``: clamp each step's x0 prediction to [-1, 1], the data range of pixel-space models
-    (ADM samples images so); DiT's latents are unbounded, so DiT samples without it. Unclipped, the first
-    step of the cosine schedule (alpha_bar_T ~ 2e-9) scales the eps error by ~630 on 50 respaced steps."""
+    ``clip_denoised``: clamp each step's x0 prediction to [-1, 1], the data range of pixel-space
+    models (ADM samples images so); DiT's latents are unbounded, so DiT samples without it.
+    Unclipped, the first step of the cosine schedule (alpha_bar_T ~ 2e-9) scales the eps error by
+    ~630 on 50 respaced steps."""
 
     def __init__(self, diffusion: GaussianDiffusion, clip_denoised: bool = False) -> None:
         self.diffusion = diffusion
@@ -45,9 +46,11 @@ class DiffusionSampler:
 
     def build(self, method: str, num_steps: int, eta: float = 0.0, progress: bool = False
               ) -> Callable[..., list[Tensor]]:
-        """The sampling function of ``method`` ddpm (ancestral) or ddim (``eta`` 0: deterministic)."""
+        """The sampling function of ``method`` ddpm (ancestral) or ddim (``eta`` 0: deterministic).
+        """
         spaced = self._spaced = respaced(self.diffusion, method, num_steps)
-        loop = spaced.p_sample_loop if method == "ddpm" else partial(spaced.ddim_sample_loop, eta=eta)
+        loop = (spaced.p_sample_loop if method == "ddpm"
+                else partial(spaced.ddim_sample_loop, eta=eta))
 
         def _sample(z: Tensor, model_fn: Callable[..., Tensor], *, generator=None, **model_kwargs
                     ) -> list[Tensor]:
@@ -66,17 +69,20 @@ def _index_of(timesteps: Tensor, timestep: float | Tensor) -> int:
 
 
 class DiffusionSteps:
-    """Our DDPM / DDIM step on a given network output: ``timesteps`` are DiT's original integer steps,
-    noisiest first (what the network receives); ``step`` is exactly one step of :class:`DiffusionSampler`'s
-    loop (a learned variance reads both halves of the 2C-channel output)."""
+    """Our DDPM / DDIM step on a given network output: ``timesteps`` are DiT's original integer
+    steps, noisiest first (what the network receives); ``step`` is exactly one step of
+    :class:`DiffusionSampler`'s loop (a learned variance reads both halves of the 2C-channel
+    output)."""
 
     init_noise_sigma = 1.0
 
-    def __init__(self, diffusion: GaussianDiffusion, method: str, num_steps: int, *, clip_denoised: bool,
-                 eta: float = 0.0, device: torch.device | str | None = None) -> None:
+    def __init__(self, diffusion: GaussianDiffusion, method: str, num_steps: int, *,
+                 clip_denoised: bool, eta: float = 0.0,
+                 device: torch.device | str | None = None) -> None:
         self.spaced = respaced(diffusion, method, num_steps)
         self.clip_denoised = clip_denoised
-        kind = self.spaced.p_sample if method == "ddpm" else partial(self.spaced.ddim_sample, eta=eta)
+        kind = (self.spaced.p_sample if method == "ddpm"
+                else partial(self.spaced.ddim_sample, eta=eta))
         self._step = kind
         self.timesteps = torch.tensor(self.spaced.timestep_map[::-1], device=device)
 
@@ -95,10 +101,12 @@ class DiffusionSteps:
 
 
 class SchedulerSteps:
-    """diffusers' DDPM-family ``scheduler`` (epsilon prediction) stepping our model: its own timesteps for
-    ``num_steps``; a learned-variance scheduler reads both halves of the output, others the first C."""
+    """diffusers' DDPM-family ``scheduler`` (epsilon prediction) stepping our model: its own
+    timesteps for ``num_steps``; a learned-variance scheduler reads both halves of the output,
+    others the first C."""
 
-    def __init__(self, scheduler: Any, num_steps: int, device: torch.device | str | None = None) -> None:
+    def __init__(self, scheduler: Any, num_steps: int,
+                 device: torch.device | str | None = None) -> None:
         prediction = scheduler.config.get("prediction_type", "epsilon")
         if prediction != "epsilon":
             raise SettingError("scheduler", type(scheduler).__name__, f" with prediction_type="
@@ -128,12 +136,14 @@ def is_epsilon_scheduler(scheduler: Any) -> bool:
     return hasattr(scheduler, "alphas_cumprod")
 
 
-def diffusers_scheduler(diffusion: GaussianDiffusion, method: str, num_steps: int, pixel_space: bool) -> Any:
-    """diffusers' ``DDPMScheduler`` (method ddpm) or ``DDIMScheduler`` (ddim, eta 0) set up as our process:
-    our betas, our float64 cumulative products rounded once to float32, the respaced steps our sampler uses;
-    ``pixel_space`` clips x0 to [-1, 1]. Equal to ours up to float32 rounding (~3e-4 after 10 cosine steps,
-    whose first step amplifies rounding ~600x). Raises ``SettingError`` when DDIMScheduler's stride
-    (T // num_steps) is not DiT's."""
+def diffusers_scheduler(
+    diffusion: GaussianDiffusion, method: str, num_steps: int, pixel_space: bool
+) -> Any:
+    """diffusers' ``DDPMScheduler`` (method ddpm) or ``DDIMScheduler`` (ddim, eta 0) set up as our
+    process: our betas, our float64 cumulative products rounded once to float32, the respaced steps
+    our sampler uses; ``pixel_space`` clips x0 to [-1, 1]. Equal to ours up to float32 rounding
+    (~3e-4 after 10 cosine steps, whose first step amplifies rounding ~600x). Raises
+    ``SettingError`` when DDIMScheduler's stride (T // num_steps) is not DiT's."""
     from diffusers import DDIMScheduler, DDPMScheduler
 
     common = dict(num_train_timesteps=diffusion.original_num_steps, prediction_type="epsilon",
@@ -143,12 +153,15 @@ def diffusers_scheduler(diffusion: GaussianDiffusion, method: str, num_steps: in
         inner = DDPMScheduler(**common, variance_type=diffusion.model_var_type)
         inner.set_timesteps(timesteps=ours)
     else:
-        inner = DDIMScheduler(**common, set_alpha_to_one=True, steps_offset=0, timestep_spacing="leading")
+        inner = DDIMScheduler(**common, set_alpha_to_one=True, steps_offset=0,
+                              timestep_spacing="leading")
         inner.set_timesteps(num_steps)
         if inner.timesteps.tolist() != ours:
             stride = ours[0] - ours[1] if len(ours) > 1 else diffusion.original_num_steps
-            raise SettingError("num_steps", num_steps, f": DiT's ddim{num_steps} respacing (stride {stride}) "
-                               f"is not DDIMScheduler's (stride {diffusion.original_num_steps // num_steps}); "
+            theirs = diffusion.original_num_steps // num_steps
+            raise SettingError("num_steps", num_steps,
+                               f": DiT's ddim{num_steps} respacing (stride {stride}) "
+                               f"is not DDIMScheduler's (stride {theirs}); "
                                "step-wise DDIM needs equal strides (e.g. a divisor of "
                                f"{diffusion.original_num_steps}); the pipeline's DDIM has no limit")
     inner.alphas_cumprod = torch.cumprod(1.0 - diffusion.original_betas, dim=0).float()

@@ -57,14 +57,9 @@ class GaussianDiffusion:
     in float32 (float64 for float64 data), as ADM does. """
 
     def __init__(
-        self,
-        *,
-        betas: Tensor,
-        model_mean_type: str = "epsilon",
-        model_var_type: str = "learned_range",
-        loss_type: str = "mse",
-        timestep_map: Sequence[int] | None = None,
-        original_betas: Tensor | None = None,
+        self, *, betas: Tensor, model_mean_type: str = "epsilon",
+        model_var_type: str = "learned_range", loss_type: str = "mse",
+        timestep_map: Sequence[int] | None = None, original_betas: Tensor | None = None,
     ) -> None:
         betas = torch.as_tensor(betas, dtype=torch.float64)
         if betas.dim() != 1 or not bool(((betas > 0) & (betas <= 1)).all()):
@@ -90,8 +85,8 @@ class GaussianDiffusion:
         self.original_num_steps = len(self.original_betas)
         if self.timestep_map[-1] >= self.original_num_steps:
             raise ValueError(
-                f"timestep_map reaches step {self.timestep_map[-1]} of a {self.original_num_steps}-step "
-                "original process"
+                f"timestep_map reaches step {self.timestep_map[-1]} of a "
+                f"{self.original_num_steps}-step original process"
             )
         self.last_nfe: int | None = None  # model evaluations of the most recent sampling loop
 
@@ -119,8 +114,8 @@ class GaussianDiffusion:
     def __repr__(self) -> str:
         return (
             f"GaussianDiffusion(num_timesteps={self.num_timesteps}, original_num_steps="
-            f"{self.original_num_steps}, mean={self.model_mean_type!r}, var={self.model_var_type!r}, "
-            f"loss={self.loss_type!r})"
+            f"{self.original_num_steps}, mean={self.model_mean_type!r}, "
+            f"var={self.model_var_type!r}, loss={self.loss_type!r})"
         )
 
     def respace(self, timestep_respacing: str | Sequence[int] | None) -> GaussianDiffusion:
@@ -132,12 +127,8 @@ class GaussianDiffusion:
             self.original_betas, space_timesteps(self.original_num_steps, timestep_respacing)
         )
         return GaussianDiffusion(
-            betas=betas,
-            model_mean_type=self.model_mean_type,
-            model_var_type=self.model_var_type,
-            loss_type=self.loss_type,
-            timestep_map=keep,
-            original_betas=self.original_betas,
+            betas=betas, model_mean_type=self.model_mean_type, model_var_type=self.model_var_type,
+            loss_type=self.loss_type, timestep_map=keep, original_betas=self.original_betas,
         )
 
     # ---------------------------------------------------------------- helpers
@@ -166,17 +157,12 @@ class GaussianDiffusion:
         """Mean, variance and log variance of ``q(x_t | x_0)`` (variance ``(B, 1, ...)``)."""
         mean = self._at(self.alphas_cumprod.sqrt(), t, x_start) * x_start
         return (
-            mean,
-            self._at(1.0 - self.alphas_cumprod, t, x_start),
+            mean, self._at(1.0 - self.alphas_cumprod, t, x_start),
             self._at(torch.log1p(-self.alphas_cumprod), t, x_start),
         )
 
     def q_sample(
-        self,
-        x_start: Tensor,
-        t: Tensor,
-        noise: Tensor | None = None,
-        *,
+        self, x_start: Tensor, t: Tensor, noise: Tensor | None = None, *,
         generator: GeneratorLike = None,
     ) -> Tensor:
         """Draw ``x_t ~ q(x_t | x_0)``: ``sqrt(abar_t) x_0 + sqrt(1 - abar_t) noise``."""
@@ -200,8 +186,7 @@ class GaussianDiffusion:
             + self._at(self.posterior_mean_coef2, t, x_t) * x_t
         )
         return (
-            mean,
-            self._at(self.posterior_variance, t, x_t),
+            mean, self._at(self.posterior_variance, t, x_t),
             self._at(self.posterior_log_variance_clipped, t, x_t),
         )
 
@@ -241,8 +226,8 @@ class GaussianDiffusion:
             return out[:, :channels], out[:, channels:]
         if out.shape != x.shape:
             raise ValueError(
-                f"model output shape {tuple(out.shape)} does not match x {tuple(x.shape)}; a 2C-channel "
-                "(learn_sigma) model needs learn_sigma=True in create_diffusion"
+                f"model output shape {tuple(out.shape)} does not match x {tuple(x.shape)}; "
+                "a 2C-channel (learn_sigma) model needs learn_sigma=True in create_diffusion"
             )
         return out, None
 
@@ -272,19 +257,12 @@ class GaussianDiffusion:
             pred_xstart = pred_xstart.clamp(-1, 1)
         mean, _, _ = self.q_posterior_mean_variance(pred_xstart, x, t)
         return {
-            "mean": mean,
-            "variance": variance,
-            "log_variance": log_variance,
-            "pred_xstart": pred_xstart,
-            "eps": self.predict_eps_from_xstart(x, t, pred_xstart),
+            "mean": mean, "variance": variance, "log_variance": log_variance,
+            "pred_xstart": pred_xstart, "eps": self.predict_eps_from_xstart(x, t, pred_xstart),
         }
 
     def p_mean_variance(
-        self,
-        model: ModelFn,
-        x: Tensor,
-        t: Tensor,
-        clip_denoised: bool = False,
+        self, model: ModelFn, x: Tensor, t: Tensor, clip_denoised: bool = False,
         model_kwargs: dict | None = None,
     ) -> dict[str, Tensor]:
         """Call ``model(x, timestep_map[t], **model_kwargs)`` and return
@@ -294,12 +272,7 @@ class GaussianDiffusion:
 
     # ---------------------------------------------------------------- variational bound
     def vb_terms_bpd(
-        self,
-        model: ModelFn,
-        x_start: Tensor,
-        x_t: Tensor,
-        t: Tensor,
-        clip_denoised: bool = False,
+        self, model: ModelFn, x_start: Tensor, x_t: Tensor, t: Tensor, clip_denoised: bool = False,
         model_kwargs: dict | None = None,
     ) -> dict[str, Tensor]:
         """One VLB term per sample, in bits per dimension: ``KL(q(x_{t-1}|x_t,x_0) ||
@@ -310,11 +283,7 @@ class GaussianDiffusion:
         return self._vb_from(out, x_start, true_mean, true_log_var, t)
 
     def _vb_from(
-        self,
-        out: dict[str, Tensor],
-        x_start: Tensor,
-        true_mean: Tensor,
-        true_log_var: Tensor,
+        self, out: dict[str, Tensor], x_start: Tensor, true_mean: Tensor, true_log_var: Tensor,
         t: Tensor,
     ) -> dict[str, Tensor]:
         kl = mean_flat(
@@ -322,8 +291,7 @@ class GaussianDiffusion:
         ) / math.log(2.0)
         decoder_nll = -mean_flat(
             discretized_gaussian_log_likelihood(
-                x_start,
-                means=out["mean"],
+                x_start, means=out["mean"],
                 log_scales=(0.5 * out["log_variance"]).expand_as(x_start),
             )
         )
@@ -343,13 +311,8 @@ class GaussianDiffusion:
         ) / math.log(2.0)
 
     def calc_bpd_loop(
-        self,
-        model: ModelFn,
-        x_start: Tensor,
-        clip_denoised: bool = False,
-        model_kwargs: dict | None = None,
-        *,
-        generator: GeneratorLike = None,
+        self, model: ModelFn, x_start: Tensor, clip_denoised: bool = False,
+        model_kwargs: dict | None = None, *, generator: GeneratorLike = None,
         progress: bool = False,
     ) -> dict[str, Tensor]:
         """The full VLB in bits/dim: ``vb (B, T)`` (one fresh ``x_t`` per term), ``prior_bpd (B,)``
@@ -370,10 +333,7 @@ class GaussianDiffusion:
 
     # ---------------------------------------------------------------- training
     def sample_timesteps(
-        self,
-        batch: int,
-        device: torch.device | str | None = None,
-        *,
+        self, batch: int, device: torch.device | str | None = None, *,
         generator: GeneratorLike = None,
     ) -> Tensor:
         """Uniform training steps ``(batch,)`` long in ``[0, T)`` (CPU draw, then moved, like the
@@ -393,14 +353,8 @@ class GaussianDiffusion:
         return t.to(device) if device is not None else t
 
     def training_losses(
-        self,
-        model: ModelFn,
-        x_start: Tensor,
-        t: Tensor,
-        model_kwargs: dict | None = None,
-        noise: Tensor | None = None,
-        *,
-        generator: GeneratorLike = None,
+        self, model: ModelFn, x_start: Tensor, t: Tensor, model_kwargs: dict | None = None,
+        noise: Tensor | None = None, *, generator: GeneratorLike = None,
     ) -> dict[str, Tensor]:
         """Per-sample losses ``(B,)`` at steps ``t`` (indices of this process).
 
@@ -432,10 +386,7 @@ class GaussianDiffusion:
             # stop-gradient on the mean: the VLB term trains the variance only (IDDPM sec. 3.1)
             frozen = torch.cat([mean_part.detach(), var_values], dim=1)
             vb = self._vb_from(
-                self.p_mean_variance_from_output(frozen, x_t, t),
-                x_start,
-                true_mean,
-                true_log_var,
+                self.p_mean_variance_from_output(frozen, x_t, t), x_start, true_mean, true_log_var,
                 t,
             )["output"]
             if self.loss_type == "rescaled_mse":
@@ -464,14 +415,8 @@ class GaussianDiffusion:
         return randn_like(torch.empty(tuple(shape), device=device), gen)
 
     def p_sample(
-        self,
-        model: ModelFn,
-        x: Tensor,
-        t: Tensor,
-        clip_denoised: bool = False,
-        model_kwargs: dict | None = None,
-        *,
-        generator: GeneratorLike = None,
+        self, model: ModelFn, x: Tensor, t: Tensor, clip_denoised: bool = False,
+        model_kwargs: dict | None = None, *, generator: GeneratorLike = None,
     ) -> dict[str, Tensor]:
         """One ancestral step ``x_{t-1} = mean + [t > 0] sqrt(var) z``; returns ``sample``,
         ``pred_xstart``. The noise ``z`` is drawn at t = 0 too (then unused), so a seeded stream
@@ -485,15 +430,8 @@ class GaussianDiffusion:
         }
 
     def ddim_sample(
-        self,
-        model: ModelFn,
-        x: Tensor,
-        t: Tensor,
-        clip_denoised: bool = False,
-        model_kwargs: dict | None = None,
-        eta: float = 0.0,
-        *,
-        generator: GeneratorLike = None,
+        self, model: ModelFn, x: Tensor, t: Tensor, clip_denoised: bool = False,
+        model_kwargs: dict | None = None, eta: float = 0.0, *, generator: GeneratorLike = None,
     ) -> dict[str, Tensor]:
         """One DDIM step (Song et al. 2021, eq. 12): ``x_{t-1} = sqrt(abar_{t-1}) x0 + sqrt(1 -
         abar_{t-1} - s^2) eps + s z`` with ``s = eta sqrt((1 - abar_{t-1}) / (1 - abar_t)) sqrt(1 -
@@ -507,18 +445,8 @@ class GaussianDiffusion:
         return {"sample": mean + nonzero * sigma * z, "pred_xstart": out["pred_xstart"]}
 
     def _loop(
-        self,
-        step,
-        model: ModelFn,
-        shape,
-        noise,
-        clip_denoised,
-        model_kwargs,
-        progress,
-        device,
-        generator,
-        desc: str,
-        **step_kwargs,
+        self, step, model: ModelFn, shape, noise, clip_denoised, model_kwargs, progress, device,
+        generator, desc: str, **step_kwargs,
     ) -> Iterator[dict[str, Tensor]]:
         gen = resolve_generator(generator, shape[0])
         x = self._initial(shape, noise, device, model, gen)
@@ -539,42 +467,20 @@ class GaussianDiffusion:
                 yield out
 
     def p_sample_loop_progressive(
-        self,
-        model: ModelFn,
-        shape: Sequence[int],
-        noise: Tensor | None = None,
-        clip_denoised: bool = False,
-        model_kwargs: dict | None = None,
-        progress: bool = False,
-        device=None,
-        *,
-        generator: GeneratorLike = None,
+        self, model: ModelFn, shape: Sequence[int], noise: Tensor | None = None,
+        clip_denoised: bool = False, model_kwargs: dict | None = None, progress: bool = False,
+        device=None, *, generator: GeneratorLike = None,
     ) -> Iterator[dict[str, Tensor]]:
         """Yield each step's ``{sample, pred_xstart}`` of :meth:`p_sample_loop`."""
         yield from self._loop(
-            self.p_sample,
-            model,
-            shape,
-            noise,
-            clip_denoised,
-            model_kwargs,
-            progress,
-            device,
-            generator,
-            "DDPM",
+            self.p_sample, model, shape, noise, clip_denoised, model_kwargs, progress, device,
+            generator, "DDPM",
         )
 
     def p_sample_loop(
-        self,
-        model: ModelFn,
-        shape: Sequence[int],
-        noise: Tensor | None = None,
-        clip_denoised: bool = False,
-        model_kwargs: dict | None = None,
-        progress: bool = False,
-        device=None,
-        *,
-        generator: GeneratorLike = None,
+        self, model: ModelFn, shape: Sequence[int], noise: Tensor | None = None,
+        clip_denoised: bool = False, model_kwargs: dict | None = None, progress: bool = False,
+        device=None, *, generator: GeneratorLike = None,
     ) -> Tensor:
         """Ancestral (DDPM) sampling from ``noise`` (or fresh N(0, I) of ``shape``) over this
         process's T steps; returns the final sample ``shape``. One model call per step
@@ -585,71 +491,34 @@ class GaussianDiffusion:
         return deque(steps, maxlen=1)[0]["sample"]
 
     def ddim_sample_loop_progressive(
-        self,
-        model: ModelFn,
-        shape: Sequence[int],
-        noise: Tensor | None = None,
-        clip_denoised: bool = False,
-        model_kwargs: dict | None = None,
-        progress: bool = False,
-        device=None,
-        eta: float = 0.0,
-        *,
-        generator: GeneratorLike = None,
+        self, model: ModelFn, shape: Sequence[int], noise: Tensor | None = None,
+        clip_denoised: bool = False, model_kwargs: dict | None = None, progress: bool = False,
+        device=None, eta: float = 0.0, *, generator: GeneratorLike = None,
     ) -> Iterator[dict[str, Tensor]]:
         """Yield each step's ``{sample, pred_xstart}`` of :meth:`ddim_sample_loop`."""
         yield from self._loop(
-            self.ddim_sample,
-            model,
-            shape,
-            noise,
-            clip_denoised,
-            model_kwargs,
-            progress,
-            device,
-            generator,
-            "DDIM",
-            eta=eta,
+            self.ddim_sample, model, shape, noise, clip_denoised, model_kwargs, progress, device,
+            generator, "DDIM", eta=eta,
         )
 
     def ddim_sample_loop(
-        self,
-        model: ModelFn,
-        shape: Sequence[int],
-        noise: Tensor | None = None,
-        clip_denoised: bool = False,
-        model_kwargs: dict | None = None,
-        progress: bool = False,
-        device=None,
-        eta: float = 0.0,
-        *,
-        generator: GeneratorLike = None,
+        self, model: ModelFn, shape: Sequence[int], noise: Tensor | None = None,
+        clip_denoised: bool = False, model_kwargs: dict | None = None, progress: bool = False,
+        device=None, eta: float = 0.0, *, generator: GeneratorLike = None,
     ) -> Tensor:
         """DDIM sampling (deterministic for ``eta = 0``) over this process's T steps; returns the
         sample."""
         steps = self.ddim_sample_loop_progressive(
-            model,
-            shape,
-            noise,
-            clip_denoised,
-            model_kwargs,
-            progress,
-            device,
-            eta,
+            model, shape, noise, clip_denoised, model_kwargs, progress, device, eta,
             generator=generator,
         )
         return deque(steps, maxlen=1)[0]["sample"]
 
 
 def create_diffusion(
-    timestep_respacing: str | Sequence[int] | None,
-    noise_schedule: str = "linear",
-    use_kl: bool = False,
-    sigma_small: bool = False,
-    predict_xstart: bool = False,
-    learn_sigma: bool = True,
-    rescale_learned_sigmas: bool = False,
-    diffusion_steps: int = 1000,
+    timestep_respacing: str | Sequence[int] | None, noise_schedule: str = "linear",
+    use_kl: bool = False, sigma_small: bool = False, predict_xstart: bool = False,
+    learn_sigma: bool = True, rescale_learned_sigmas: bool = False, diffusion_steps: int = 1000,
 ) -> GaussianDiffusion:
     """DiT's factory. ``timestep_respacing``: None / "" (all ``diffusion_steps``), "250", "ddim50",
     or section counts (see :func:`~.schedule.space_timesteps`); the network still receives the

@@ -39,14 +39,12 @@ def cosine_betas(num_steps: int) -> Tensor:
         min(1 - alpha_bar((i + 1) / num_steps) / alpha_bar(i / num_steps), COSINE_MAX_BETA)
         for i in range(num_steps)
     ]
-    return torch.tensor(betas, dtype=torch.float64)  # on cpu: a float64 schedule table, moved by its user
+    return torch.tensor(betas, dtype=torch.float64)  # on cpu: a table, moved by its user
 
 
 #: DiT/IDDPM names (``squaredcos_cap_v2`` is the cosine schedule's name in DiT's code)
 NOISE_SCHEDULES = {
-    "linear": linear_betas,
-    "cosine": cosine_betas,
-    "squaredcos_cap_v2": cosine_betas,
+    "linear": linear_betas, "cosine": cosine_betas, "squaredcos_cap_v2": cosine_betas,
 }
 
 
@@ -54,7 +52,8 @@ def named_betas(name: str, num_steps: int) -> Tensor:
     """Betas ``(num_steps,)`` float64 of the schedule ``name`` (see ``NOISE_SCHEDULES``)."""
     if name not in NOISE_SCHEDULES:
         raise ValueError(
-            f"unknown noise_schedule {name!r}; valid options: {', '.join(map(repr, NOISE_SCHEDULES))}"
+            f"unknown noise_schedule {name!r}; valid options: "
+            f"{', '.join(map(repr, NOISE_SCHEDULES))}"
         )
     if num_steps < 1:
         raise ValueError(f"diffusion_steps must be >= 1, got {num_steps}")

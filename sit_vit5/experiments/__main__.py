@@ -1,5 +1,5 @@
-"""``python -m sit_vit5.experiments imagenet ...`` (see its ``--help``). The digits study lives beside its
-results: ``python results/digits/study`` (results/digits/study/__main__.py)."""
+"""``python -m sit_vit5.experiments imagenet ...`` (see its ``--help``). The digits study lives
+beside its results: ``python results/digits/study`` (results/digits/study/__main__.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sit_vit5.experiments", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    i = sub.add_parser("imagenet", help="evaluate ImageNet runs under a protocol; table + FID-vs-step plot")
+    i = sub.add_parser("imagenet",
+                       help="evaluate ImageNet runs under a protocol; table + FID-vs-step plot")
     from .imagenet import add_arguments
 
     add_arguments(i)

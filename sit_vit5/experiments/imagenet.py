@@ -1,10 +1,11 @@
 """Evaluate training runs under an evaluation protocol and compare them.
 
-For each run directory (a ``train.py`` output) and each checkpoint step the protocol asks for: bulk-sample
-``eval.num_samples`` images (sharded over the processes of ``torchrun`` / ``accelerate launch``, resumable),
-score them with the ADM-compatible FID suite (``fid``), and cache the numbers in
-``<run>/eval/<protocol>/<step>.json``. Then write ``comparison.md`` / ``comparison.csv`` (model, params, GFLOPs,
-step, FID, sFID, IS, precision, recall) and ``fid_vs_step.png`` with the paper's points as reference markers.
+For each run directory (a ``train.py`` output) and each checkpoint step the protocol asks for:
+bulk-sample ``eval.num_samples`` images (sharded over the processes of ``torchrun`` / ``accelerate
+launch``, resumable), score them with the ADM-compatible FID suite (``fid``), and cache the numbers
+in ``<run>/eval/<protocol>/<step>.json``. Then write ``comparison.md`` / ``comparison.csv`` (model,
+params, GFLOPs, step, FID, sFID, IS, precision, recall) and ``fid_vs_step.png`` with the paper's
+points as reference markers.
 """
 
 from __future__ import annotations
@@ -31,22 +32,27 @@ SAMPLE_KEYS = SampleSpec.keys()  # a protocol's sample section: SampleSpec's fie
 
 EVAL_DEFAULTS = {"num_samples": 50_000, "reference": None, "metrics": ["fid", "sfid", "is", "pr"],
                  "steps": ["last"], "seed": 0}
-COLUMNS = ["model", "params (M)", "GFLOPs", "step", "FID", "sFID", "IS", "precision", "recall", "source"]
+COLUMNS = ["model", "params (M)", "GFLOPs", "step", "FID", "sFID", "IS", "precision", "recall",
+           "source"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("runs", nargs="+", type=Path, help="run directories written by train.py")
     parser.add_argument("--protocol", type=Path, required=True, help="configs/eval/*.yaml")
-    parser.add_argument("--out", type=Path, default=Path("results/imagenet"), help="table + plot folder")
-    parser.add_argument("--reference", type=Path, help="override eval.reference (ADM reference npz)")
+    parser.add_argument("--out", type=Path, default=Path("results/imagenet"),
+                        help="table + plot folder")
+    parser.add_argument("--reference", type=Path,
+                        help="override eval.reference (ADM reference npz)")
     parser.add_argument("--num-samples", type=int, help="override eval.num_samples")
     parser.add_argument("--steps", nargs="+", help="override eval.steps (numbers or 'last')")
     parser.add_argument("--batch-size", type=int, default=64, help="sampling batch per process")
     parser.add_argument("--fid-batch-size", type=int, default=64, help="Inception batch")
     parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
-    parser.add_argument("--precision", default="bf16", choices=list(PRECISIONS), help="sampling precision")
-    parser.add_argument("--inception-weights", type=Path, default=None, help="torch-fidelity Inception file")
-    parser.add_argument("--inception-sha256", default=None, help=argparse.SUPPRESS)  # tests: random network
+    parser.add_argument("--precision", default="bf16", choices=list(PRECISIONS),
+                        help="sampling precision")
+    parser.add_argument("--inception-weights", type=Path, default=None,
+                        help="torch-fidelity Inception file")
+    parser.add_argument("--inception-sha256", default=None, help=argparse.SUPPRESS)  # tests only
 
 
 def load_protocol(path: str | os.PathLike) -> dict[str, Any]:
@@ -58,12 +64,15 @@ def load_protocol(path: str | os.PathLike) -> dict[str, Any]:
     unknown = set(raw) - {"sample", "eval", "paper"}
     bad_sample = set(raw.get("sample") or {}) - set(SAMPLE_KEYS)
     bad_eval = set(raw.get("eval") or {}) - set(EVAL_DEFAULTS)
-    for where, bad, valid in (("", unknown, ("sample", "eval", "paper")), ("sample.", bad_sample, SAMPLE_KEYS),
+    for where, bad, valid in (("", unknown, ("sample", "eval", "paper")),
+                              ("sample.", bad_sample, SAMPLE_KEYS),
                               ("eval.", bad_eval, tuple(EVAL_DEFAULTS))):
         if bad:
-            raise ValueError(f"{path}: unknown key(s) {sorted(where + b for b in bad)}; valid: {', '.join(valid)}")
+            raise ValueError(f"{path}: unknown key(s) {sorted(where + b for b in bad)}; "
+                             f"valid: {', '.join(valid)}")
     return {"name": path.stem, "sample": dict(raw.get("sample") or {}),
-            "eval": {**EVAL_DEFAULTS, **(raw.get("eval") or {})}, "paper": dict(raw.get("paper") or {})}
+            "eval": {**EVAL_DEFAULTS, **(raw.get("eval") or {})},
+            "paper": dict(raw.get("paper") or {})}
 
 
 def sample_spec(sample: dict[str, Any]) -> SampleSpec:
@@ -72,7 +81,8 @@ def sample_spec(sample: dict[str, Any]) -> SampleSpec:
 
 
 def checkpoints_to_evaluate(run_dir: Path, steps: list[Any]) -> list[tuple[int, Path]]:
-    """(step, file) for each requested step ('last' = the newest checkpoint); a missing step is an error."""
+    """(step, file) for each requested step ('last' = the newest checkpoint); a missing step is an
+    error."""
     found = {step: path for step, path, _ in list_checkpoints(run_dir / "checkpoints")}
     if not found:
         raise FileNotFoundError(f"{run_dir}: no checkpoints in {run_dir / 'checkpoints'}")
@@ -80,14 +90,16 @@ def checkpoints_to_evaluate(run_dir: Path, steps: list[Any]) -> list[tuple[int, 
     for step in steps:
         step = max(found) if step == "last" else int(step)
         if step not in found:
-            raise FileNotFoundError(f"{run_dir}: no checkpoint for step {step} (have {sorted(found)})")
+            raise FileNotFoundError(
+                f"{run_dir}: no checkpoint for step {step} (have {sorted(found)})")
         chosen.append((step, found[step]))
     return sorted(set(chosen))
 
 
-def evaluate_checkpoint(ckpt: Path, out_dir: Path, protocol: dict[str, Any], args: argparse.Namespace,
-                        state) -> dict[str, Any] | None:
-    """Sample (all processes) and score (main process) one checkpoint; returns the metrics on the main process."""
+def evaluate_checkpoint(ckpt: Path, out_dir: Path, protocol: dict[str, Any],
+                        args: argparse.Namespace, state) -> dict[str, Any] | None:
+    """Sample (all processes) and score (main process) one checkpoint; returns the metrics on the
+    main process."""
     ev = protocol["eval"]
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if state.num_processes > 1 and device.type == "cuda":
@@ -97,8 +109,9 @@ def evaluate_checkpoint(ckpt: Path, out_dir: Path, protocol: dict[str, Any], arg
     pipeline = SamplingPipeline.for_model(info, sample_spec(protocol["sample"]),
                                           vae=info.vae.get("name", "none"), device=device,
                                           precision=args.precision)
-    bulk = sample_bulk(pipeline, ev["num_samples"], out_dir, global_seed=ev["seed"], batch_size=args.batch_size,
-                       rank=state.process_index, world_size=state.num_processes,
+    bulk = sample_bulk(pipeline, ev["num_samples"], out_dir, global_seed=ev["seed"],
+                       batch_size=args.batch_size, rank=state.process_index,
+                       world_size=state.num_processes,
                        barrier=state.wait_for_everyone if state.num_processes > 1 else None)
     if not state.is_main_process:
         return None
@@ -113,20 +126,22 @@ def evaluate_checkpoint(ckpt: Path, out_dir: Path, protocol: dict[str, Any], arg
 
 
 def _row(result: dict[str, Any], step: int) -> dict[str, Any]:
-    return {"model": result["model"], "params (M)": result["params"] / 1e6, "GFLOPs": result["gflops"],
-            "step": step, "FID": result.get("fid"), "sFID": result.get("sfid"), "IS": result.get("inception_score"),
+    return {"model": result["model"], "params (M)": result["params"] / 1e6,
+            "GFLOPs": result["gflops"], "step": step, "FID": result.get("fid"),
+            "sFID": result.get("sfid"), "IS": result.get("inception_score"),
             "precision": result.get("precision"), "recall": result.get("recall"), "source": "ours"}
 
 
 def run(args: argparse.Namespace, command: str) -> int:
-    """Evaluate every run x step (cached), then write the comparison table and plot (main process)."""
+    """Evaluate every run x step (cached), then write the comparison table and plot (main process).
+    """
     protocol = load_protocol(args.protocol)
     ev = protocol["eval"]
     ev.update({k: v for k, v in (("reference", args.reference), ("num_samples", args.num_samples),
                                  ("steps", args.steps)) if v is not None})
     if not ev["reference"] or not Path(ev["reference"]).is_file():
-        raise SystemExit(f"error: reference batch {ev['reference']!r} not found: download the ADM reference "
-                         "(VIRTUAL_imagenet256_labeled.npz) and pass --reference PATH")
+        raise SystemExit(f"error: reference batch {ev['reference']!r} not found: download the ADM "
+                         "reference (VIRTUAL_imagenet256_labeled.npz) and pass --reference PATH")
     state = PartialState()
     rows: list[dict[str, Any]] = []
     for run_dir in args.runs:
@@ -143,14 +158,17 @@ def run(args: argparse.Namespace, command: str) -> int:
     if not state.is_main_process:
         return 0
     rows.sort(key=lambda r: (r["model"], r["step"]))
-    rows += [{"model": m, "FID": fid_value, "source": "paper"} for m, fid_value in protocol["paper"].items()]
+    rows += [{"model": m, "FID": fid_value, "source": "paper"}
+             for m, fid_value in protocol["paper"].items()]
     write_comparison(rows, protocol, args.out, command)
     print(report.markdown_table(rows, COLUMNS))
     return 0
 
 
-def write_comparison(rows: list[dict[str, Any]], protocol: dict[str, Any], out: Path, command: str) -> None:
-    """comparison.md, comparison.csv and fid_vs_step.png (paper points as markers at the last step)."""
+def write_comparison(rows: list[dict[str, Any]], protocol: dict[str, Any], out: Path,
+                     command: str) -> None:
+    """comparison.md, comparison.csv and fid_vs_step.png (paper points as markers at the last step).
+    """
     out.mkdir(parents=True, exist_ok=True)
     name = protocol["name"]
     report.write_csv(rows, COLUMNS, out / f"{name}.csv")
@@ -165,5 +183,6 @@ def write_comparison(rows: list[dict[str, Any]], protocol: dict[str, Any], out: 
     if curves or paper:
         report.plot_curves(curves, out / f"{name}_fid_vs_step.png", "training step", "FID-50K",
                            f"protocol: {name}", reference_points=paper)
-    (out / f"{name}.md").write_text(f"# {name}\n\nCommand: `{command}`\n\n{report.markdown_table(rows, COLUMNS)}\n"
+    table = report.markdown_table(rows, COLUMNS)
+    (out / f"{name}.md").write_text(f"# {name}\n\nCommand: `{command}`\n\n{table}\n"
                                     f"![FID vs step]({name}_fid_vs_step.png)\n")

@@ -23,14 +23,17 @@ def _escape(text: str) -> str:
 
 
 def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
-    """A GitHub markdown table of ``rows`` restricted to ``columns`` (missing cells shown as –; a "|" in a
-    name or cell is escaped, so it cannot split the column)."""
-    lines = ["| " + " | ".join(map(_escape, columns)) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    """A GitHub markdown table of ``rows`` restricted to ``columns`` (missing cells shown as –; a
+    "|" in a name or cell is escaped, so it cannot split the column)."""
+    lines = ["| " + " | ".join(map(_escape, columns)) + " |",
+             "|" + "|".join("---" for _ in columns) + "|"]
     lines += ["| " + " | ".join(_escape(_fmt(row.get(c))) for c in columns) + " |" for row in rows]
     return "\n".join(lines) + "\n"
 
 
-def write_csv(rows: Sequence[dict[str, Any]], columns: Sequence[str], path: str | os.PathLike) -> Path:
+def write_csv(
+    rows: Sequence[dict[str, Any]], columns: Sequence[str], path: str | os.PathLike
+) -> Path:
     """Write ``rows`` as CSV with a header; returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -62,15 +65,12 @@ def save_figure(fig, path: str | os.PathLike) -> Path:
 
 
 def plot_curves(
-    curves: dict[str, tuple[Sequence[float], Sequence[float]]],
-    path: str | os.PathLike,
-    xlabel: str,
-    ylabel: str,
-    title: str = "",
-    reference_points: dict[str, tuple[float, float]] | None = None,
-    logy: bool = False,
+    curves: dict[str, tuple[Sequence[float], Sequence[float]]], path: str | os.PathLike,
+    xlabel: str, ylabel: str, title: str = "",
+    reference_points: dict[str, tuple[float, float]] | None = None, logy: bool = False,
 ) -> Path:
-    """Line plot of ``{label: (xs, ys)}``; ``reference_points`` {label: (x, y)} drawn as hollow markers."""
+    """Line plot of ``{label: (xs, ys)}``; ``reference_points`` {label: (x, y)} drawn as hollow
+    markers."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=120)
     colors = {}

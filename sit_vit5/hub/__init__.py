@@ -15,16 +15,7 @@ from .scheduler import SETTINGS, SiTScheduler, scheduler_from
 from .sit_pipeline import OUTPUT_TYPES, SiTPipeline
 
 __all__ = [
-    "IMAGENET_CLASSES",
-    "LOADER_FILE",
-    "LOADER_SOURCE",
-    "OUTPUT_TYPES",
-    "SETTINGS",
-    "STABLE_MODULE",
-    "SiTPipeline",
-    "SiTScheduler",
-    "diffusers_scheduler",
-    "imagenet_id2label",
-    "read_id2label",
+    "IMAGENET_CLASSES", "LOADER_FILE", "LOADER_SOURCE", "OUTPUT_TYPES", "SETTINGS", "STABLE_MODULE",
+    "SiTPipeline", "SiTScheduler", "diffusers_scheduler", "imagenet_id2label", "read_id2label",
     "scheduler_from",
 ]

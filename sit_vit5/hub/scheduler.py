@@ -1,6 +1,6 @@
 """``SiTScheduler``: a diffusers scheduler holding how to sample (the objective, the sampler
-settings, the latents' VAE), saved as ``scheduler/scheduler_config.json``, with diffusers'
-step-wise API (``set_timesteps`` / ``step``) over the objective's own steps (ODE Euler, DDPM, DDIM)."""
+settings, the latents' VAE), saved as ``scheduler/scheduler_config.json``, with diffusers' step-wise
+API (``set_timesteps`` / ``step``) over the objective's own steps (ODE Euler, DDPM, DDIM)."""
 
 from __future__ import annotations
 
@@ -28,14 +28,13 @@ class SiTScheduler(SchedulerMixin, ConfigMixin):
     ``sampler`` (``SampleSpec`` fields: method, sampling_method, num_steps, cfg_scale, ...), plus
     where the latents come from (``vae``: the decoder's source id and scaling factor).
 
-    ``SiTPipeline`` runs the whole trajectory with the objective's sampler (what sample.py runs:
-    ODE, SDE, adaptive solvers, DDPM / DDIM). For a hand-written diffusers loop, :meth:`set_timesteps`
-    / :meth:`step` run the objective's steps (``Objective.steps``): ODE Euler (``timesteps`` = our t in
-    [0, 1), 0 = noise) and DDPM / DDIM on DiT's respaced steps (``timesteps`` = DiT's integer steps);
-    ``step`` takes the model's full output (2C channels with a learned variance). The DDPM / DDIM steps
-    are bit-identical to the pipeline's; diffusers' ``DDPMScheduler`` / ``DDIMScheduler``
-    (:func:`~sit_vit5.diffusion.ddpm_sampler.diffusers_scheduler`) compute the same formulas in another
-    float32 order::
+    ``SiTPipeline`` runs the whole trajectory with the objective's sampler (ODE, SDE, adaptive
+    solvers, DDPM / DDIM). In a hand-written diffusers loop, :meth:`set_timesteps` / :meth:`step`
+    run ``Objective.steps``: ODE Euler (``timesteps`` = our t in [0, 1), 0 = noise) or DDPM / DDIM
+    on DiT's respaced integer steps; ``step`` takes the model's full output (2C channels with a
+    learned variance). The DDPM / DDIM steps are bit-identical to the pipeline's; diffusers'
+    schedulers (:func:`~sit_vit5.diffusion.ddpm_sampler.diffusers_scheduler`) compute the same
+    formulas in another float32 order::
 
         scheduler.set_timesteps(num_steps)
         for t in scheduler.timesteps:
@@ -49,9 +48,7 @@ class SiTScheduler(SchedulerMixin, ConfigMixin):
 
     @register_to_config
     def __init__(
-        self,
-        transport: dict[str, Any] | None = None,
-        sampler: dict[str, Any] | None = None,
+        self, transport: dict[str, Any] | None = None, sampler: dict[str, Any] | None = None,
         vae: dict[str, Any] | None = None,
     ) -> None:
         # fail now, naming the field, rather than at the first call (an export that cannot sample)
@@ -64,8 +61,10 @@ class SiTScheduler(SchedulerMixin, ConfigMixin):
         self._steps: Steps | None = None
 
     def spec(self, **overrides: Any) -> SampleSpec:
-        """The sampler settings as a ``SampleSpec``, with ``overrides`` (None values ignored) applied."""
-        return SampleSpec(**{**(self.config.sampler or {}), **{k: v for k, v in overrides.items() if v is not None}})
+        """The sampler settings as a ``SampleSpec``, with ``overrides`` (None values ignored)
+        applied."""
+        given = {k: v for k, v in overrides.items() if v is not None}
+        return SampleSpec(**{**(self.config.sampler or {}), **given})
 
     def objective(self) -> Objective:
         """The objective the model was trained with: SiT's transport or DiT's diffusion."""
@@ -79,28 +78,26 @@ class SiTScheduler(SchedulerMixin, ConfigMixin):
         """Identity (diffusers' loop API: our model takes x_t as it is)."""
         return sample
 
-    def set_timesteps(self, num_inference_steps: int | None = None, device: str | torch.device | None = None,
+    def set_timesteps(self, num_inference_steps: int | None = None,
+                      device: str | torch.device | None = None,
                       pixel_space: bool | None = None) -> None:
-        """Prepare ``timesteps`` for :meth:`step`. ``num_inference_steps``: the sampler's num_steps (None =
-        the exported default; ODE: grid points, so num_steps - 1 Euler steps). ``pixel_space`` (None: the
-        ``vae`` section says "none") clips DDPM / DDIM x0 predictions to [-1, 1] as the pipeline does."""
+        """Prepare ``timesteps`` for :meth:`step`. ``num_inference_steps``: the sampler's num_steps
+        (None = the exported default; ODE: grid points, so num_steps - 1 Euler steps).
+        ``pixel_space`` (None: the ``vae`` section says "none") clips DDPM / DDIM x0 predictions to
+        [-1, 1] as the pipeline does."""
         pixel_space = self.pixel_space() if pixel_space is None else pixel_space
-        self._steps = self.objective().steps(self.spec(num_steps=num_inference_steps), pixel_space=pixel_space,
-                                             device=device)
+        spec = self.spec(num_steps=num_inference_steps)
+        self._steps = self.objective().steps(spec, pixel_space=pixel_space, device=device)
         self.timesteps = self._steps.timesteps
         self.num_inference_steps = len(self.timesteps)
 
     def step(
-        self,
-        model_output: Tensor,
-        timestep: float | Tensor,
-        sample: Tensor,
-        generator: torch.Generator | list[torch.Generator] | None = None,
-        return_dict: bool = True,
+        self, model_output: Tensor, timestep: float | Tensor, sample: Tensor,
+        generator: torch.Generator | list[torch.Generator] | None = None, return_dict: bool = True,
     ) -> SchedulerOutput | tuple[Tensor]:
-        """``x`` at the next entry of ``timesteps`` from the model's full output at ``timestep`` (one of
-        ``timesteps``) and ``sample`` ``(B, C, H, W)``; ``generator``: the DDPM noise (a list = one per
-        image, as in diffusers)."""
+        """``x`` at the next entry of ``timesteps`` from the model's full output at ``timestep``
+        (one of ``timesteps``) and ``sample`` ``(B, C, H, W)``; ``generator``: the DDPM noise (a
+        list = one per image, as in diffusers)."""
         if self._steps is None:
             raise RuntimeError("SiTScheduler.step: call set_timesteps first")
         prev = self._steps.step(model_output, torch.as_tensor(timestep), sample, generator)

@@ -59,10 +59,7 @@ class SiTPipeline(DiffusionPipeline):
     _optional_components = ["vae"]
 
     def __init__(
-        self,
-        transformer: SiT,
-        scheduler: SiTScheduler,
-        vae: AutoencoderKL | None = None,
+        self, transformer: SiT, scheduler: SiTScheduler, vae: AutoencoderKL | None = None,
         id2label: Mapping[int | str, str] | None = None,
     ) -> None:
         super().__init__()
@@ -128,9 +125,7 @@ class SiTPipeline(DiffusionPipeline):
         return dict(self._settings)
 
     def sampling_pipeline(
-        self,
-        num_inference_steps: int | None = None,
-        guidance_scale: float | None = None,
+        self, num_inference_steps: int | None = None, guidance_scale: float | None = None,
     ) -> SamplingPipeline:
         """The ``sit_vit5.sampling.SamplingPipeline`` this pipeline's settings describe (what
         sample.py runs), on the execution device."""
@@ -143,14 +138,10 @@ class SiTPipeline(DiffusionPipeline):
 
     @torch.no_grad()
     def __call__(
-        self,
-        class_labels: int | str | Sequence[int | str] | Tensor,
-        num_inference_steps: int | None = None,
-        guidance_scale: float | None = None,
+        self, class_labels: int | str | Sequence[int | str] | Tensor,
+        num_inference_steps: int | None = None, guidance_scale: float | None = None,
         generator: int | torch.Generator | list[torch.Generator] | None = None,
-        output_type: str = "pil",
-        return_dict: bool = True,
-        batch_size: int = 32,
+        output_type: str = "pil", return_dict: bool = True, batch_size: int = 32,
     ) -> ImagePipelineOutput | tuple:
         """Images of ``class_labels`` (one image per label: class ids, or label names when the
         pipeline has ``id2label``).
@@ -171,14 +162,15 @@ class SiTPipeline(DiffusionPipeline):
         pipe = self.sampling_pipeline(num_inference_steps, guidance_scale)
         steps = None  # our whole-trajectory sampler, or a swapped-in diffusers scheduler's steps
         if not isinstance(self.scheduler, SiTScheduler):
-            steps = pipe.objective.steps(pipe.spec, pixel_space=pipe.decode is None, scheduler=self.scheduler,
-                                         device=pipe.device)
+            steps = pipe.objective.steps(pipe.spec, pixel_space=pipe.decode is None,
+                                         scheduler=self.scheduler, device=pipe.device)
         starts = range(0, len(labels), batch_size)
         per_batch = pipe.objective.evaluations(pipe.spec) if steps is None else len(steps.timesteps)
         total = float("inf") if per_batch is None else per_batch * len(starts)  # inf: unknown
         with self.progress_bar(total=total) as bar:
             batches = [pipe.generate(range(lo, min(lo + batch_size, len(labels))), 0,
-                                     labels[lo : lo + batch_size], generators=gens[lo : lo + batch_size],
+                                     labels[lo : lo + batch_size],
+                                     generators=gens[lo : lo + batch_size],
                                      steps=steps, tick=bar.update) for lo in starts]
         pixels = torch.cat([b.pixels for b in batches])
         if output_type in ("np", "pt"):

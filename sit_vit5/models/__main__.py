@@ -1,4 +1,5 @@
-"""``python -m sit_vit5.models``: parameter / FLOP table for every size of both backbones (meta device)."""
+"""``python -m sit_vit5.models``: parameter / FLOP table for every size of both backbones (meta
+device)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from .registry import SIZES, count_params, create_model, flops
 
 
 def table(input_size: int = 32, patch_size: int = 2, learn_sigma: bool = True) -> str:
-    """Markdown table of parameters (M) and forward GFLOPs at ``input_size`` x ``input_size`` latents."""
+    """Markdown table of parameters (M) and forward GFLOPs at ``input_size`` x ``input_size``
+    latents."""
     rows = ["| model | params (M) | GFLOPs |", "|---|---:|---:|"]
     for backbone in ("SiT", "ViT5"):
         for size in SIZES:
@@ -23,7 +25,8 @@ def table(input_size: int = 32, patch_size: int = 2, learn_sigma: bool = True) -
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--input-size", type=int, default=32, help="latent side (32 for ImageNet 256 + SD-VAE)")
+    ap.add_argument("--input-size", type=int, default=32,
+                    help="latent side (32 for ImageNet 256 + SD-VAE)")
     ap.add_argument("--patch-size", type=int, default=2, choices=(2, 4, 8))
     args = ap.parse_args(argv)
     print(table(args.input_size, args.patch_size))

@@ -1,6 +1,7 @@
-"""Reading and verifying checkpoint files: our training checkpoints and the official SiT/DiT
-files, as dicts of tensors, and loading their weights into a model that fits them (building the
-model from a file is ``loading.load_model``), and ``LoadedModel``: such a model with what its file says about sampling.
+"""Reading and verifying checkpoint files: our training checkpoints and the official SiT/DiT files,
+as dicts of tensors, and loading their weights into a model that fits them (building the model from
+a file is ``loading.load_model``), and ``LoadedModel``: such a model with what its file says about
+sampling.
 
 Accepted layouts: a bare state dict (the released ``SiT-XL-2-256.pt`` is the EMA weights), a
 training checkpoint ``{model, ema, opt, args, ...}`` (DiT/SiT and ours), or a ``.safetensors`` file.
@@ -18,7 +19,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..checksums import PAYLOAD_DIGEST_KEY, ChecksumError, verify_payload_digest, verify_sha256, verify_sidecar
+from ..checksums import (
+    PAYLOAD_DIGEST_KEY,
+    ChecksumError,
+    verify_payload_digest,
+    verify_sha256,
+    verify_sidecar,
+)
 from ..errors import SitVit5Error
 from ..run_files import truncation
 
@@ -190,15 +197,15 @@ class LoadedModel:
     """A model built and loaded from a checkpoint, and what the checkpoint says about sampling from
     it.
 
-    ``source``: "ours" (training checkpoint of this codebase, config in ``args``), "official"
-    (bare state dict such as SiT-XL-2-256.pt, or a DiT/SiT training checkpoint with argparse
-    ``args``) or "diffusers" (a DiTTransformer2DModel folder). ``input_size``: the model's
-    training input side (latent side for latent models).
-    ``objective``: the config's ``transport`` section the objective is built from
-    (``create_objective(loaded.objective)``): ``objective`` sit | ddpm (DiT), as recorded (ours) or as told
-    (official), and that objective's keys. ``vae``: ``{"name": hub id | directory | "none", "scaling_factor"}``.
-    ``sample``: the checkpoint's ``sample`` config section (ours) or {}. ``step``: the training step
-    if recorded; ``which``: "ema" | "model" for training checkpoints, None for bare state dicts.
+    ``source``: "ours" (training checkpoint of this codebase, config in ``args``), "official" (bare
+    state dict such as SiT-XL-2-256.pt, or a DiT/SiT training checkpoint with argparse ``args``) or
+    "diffusers" (a DiTTransformer2DModel folder). ``input_size``: the model's training input side
+    (latent side for latent models). ``objective``: the config's ``transport`` section the objective
+    is built from (``create_objective(loaded.objective)``): ``objective`` sit | ddpm (DiT), as
+    recorded (ours) or as told (official), and that objective's keys. ``vae``: ``{"name": hub id |
+    directory | "none", "scaling_factor"}``. ``sample``: the checkpoint's ``sample`` config section
+    (ours) or {}. ``step``: the training step if recorded; ``which``: "ema" | "model" for training
+    checkpoints, None for bare state dicts.
     """
 
     model: nn.Module

@@ -45,14 +45,13 @@ RENAMES: tuple[tuple[str, str], ...] = (
     ("t_embedder.mlp.0", "transformer_blocks.{i}.norm1.emb.timestep_embedder.linear_1"),
     ("t_embedder.mlp.2", "transformer_blocks.{i}.norm1.emb.timestep_embedder.linear_2"),
     ("y_embedder.embedding_table",
-     "transformer_blocks.{i}.norm1.emb.class_embedder.embedding_table"),
+    "transformer_blocks.{i}.norm1.emb.class_embedder.embedding_table"),
     ("blocks.{i}.adaLN_modulation.1", "transformer_blocks.{i}.norm1.linear"),
     ("blocks.{i}.attn.qkv", "transformer_blocks.{i}.attn1.to_{q,k,v}"),
     ("blocks.{i}.attn.proj", "transformer_blocks.{i}.attn1.to_out.0"),
     ("blocks.{i}.mlp.fc1", "transformer_blocks.{i}.ff.net.0.proj"),
     ("blocks.{i}.mlp.fc2", "transformer_blocks.{i}.ff.net.2"),
-    ("final_layer.adaLN_modulation.1", "proj_out_1"),
-    ("final_layer.linear", "proj_out_2"),
+    ("final_layer.adaLN_modulation.1", "proj_out_1"), ("final_layer.linear", "proj_out_2"),
 )
 #: diffusers' FeedForward activation name <-> our mlp_act
 ACTIVATIONS = {"gelu-approximate": "gelu_tanh", "gelu": "gelu"}
@@ -174,7 +173,8 @@ def from_diffusers_dit(source: str | os.PathLike | DiTTransformer2DModel, **kwar
     """Our DiT model with the weights of a DiTTransformer2DModel: an instance, a local folder (a
     transformer folder or a pipeline folder) or a hub id (``kwargs``: diffusers' from_pretrained
     keywords: cache_dir, local_files_only, revision, subfolder ...). CPU, eval mode, no gradients;
-    its forward gives diffusers' output for the same inputs (all 2C channels with a learned sigma)."""
+    its forward gives diffusers' output for the same inputs (all 2C channels with a learned sigma).
+    """
     from diffusers import DiTTransformer2DModel
 
     if isinstance(source, DiTTransformer2DModel):
@@ -233,9 +233,9 @@ def load_dit_folder(path: str | os.PathLike, model_name: str | None = None,
         scale = json.loads(vae_config.read_text()).get("scaling_factor", SD_VAE_SCALING_FACTOR)
         vae = {"name": str(vae_config.parent), "scaling_factor": scale}
     variance = "learned" if model.learn_sigma else "fixed_large"
-    return LoadedModel(model, name, "diffusers", model.input_size, model.in_channels, model.num_classes,
-                       objective={"objective": "ddpm", "ddpm_variance": variance, **folder_schedule(path)},
-                       vae=vae)
+    objective = {"objective": "ddpm", "ddpm_variance": variance, **folder_schedule(path)}
+    return LoadedModel(model, name, "diffusers", model.input_size, model.in_channels,
+                       model.num_classes, objective=objective, vae=vae)
 
 
 def diffusers_schedule(noise_schedule: str, steps: int) -> dict[str, Any]:
@@ -339,8 +339,8 @@ def dit_pipeline(loaded: LoadedModel, vae: Any, ddpm: dict[str, Any]) -> Any:
     from diffusers import DiTPipeline
 
     if loaded.objective_name != "ddpm":
-        raise CheckpointError(f"{loaded.name} is a {loaded.objective_name}-objective model; DiTPipeline "
-                              "samples DiT's (ddpm, epsilon): export it in our format")
+        raise CheckpointError(f"{loaded.name} is a {loaded.objective_name}-objective model; "
+                              "DiTPipeline samples DiT's (ddpm, epsilon): export it in our format")
     if vae is None:
         raise CheckpointError(f"{loaded.name} is a pixel-space model; DiTPipeline always decodes "
                               "latents with a VAE")

@@ -112,7 +112,7 @@ class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-6, affine: bool = True) -> None:
         super().__init__()
         self.dim, self.eps = dim, eps
-        self.weight = nn.Parameter(torch.ones(dim)) if affine else None  # on cpu: a parameter, moved by .to
+        self.weight = nn.Parameter(torch.ones(dim)) if affine else None  # on cpu: a parameter
 
     def forward(self, x: Tensor) -> Tensor:
         x32 = x.float()
@@ -163,8 +163,7 @@ class TimestepEmbedder(nn.Module):
         super().__init__()
         self.frequency_embedding_size, self.freq_shift = frequency_embedding_size, freq_shift
         self.mlp = nn.Sequential(
-            nn.Linear(frequency_embedding_size, hidden_size),
-            nn.SiLU(),
+            nn.Linear(frequency_embedding_size, hidden_size), nn.SiLU(),
             nn.Linear(hidden_size, hidden_size),
         )
 
@@ -194,9 +193,7 @@ class LabelEmbedder(nn.Module):
         self.num_classes, self.dropout_prob = num_classes, dropout_prob
         self.embedding_table = nn.Embedding(num_classes + int(dropout_prob > 0), hidden_size)
 
-    def forward(
-        self, labels: Tensor, train: bool, force_drop_ids: Tensor | None = None
-    ) -> Tensor:
+    def forward(self, labels: Tensor, train: bool, force_drop_ids: Tensor | None = None) -> Tensor:
         if (train and self.dropout_prob > 0) or force_drop_ids is not None:
             if force_drop_ids is None:
                 drop = torch.rand(labels.shape[0], device=labels.device) < self.dropout_prob
@@ -216,8 +213,10 @@ def norm_and_rotate(x: Tensor, norm: nn.Module, rope: Rotation | None) -> Tensor
     ):
         if x.dtype == torch.float32 and rope.complex_ok(x):
             return _QKNormRopeFunction.apply(x, norm.weight, norm.eps, rope.cis, rope.cis_conj)
-        if rope.half_cis is not None and x.dtype == rope.cos.dtype and not torch.compiler.is_compiling():
-            return _QKNormRopeFunction.apply(x, norm.weight, norm.eps, rope.half_cis, rope.half_cis_conj)
+        fused = rope.half_cis is not None and x.dtype == rope.cos.dtype
+        if fused and not torch.compiler.is_compiling():
+            return _QKNormRopeFunction.apply(x, norm.weight, norm.eps, rope.half_cis,
+                                             rope.half_cis_conj)
     x = norm(x)
     return x if rope is None else rope(x)
 
@@ -327,17 +326,9 @@ class Block(nn.Module):
     """
 
     def __init__(
-        self,
-        hidden_size: int,
-        num_heads: int,
-        mlp_ratio: float = 4.0,
-        norm: str = "layernorm",
-        qk_norm: bool = False,
-        qkv_bias: bool = True,
-        layer_scale_init: float | None = None,
-        mlp: str = "gelu",
-        mlp_act: str = "gelu_tanh",
-        mlp_norm_eps: float = 1e-6,
+        self, hidden_size: int, num_heads: int, mlp_ratio: float = 4.0, norm: str = "layernorm",
+        qk_norm: bool = False, qkv_bias: bool = True, layer_scale_init: float | None = None,
+        mlp: str = "gelu", mlp_act: str = "gelu_tanh", mlp_norm_eps: float = 1e-6,
     ) -> None:
         super().__init__()
         if mlp not in MLPS:
@@ -352,8 +343,9 @@ class Block(nn.Module):
             self.mlp = MLPS[mlp](hidden_size, hidden)
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 6 * hidden_size))
         if layer_scale_init is not None:
-            self.gamma_1 = nn.Parameter(torch.full((hidden_size,), float(layer_scale_init)))  # on cpu: a parameter
-            self.gamma_2 = nn.Parameter(torch.full((hidden_size,), float(layer_scale_init)))  # on cpu: a parameter
+            init = float(layer_scale_init)
+            self.gamma_1 = nn.Parameter(torch.full((hidden_size,), init))  # on cpu: a parameter
+            self.gamma_2 = nn.Parameter(torch.full((hidden_size,), init))  # on cpu: a parameter
         else:
             self.gamma_1 = self.gamma_2 = None
 

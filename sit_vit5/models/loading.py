@@ -18,9 +18,21 @@ from torch import Tensor
 
 from ..transport import TRANSPORT_KEYS
 from ..vae import SD_VAE_EMA, SD_VAE_SCALING_FACTOR
-from .checkpoint_files import CheckpointError, LoadedModel, check_state_dict, read_checkpoint, strip_wrappers
+from .checkpoint_files import (
+    CheckpointError,
+    LoadedModel,
+    check_state_dict,
+    read_checkpoint,
+    strip_wrappers,
+)
 from .diffusers_dit import load_dit_folder
-from .registry import create_model, list_models, model_kwargs, name_objective, name_objective_conflict
+from .registry import (
+    create_model,
+    list_models,
+    model_kwargs,
+    name_objective,
+    name_objective_conflict,
+)
 
 
 def _is_our_config(args: Any) -> bool:
@@ -95,7 +107,9 @@ def _ours(args: dict, model_name: str | None, objective: str | None, path: str, 
 def _official_objective(model_name: str, objective: str | None) -> str:
     """sit | ddpm of an official file: the model name's (``DiT-*`` = ddpm) or the one asked for; a
     contradiction is a ValueError."""
-    conflict = name_objective_conflict(model_name, objective, key="objective") if objective is not None else None
+    conflict = None
+    if objective is not None:
+        conflict = name_objective_conflict(model_name, objective, key="objective")
     if conflict:
         raise ValueError(conflict)
     return objective or name_objective(model_name) or "sit"
@@ -115,28 +129,26 @@ def _official(args: Any, state: dict[str, Tensor], model_name: str | None,
     objective = _official_objective(model_name, objective)
     arch = _infer_architecture(state, input_size, path)
     model = create_model(model_name, **{**arch, **(overrides or {})})
-    section = {"objective": objective, **{k: official[k] for k in TRANSPORT_KEYS if official.get(k) is not None}}
+    told = {k: official[k] for k in TRANSPORT_KEYS if official.get(k) is not None}
+    section = {"objective": objective, **told}
     if objective == "ddpm":
         if len(section) > 1:
-            raise ValueError(f"{path}: its args set a transport ({section}), but the objective is ddpm")
+            raise ValueError(
+                f"{path}: its args set a transport ({section}), but the objective is ddpm")
         # DiT: the learned-range variance when the file has the sigma half, else fixed beta_t
         section["ddpm_variance"] = "learned" if arch["learn_sigma"] else "fixed_large"
     vae_name = f"stabilityai/sd-vae-ft-{official['vae']}" if official.get("vae") else SD_VAE_EMA
+    vae = {"name": vae_name if arch["in_channels"] == 4 else "none",
+           "scaling_factor": SD_VAE_SCALING_FACTOR}
     return LoadedModel(
         model, model_name, "official", arch["input_size"], arch["in_channels"], arch["num_classes"],
-        objective=section,
-        vae={"name": vae_name if arch["in_channels"] == 4 else "none", "scaling_factor": SD_VAE_SCALING_FACTOR},
-        step=step, which=which)
+        objective=section, vae=vae, step=step, which=which)
 
 
 def load_model(
-    ckpt: str | os.PathLike,
-    model_name: str | None = None,
-    which: str = "ema",
-    input_size: int | None = None,
-    sha256: str | None = None,
-    overrides: dict[str, Any] | None = None,
-    objective: str | None = None,
+    ckpt: str | os.PathLike, model_name: str | None = None, which: str = "ema",
+    input_size: int | None = None, sha256: str | None = None,
+    overrides: dict[str, Any] | None = None, objective: str | None = None,
 ) -> LoadedModel:
     """Build the model stored in ``ckpt`` and load its weights (``which``: ema | model), on the CPU,
     in eval mode without gradients.

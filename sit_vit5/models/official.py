@@ -191,10 +191,8 @@ def _from_url(
 
 
 def resolve_checkpoint(
-    ckpt: str | os.PathLike,
-    cache_dir: str | os.PathLike | None = None,
-    offline: bool | None = None,
-    log: Callable[[str], None] | None = None,
+    ckpt: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
+    offline: bool | None = None, log: Callable[[str], None] | None = None,
 ) -> tuple[Path, OfficialWeights | None]:
     """``(local path, table entry or None)`` for a ``--ckpt`` value.
 
@@ -228,10 +226,6 @@ def resolve_checkpoint(
 
 
 __all__ = [
-    "ALIASES",
-    "OFFICIAL_WEIGHTS",
-    "OfficialWeights",
-    "WeightsUnavailableError",
-    "official_weights",
+    "ALIASES", "OFFICIAL_WEIGHTS", "OfficialWeights", "WeightsUnavailableError", "official_weights",
     "resolve_checkpoint",
 ]

@@ -1,6 +1,6 @@
-"""Model registry: ``create_model("SiT-XL/2" | "ViT5-B/4" | "DiT-XL/2" | ..., **overrides)``, parameter and
-FLOP counts. ``DiT-*`` names are the SiT architecture (DiT and SiT share it, key for key) that is trained and
-sampled with DiT's objective: :func:`name_objective` says so."""
+"""Model registry: ``create_model("SiT-XL/2" | "ViT5-B/4" | "DiT-XL/2" | ..., **overrides)``,
+parameter and FLOP counts. ``DiT-*`` names are the SiT architecture (DiT and SiT share it, key for
+key) that is trained and sampled with DiT's objective: :func:`name_objective` says so."""
 
 from __future__ import annotations
 
@@ -15,14 +15,12 @@ from .vit5 import ViT5
 
 #: size -> (depth, hidden_size, num_heads), as in DiT/SiT.
 SIZES: dict[str, tuple[int, int, int]] = {
-    "S": (12, 384, 6),
-    "B": (12, 768, 12),
-    "L": (24, 1024, 16),
-    "XL": (28, 1152, 16),
+    "S": (12, 384, 6), "B": (12, 768, 12), "L": (24, 1024, 16), "XL": (28, 1152, 16),
 }
 PATCH_SIZES = (2, 4, 8)
 BACKBONES: dict[str, type[SiT]] = {"SiT": SiT, "ViT5": ViT5, "DiT": SiT}
-#: backbone prefixes that also name a training objective (DiT = the SiT network under the ddpm objective)
+#: backbone prefixes that also name a training objective (DiT = the SiT network under the ddpm
+#: objective)
 NAME_OBJECTIVES: dict[str, str] = {"DiT": "ddpm"}
 #: ``model`` config keys whose None means "take it from the data" (training fills them in).
 DATA_DERIVED_KEYS = ("input_size", "in_channels", "num_classes")
@@ -35,7 +33,8 @@ def list_models() -> list[str]:
 
 
 def name_objective(name: str) -> str | None:
-    """The objective a model name implies ("ddpm" for ``DiT-*``), or None when the name leaves it open."""
+    """The objective a model name implies ("ddpm" for ``DiT-*``), or None when the name leaves it
+    open."""
     match = _NAME.match(name)
     return NAME_OBJECTIVES.get(match["backbone"]) if match else None
 
@@ -48,19 +47,23 @@ def architecture_name(name: str) -> str:
     return f"{BACKBONES[match['backbone']].__name__}-{match['size']}/{match['patch']}"
 
 
-def name_objective_conflict(name: str, objective: str, key: str = "transport.objective") -> str | None:
-    """What is wrong when model ``name`` implies another objective than ``objective`` (None: nothing): the
-    one wording of that check, for configs and for loading (``key``: how the caller names the objective)."""
+def name_objective_conflict(
+    name: str, objective: str, key: str = "transport.objective"
+) -> str | None:
+    """What is wrong when model ``name`` implies another objective than ``objective`` (None:
+    nothing): the one wording of that check, for configs and for loading (``key``: how the caller
+    names the objective)."""
     implied = name_objective(name)
     if implied is None or implied == objective:
         return None
-    return (f"{name} is the SiT network trained with the {implied} objective: set {key}={implied}, or use "
-            f"the SiT-* name for {key}={objective}")
+    return (f"{name} is the SiT network trained with the {implied} objective: set "
+            f"{key}={implied}, or use the SiT-* name for {key}={objective}")
 
 
 def valid_overrides() -> list[str]:
     """Keyword arguments ``create_model`` accepts."""
-    params = [p for p in inspect.signature(SiT.__init__).parameters if p not in ("self", "switches")]
+    params = [p for p in inspect.signature(SiT.__init__).parameters
+              if p not in ("self", "switches")]
     return sorted(params + list(SIT_SWITCHES))
 
 
@@ -72,9 +75,11 @@ def create_model(name: str, **overrides) -> SiT:
         raise ValueError(f"unknown model {name!r}; valid names: {', '.join(list_models())}")
     unknown = set(overrides) - set(valid_overrides())
     if unknown:
-        raise ValueError(f"unknown override(s) {sorted(unknown)} for {name}; valid: {valid_overrides()}")
+        raise ValueError(
+            f"unknown override(s) {sorted(unknown)} for {name}; valid: {valid_overrides()}")
     depth, hidden_size, num_heads = SIZES[match["size"]]
-    kwargs = dict(depth=depth, hidden_size=hidden_size, num_heads=num_heads, patch_size=int(match["patch"]))
+    kwargs = dict(depth=depth, hidden_size=hidden_size, num_heads=num_heads,
+                  patch_size=int(match["patch"]))
     return BACKBONES[match["backbone"]](**{**kwargs, **overrides})
 
 
@@ -108,8 +113,10 @@ def flops(model: SiT, input_size: int | None = None) -> float:
     n_patches = (side // p) ** 2
     n = n_patches + model.num_registers
     block = model.blocks[0]
-    mlp_macs = sum(m.in_features * m.out_features for m in block.mlp.modules() if isinstance(m, nn.Linear))
+    mlp_macs = sum(m.in_features * m.out_features for m in block.mlp.modules()
+                   if isinstance(m, nn.Linear))
     per_block = 6 * D * D + n * (4 * D * D + mlp_macs) + 2 * n * n * D
-    embed = n_patches * model.in_channels * p * p * D + model.t_embedder.frequency_embedding_size * D + D * D
+    embed = (n_patches * model.in_channels * p * p * D
+             + model.t_embedder.frequency_embedding_size * D + D * D)
     final = 2 * D * D + n_patches * D * p * p * model.out_channels
     return (embed + len(model.blocks) * per_block + final) / 1e9

@@ -102,7 +102,8 @@ def rope_angles_2d(
     """Rotation angles (h*w, head_dim) in float64 for a row-major (h, w) token grid."""
     check_head_dim(head_dim)
     d = head_dim // 2
-    freqs = (theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)).repeat_interleave(2)  # on cpu: angles
+    exponents = -torch.arange(0, d, 2, dtype=torch.float64) / d  # on cpu: angles
+    freqs = (theta**exponents).repeat_interleave(2)
     (h, w), (h0, w0) = grid, train_grid
     rows = axis_positions(h, h0)[:, None] * freqs  # (h, d)
     cols = axis_positions(w, w0)[:, None] * freqs  # (w, d)
@@ -120,12 +121,8 @@ class RopeTables:
     """
 
     def __init__(
-        self,
-        head_dim: int,
-        train_grid: tuple[int, int],
-        theta: float | None = 10000.0,
-        num_registers: int = 0,
-        register_theta: float | None = 100.0,
+        self, head_dim: int, train_grid: tuple[int, int], theta: float | None = 10000.0,
+        num_registers: int = 0, register_theta: float | None = 100.0,
     ) -> None:
         self.head_dim, self.train_grid, self.theta = head_dim, train_grid, theta
         self.num_registers, self.register_theta = num_registers, register_theta
@@ -142,12 +139,13 @@ class RopeTables:
         if self.theta is not None:
             patches = rope_angles_2d(self.head_dim, self.theta, grid, self.train_grid)
         else:
-            patches = torch.zeros(n, self.head_dim, dtype=torch.float64)  # on cpu: angles, cached per device
+            patches = torch.zeros(n, self.head_dim, dtype=torch.float64)  # on cpu: angles
         if self.register_theta is not None and self.num_registers:
             rgrid = self.register_grid
             regs = rope_angles_2d(self.head_dim, self.register_theta, rgrid, rgrid)
         else:
-            regs = torch.zeros(self.num_registers, self.head_dim, dtype=torch.float64)  # on cpu: angles
+            regs = torch.zeros(  # on cpu: angles
+                self.num_registers, self.head_dim, dtype=torch.float64)
         return torch.cat([patches, regs])
 
     def tables(

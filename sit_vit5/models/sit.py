@@ -109,20 +109,10 @@ class SiT(ModelMixin, ConfigMixin):
         return {*inspect.signature(SiT.__init__).parameters, *SIT_SWITCHES} - {"switches"}
 
     def __init__(
-        self,
-        input_size: int = 32,
-        patch_size: int = 2,
-        in_channels: int = 4,
-        hidden_size: int = 1152,
-        depth: int = 28,
-        num_heads: int = 16,
-        mlp_ratio: float = 4.0,
-        class_dropout_prob: float = 0.1,
-        num_classes: int = 1000,
-        learn_sigma: bool = True,
-        grad_checkpointing: bool = False,
-        t_freq_shift: int = 0,
-        mlp_norm_eps: float = 1e-6,
+        self, input_size: int = 32, patch_size: int = 2, in_channels: int = 4,
+        hidden_size: int = 1152, depth: int = 28, num_heads: int = 16, mlp_ratio: float = 4.0,
+        class_dropout_prob: float = 0.1, num_classes: int = 1000, learn_sigma: bool = True,
+        grad_checkpointing: bool = False, t_freq_shift: int = 0, mlp_norm_eps: float = 1e-6,
         **switches,
     ) -> None:
         super().__init__()
@@ -159,7 +149,8 @@ class SiT(ModelMixin, ConfigMixin):
             table = torch.zeros(1, n_patches, hidden_size)  # on cpu: a parameter, moved by .to
             self.pos_embed = nn.Parameter(table, requires_grad=sw["pos_embed"] == "learned")
         if self.num_registers:
-            self.register_tokens = nn.Parameter(torch.zeros(1, self.num_registers, hidden_size))  # on cpu: a parameter
+            self.register_tokens = nn.Parameter(
+                torch.zeros(1, self.num_registers, hidden_size))  # on cpu: a parameter
         patch_theta, register_theta = rope_thetas(sw)
         self.rope = None
         if patch_theta is not None or register_theta is not None:
@@ -184,9 +175,10 @@ class SiT(ModelMixin, ConfigMixin):
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, **kwargs):
-        """diffusers' ``from_pretrained`` (folder or hub id), strict: a config.json written for another
-        class, a config key this class does not know, and missing, unexpected or misshapen weights
-        raise CheckpointError (one line) instead of warnings over a randomly initialised model."""
+        """diffusers' ``from_pretrained`` (folder or hub id), strict: a config.json written for
+        another class, a config key this class does not know, and missing, unexpected or misshapen
+        weights raise CheckpointError (one line) instead of warnings over a randomly initialised
+        model."""
         from .checkpoint_files import CheckpointError  # checkpoint imports this module
 
         where = os.fspath(pretrained_model_name_or_path)
@@ -198,7 +190,8 @@ class SiT(ModelMixin, ConfigMixin):
         if found != cls.__name__:
             hint = ""
             if found in DIFFUSERS_DIT_CLASSES:
-                hint = ("; a diffusers DiT folder: convert it with sit_vit5.models.load_model(folder) "
+                hint = ("; a diffusers DiT folder: convert it with "
+                        "sit_vit5.models.load_model(folder) "
                         "or sit_vit5.models.diffusers_dit.from_diffusers_dit(folder)")
             elif found in ("SiT", "ViT5"):
                 hint = f"; load it with {found}.from_pretrained"
@@ -282,8 +275,9 @@ class SiT(ModelMixin, ConfigMixin):
         return torch.einsum("nhwpqc->nchpwq", x).reshape(x.shape[0], c, h * p, w * p)
 
     def forward(self, x: Tensor, t: Tensor, y: Tensor) -> Tensor:
-        """The full output (B, C_out, H, W): C channels, or 2C with learn_sigma (as DiT: the prediction, then
-        DiT's variance values, which SiT's transport ignores); the objective reads what it needs."""
+        """The full output (B, C_out, H, W): C channels, or 2C with learn_sigma (as DiT: the
+        prediction, then DiT's variance values, which SiT's transport ignores); the objective reads
+        what it needs."""
         p = self.patch_size
         if x.shape[-2] % p or x.shape[-1] % p:
             raise ValueError(f"input spatial size {tuple(x.shape[-2:])} is not divisible by "

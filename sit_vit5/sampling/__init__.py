@@ -26,21 +26,7 @@ from .sampling_pipeline import (
 )
 
 __all__ = [
-    "DEFAULT_SAMPLING_METHOD",
-    "LABEL_STREAM",
-    "NOISE_STREAM",
-    "METHODS",
-    "BulkResult",
-    "Generated",
-    "GridResult",
-    "NonFiniteSampleError",
-    "ResumeError",
-    "SampleSpec",
-    "SamplingPipeline",
-    "generate_first",
-    "merge_parts",
-    "random_labels",
-    "sample_bulk",
-    "sample_grid",
-    "scan_parts",
+    "DEFAULT_SAMPLING_METHOD", "LABEL_STREAM", "NOISE_STREAM", "METHODS", "BulkResult", "Generated",
+    "GridResult", "NonFiniteSampleError", "ResumeError", "SampleSpec", "SamplingPipeline",
+    "generate_first", "merge_parts", "random_labels", "sample_bulk", "sample_grid", "scan_parts",
 ]

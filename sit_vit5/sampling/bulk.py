@@ -172,7 +172,8 @@ def _write_npz_streamed(
 ) -> None:
     """Write ``arr_0`` uint8 [num, H, W, 3] and ``arr_1`` labels in index order, streaming rows from
     the parts (an uncompressed zip of .npy members, as ``np.savez`` writes) so the whole array is
-    never in memory; ``settings`` (settings.json's text) becomes the 0-d string member ``settings``."""
+    never in memory; ``settings`` (settings.json's text) becomes the 0-d string member ``settings``.
+    """
     cache: OrderedDict[Path, tuple[np.ndarray, np.ndarray]] = OrderedDict()
 
     def row(i: int) -> tuple[np.ndarray, int]:
@@ -241,17 +242,9 @@ def _default_barrier() -> Callable[[], None] | None:
 
 
 def sample_bulk(
-    pipe: SamplingPipeline,
-    num_samples: int,
-    out_dir: str | os.PathLike,
-    *,
-    global_seed: int = 0,
-    batch_size: int = 32,
-    rank: int = 0,
-    world_size: int = 1,
-    png: bool = False,
-    settings: dict[str, Any] | None = None,
-    barrier: Callable[[], None] | None = None,
+    pipe: SamplingPipeline, num_samples: int, out_dir: str | os.PathLike, *, global_seed: int = 0,
+    batch_size: int = 32, rank: int = 0, world_size: int = 1, png: bool = False,
+    settings: dict[str, Any] | None = None, barrier: Callable[[], None] | None = None,
     progress: bool = True,
 ) -> BulkResult:
     """Generate samples ``0 .. num_samples-1`` with uniform random labels; this process does ``i %

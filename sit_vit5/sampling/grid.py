@@ -29,12 +29,8 @@ class GridResult:
 
 
 def generate_first(
-    pipe: SamplingPipeline,
-    num_images: int,
-    labels: Sequence[int] | None = None,
-    global_seed: int = 0,
-    batch_size: int = 32,
-    progress: bool = True,
+    pipe: SamplingPipeline, num_images: int, labels: Sequence[int] | None = None,
+    global_seed: int = 0, batch_size: int = 32, progress: bool = True,
 ) -> list[Generated]:
     """Samples ``0 .. num_images-1`` in batches of ``batch_size``; ``labels`` None = random labels,
     else one label per image."""
@@ -50,14 +46,9 @@ def generate_first(
 
 
 def sample_grid(
-    pipe: SamplingPipeline,
-    out_dir: str | os.PathLike,
-    num_images: int,
-    labels: Sequence[int] | None = None,
-    global_seed: int = 0,
-    batch_size: int = 32,
-    nrow: int | None = None,
-    progress: bool = True,
+    pipe: SamplingPipeline, out_dir: str | os.PathLike, num_images: int,
+    labels: Sequence[int] | None = None, global_seed: int = 0, batch_size: int = 32,
+    nrow: int | None = None, progress: bool = True,
 ) -> GridResult:
     """Generate samples ``0 .. num_images-1`` and write ``out_dir/grid.png`` and
     ``out_dir/{i:06d}.png``.

@@ -85,10 +85,10 @@ class SamplingPipeline:
     """Model + objective + sampler settings + decoder: ``generate(indices, global_seed)`` -> images.
 
     ``objective`` is the model's :class:`~sit_vit5.objective.Objective` (or the SiT ``Transport`` /
-    DiT ``GaussianDiffusion`` it wraps): it builds the sampler and reads the model's full output. Build
-    one from its source with :meth:`for_model` (a loaded
-    checkpoint), :meth:`for_run` (a training run's config and EMA) or :meth:`for_components` (a
-    diffusers pipeline's parts); they own the decoder, latent shape and image-size checks.
+    DiT ``GaussianDiffusion`` it wraps): it builds the sampler and reads the model's full output.
+    Build one from its source with :meth:`for_model` (a loaded checkpoint), :meth:`for_run` (a
+    training run's config and EMA) or :meth:`for_components` (a diffusers pipeline's parts); they
+    own the decoder, latent shape and image-size checks.
 
     ``latent_shape`` is ``(C, h, w)`` of the model input; ``decode`` maps samples to images in [-1,
     1] ``(B, 3 or C, H, W)`` (None: identity). ``pixel_space``: the model generates images in [-1,
@@ -141,8 +141,8 @@ class SamplingPipeline:
         weights = next(self.model.parameters(), torch.empty(0)).dtype  # float32 for a weightless fn
         if weights != torch.float32:  # half weights (torch_dtype= at load): autocast in their dtype
             if self.precision not in ("fp32", PRECISION_OF_DTYPE.get(weights)):
-                raise ValueError(f"precision={self.precision!r} but the model's weights are {weights}; "
-                                 "use the weights' precision or load them in float32")
+                raise ValueError(f"precision={self.precision!r} but the model's weights are "
+                                 f"{weights}; use the weights' precision or load them in float32")
             self.precision = PRECISION_OF_DTYPE[weights]
         self.net = torch.compile(self.model) if self.compile else self.model
         pixels = self.decode is None if self.pixel_space is None else self.pixel_space
@@ -152,7 +152,7 @@ class SamplingPipeline:
         if spec.cfg_scale != 1.0:
             self.model_fn = ClassifierFreeGuidance(
                 self._forward, spec.cfg_scale, null_class=self.num_classes,
-                cfg_channels=spec.cfg_channels or channels,  # never the variance half of a 2C output
+                cfg_channels=spec.cfg_channels or channels,  # never a 2C output's variance half
                 interval=spec.cfg_interval,
             )
 
@@ -160,14 +160,8 @@ class SamplingPipeline:
 
     @classmethod
     def for_model(
-        cls,
-        loaded: LoadedModel,
-        spec: SampleSpec,
-        *,
-        objective: Objective | None = None,
-        vae: str | AutoencoderKL | None = None,
-        image_size: int | None = None,
-        **kwargs: Any,
+        cls, loaded: LoadedModel, spec: SampleSpec, *, objective: Objective | None = None,
+        vae: str | AutoencoderKL | None = None, image_size: int | None = None, **kwargs: Any,
     ) -> SamplingPipeline:
         """The pipeline of a loaded checkpoint with its objective (or ``objective``).
 
@@ -258,20 +252,16 @@ class SamplingPipeline:
 
     @torch.no_grad()
     def generate(
-        self,
-        indices: Sequence[int],
-        global_seed: int,
-        labels: Sequence[int] | None = None,
-        *,
-        generators: Sequence[torch.Generator] | None = None,
-        steps: Steps | None = None,
+        self, indices: Sequence[int], global_seed: int, labels: Sequence[int] | None = None, *,
+        generators: Sequence[torch.Generator] | None = None, steps: Steps | None = None,
         tick: Callable[[], Any] | None = None,
     ) -> Generated:
-        """Images of samples ``indices``: sample i's initial noise (float32) and any stochastic noise come
-        from its own generator (``generators``, else sample.py's stream i of ``global_seed``), its class
-        is ``labels[i]`` (None: uniform random labels from the per-sample seeds). ``steps``: sample step
-        by step (``objective.steps``) instead of the whole-trajectory sampler; ``tick()`` is called once
-        per model evaluation (a progress bar)."""
+        """Images of samples ``indices``: sample i's initial noise (float32) and any stochastic
+        noise come from its own generator (``generators``, else sample.py's stream i of
+        ``global_seed``), its class is ``labels[i]`` (None: uniform random labels from the
+        per-sample seeds). ``steps``: sample step by step (``objective.steps``) instead of the
+        whole-trajectory sampler; ``tick()`` is called once per model evaluation (a progress bar).
+        """
         indices = np.asarray(indices, dtype=np.int64)
         if labels is None:
             labels = random_labels(indices.tolist(), global_seed, self.num_classes)
@@ -305,8 +295,9 @@ class SamplingPipeline:
     @staticmethod
     def denoise(z: Tensor, y: Tensor, gens: list[torch.Generator], steps: Steps,
                 model_fn: Callable[..., Tensor]) -> Tensor:
-        """The one step-wise loop (diffusers' API): from noise ``z`` ``(B, C, H, W)`` with labels ``y``
-        ``(B,)`` to the final sample, one ``model_fn`` call and one ``steps.step`` per timestep."""
+        """The one step-wise loop (diffusers' API): from noise ``z`` ``(B, C, H, W)`` with labels
+        ``y`` ``(B,)`` to the final sample, one ``model_fn`` call and one ``steps.step`` per
+        timestep."""
         x = z * steps.init_noise_sigma
         for t in steps.timesteps:
             out = model_fn(steps.model_input(x, t), steps.model_time(t, x), y)

@@ -20,20 +20,7 @@ from .transport import (
 )
 
 __all__ = [
-    "DIFFUSION_FORMS",
-    "LAST_STEPS",
-    "LOSS_WEIGHTS",
-    "PATHS",
-    "PREDICTIONS",
-    "TRANSPORT_KEYS",
-    "ClassifierFreeGuidance",
-    "GVPPath",
-    "LinearPath",
-    "Path",
-    "Sampler",
-    "Transport",
-    "VPPath",
-    "bits_per_dim",
-    "create_transport",
-    "default_eps",
+    "DIFFUSION_FORMS", "LAST_STEPS", "LOSS_WEIGHTS", "PATHS", "PREDICTIONS", "TRANSPORT_KEYS",
+    "ClassifierFreeGuidance", "GVPPath", "LinearPath", "Path", "Sampler", "Transport", "VPPath",
+    "bits_per_dim", "create_transport", "default_eps",
 ]

@@ -56,7 +56,8 @@ def time_grid(t0: float, t1: float, num_steps: int, like: Tensor) -> Tensor:
     """``linspace(t0, t1, num_steps)`` in float64 for float64 data, else float32, on ``like``'s
     device."""
     if num_steps < 2:
-        raise ValueError(f"num_steps must be >= 2 (grid points including both ends), got {num_steps}")
+        raise ValueError(
+            f"num_steps must be >= 2 (grid points including both ends), got {num_steps}")
     dtype = torch.float64 if like.dtype == torch.float64 else torch.float32
     return torch.linspace(t0, t1, num_steps, dtype=dtype, device=like.device)
 
@@ -67,12 +68,8 @@ def batch_time(t: Tensor | float, x: Tensor) -> Tensor:
 
 
 def solve_ode(
-    drift: Callable[[Tensor, Tensor], Tensor | tuple[Tensor, ...]],
-    y0: Tensor | tuple[Tensor, ...],
-    grid: Tensor,
-    method: str,
-    atol: float,
-    rtol: float,
+    drift: Callable[[Tensor, Tensor], Tensor | tuple[Tensor, ...]], y0: Tensor | tuple[Tensor, ...],
+    grid: Tensor, method: str, atol: float, rtol: float,
 ) -> Tensor | tuple[Tensor, ...]:
     """Integrate ``dy/dt = drift(y, t_batch)`` over ``grid``; returns the states on the grid (time
     first)."""
@@ -83,14 +80,17 @@ def solve_ode(
 
     method = ode_method(method)
     n = len(y0) if isinstance(y0, tuple) else 1
-    tol = dict(atol=[atol] * n, rtol=[rtol] * n) if isinstance(y0, tuple) else dict(atol=atol, rtol=rtol)
-    # adaptive RK steps may overshoot the last grid point (VP is NaN for t > 1): make them land on it
+    tol = (dict(atol=[atol] * n, rtol=[rtol] * n) if isinstance(y0, tuple)
+           else dict(atol=atol, rtol=rtol))
+    # adaptive RK steps may overshoot the last grid point (VP is NaN for t > 1): make them land on
+    # it
     options = {"step_t": grid[-1:]} if method in ADAPTIVE_METHODS else None
     return odeint(func, y0, grid, method=method, options=options, **tol)
 
 
 # ---------------------------------------------------------------- SDE steps
-# Each step maps (x, t, dt, noise) -> x_next for dX = drift dt + sqrt(2 D) dW; ``noise`` ~ N(0, I) like x.
+# Each step maps (x, t, dt, noise) -> x_next for dX = drift dt + sqrt(2 D) dW; ``noise`` ~ N(0, I)
+# like x.
 SDEDrift = Callable[[Tensor, Tensor], Tensor]
 SDEDiffusion = Callable[[Tensor, Tensor], Tensor]
 
@@ -103,7 +103,9 @@ def euler_maruyama_step(
     return x + drift(x, t_b) * dt + torch.sqrt(2 * diffusion(x, t_b)) * noise * math.sqrt(dt)
 
 
-def heun_step(x: Tensor, t: float, dt: float, noise: Tensor, drift: SDEDrift, diffusion: SDEDiffusion) -> Tensor:
+def heun_step(
+    x: Tensor, t: float, dt: float, noise: Tensor, drift: SDEDrift, diffusion: SDEDiffusion
+) -> Tensor:
     """SiT's stochastic Heun step: add the noise first, then a Heun (trapezoid) drift step (2
     evaluations)."""
     t_b = batch_time(t, x)

@@ -1,7 +1,8 @@
 """Divergence estimators for the probability-flow likelihood, and bits/dim.
 
-The likelihood is the density of the data *in the space the model sees* (e.g. VAE latents, or images scaled
-to [-1, 1]) as a continuous variable: no dequantization noise and no offset for 8-bit pixels is added.
+The likelihood is the density of the data *in the space the model sees* (e.g. VAE latents, or images
+scaled to [-1, 1]) as a continuous variable: no dequantization noise and no offset for 8-bit pixels
+is added.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ PROBES: dict[str, Callable[[Tensor, Resolved], Tensor]] = {
 
 
 def exact_divergence(v: Tensor, x: Tensor) -> Tensor:
-    """``sum_i d v_i / d x_i`` per sample, ``(B,)``: one backward pass per dimension (small data only)."""
+    """``sum_i d v_i / d x_i`` per sample, ``(B,)``: one backward pass per dimension (small data
+    only)."""
     flat_v = v.flatten(1)
     div = torch.zeros(len(x), dtype=x.dtype, device=x.device)
     for i in range(flat_v.shape[1]):
@@ -32,7 +34,8 @@ def exact_divergence(v: Tensor, x: Tensor) -> Tensor:
 
 
 def hutchinson_divergence(v: Tensor, x: Tensor, probes: Tensor) -> Tensor:
-    """Unbiased ``mean_k e_k^T (dv/dx) e_k`` per sample, ``(B,)``; ``probes`` has shape ``(K, *x.shape)``."""
+    """Unbiased ``mean_k e_k^T (dv/dx) e_k`` per sample, ``(B,)``; ``probes`` has shape ``(K,
+    *x.shape)``."""
     total = torch.zeros(len(x), dtype=x.dtype, device=x.device)
     for e in probes:
         grad = torch.autograd.grad(v, x, grad_outputs=e, retain_graph=True)[0]

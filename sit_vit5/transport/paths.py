@@ -1,9 +1,11 @@
-"""Interpolation paths ``x_t = alpha_t * x1 + sigma_t * x0`` (t = 0 noise, t = 1 data), SiT conventions.
+"""Interpolation paths ``x_t = alpha_t * x1 + sigma_t * x0`` (t = 0 noise, t = 1 data), SiT
+conventions.
 
-A path is one small class that defines ``compute_alpha_t`` and ``compute_sigma_t`` (each returns the value
-and its time derivative); the shared base class derives the SDE drift, diffusion forms, conversions between
-velocity / score / noise and the training plan. Method names and signatures follow SiT's ``transport/path.py``
-so SiT code can call them unchanged. ``t`` may be a scalar, ``(B,)`` or already broadcast ``(B, 1, ..., 1)``.
+A path is one small class that defines ``compute_alpha_t`` and ``compute_sigma_t`` (each returns the
+value and its time derivative); the shared base class derives the SDE drift, diffusion forms,
+conversions between velocity / score / noise and the training plan. Method names and signatures
+follow SiT's ``transport/path.py`` so SiT code can call them unchanged. ``t`` may be a scalar,
+``(B,)`` or already broadcast ``(B, 1, ..., 1)``.
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ from .per_sample import expand_t_like_x
 
 
 class Path:
-    """Shared machinery for a path ``(alpha_t, sigma_t)``; subclasses define the two coefficient functions."""
+    """Shared machinery for a path ``(alpha_t, sigma_t)``; subclasses define the two coefficient
+    functions."""
 
-    #: alpha_0 == 0, so alpha_dot / alpha (and thus the SBDM diffusion and score -> velocity) blow up at t = 0
+    #: alpha_0 == 0, so alpha_dot / alpha (and thus the SBDM diffusion and score -> velocity) blow
+    #: up at t = 0
     alpha_vanishes_at_noise: bool = True
 
     def compute_alpha_t(self, t: Tensor) -> tuple[Tensor, Tensor]:
@@ -38,20 +42,25 @@ class Path:
         return d_alpha_t / alpha_t
 
     def compute_drift(self, x: Tensor, t: Tensor) -> tuple[Tensor, Tensor]:
-        """Score-parametrised SDE pieces ``(f, w)``: ``f = -(alpha_dot/alpha) x`` of shape ``x.shape`` and
-        ``w = (alpha_dot/alpha) sigma^2 - sigma sigma_dot`` of shape ``(B, 1, ..., 1)``; ``v = w s - f``."""
+        """Score-parametrised SDE pieces ``(f, w)``: ``f = -(alpha_dot/alpha) x`` of shape
+        ``x.shape`` and ``w = (alpha_dot/alpha) sigma^2 - sigma sigma_dot`` of shape ``(B, 1, ...,
+        1)``; ``v = w s - f``."""
         t = expand_t_like_x(t, x)
         ratio = self.compute_d_alpha_alpha_ratio_t(t)
         sigma_t, d_sigma_t = self.compute_sigma_t(t)
         return -ratio * x, ratio * sigma_t**2 - sigma_t * d_sigma_t
 
-    def compute_diffusion(self, x: Tensor, t: Tensor, form: str = "constant", norm: float = 1.0) -> Tensor:
-        """Diffusion coefficient ``D_t``, shape ``(B, 1, ..., 1)``, for ``form`` (see ``DIFFUSION_FORMS``)."""
+    def compute_diffusion(
+        self, x: Tensor, t: Tensor, form: str = "constant", norm: float = 1.0
+    ) -> Tensor:
+        """Diffusion coefficient ``D_t``, shape ``(B, 1, ..., 1)``, for ``form`` (see
+        ``DIFFUSION_FORMS``)."""
         t = expand_t_like_x(t, x)
         return choose(DIFFUSION_FORMS, form, "diffusion_form")(self, x, t, norm)
 
     def get_score_from_velocity(self, velocity: Tensor, x: Tensor, t: Tensor) -> Tensor:
-        """``s = (r v - x) / (sigma^2 - r sigma_dot sigma)``, ``r = alpha / alpha_dot``; shape ``x.shape``."""
+        """``s = (r v - x) / (sigma^2 - r sigma_dot sigma)``, ``r = alpha / alpha_dot``; shape
+        ``x.shape``."""
         t = expand_t_like_x(t, x)
         alpha_t, d_alpha_t = self.compute_alpha_t(t)
         sigma_t, d_sigma_t = self.compute_sigma_t(t)
@@ -59,7 +68,8 @@ class Path:
         return (r * velocity - x) / (sigma_t**2 - r * d_sigma_t * sigma_t)
 
     def get_noise_from_velocity(self, velocity: Tensor, x: Tensor, t: Tensor) -> Tensor:
-        """``eps = (r v - x) / (r sigma_dot - sigma)`` (the x0 that produced x_t); shape ``x.shape``."""
+        """``eps = (r v - x) / (r sigma_dot - sigma)`` (the x0 that produced x_t); shape
+        ``x.shape``."""
         t = expand_t_like_x(t, x)
         alpha_t, d_alpha_t = self.compute_alpha_t(t)
         sigma_t, d_sigma_t = self.compute_sigma_t(t)
@@ -77,7 +87,8 @@ class Path:
         return self.compute_alpha_t(t)[0] * x1 + self.compute_sigma_t(t)[0] * x0
 
     def compute_xt(self, t: Tensor, x0: Tensor, x1: Tensor) -> Tensor:
-        """Sample of ``p_t`` given the pair ``(x0, x1)`` (the path is deterministic given the pair)."""
+        """Sample of ``p_t`` given the pair ``(x0, x1)`` (the path is deterministic given the pair).
+        """
         return self.compute_mu_t(t, x0, x1)
 
     def compute_ut(self, t: Tensor, x0: Tensor, x1: Tensor, xt: Tensor) -> Tensor:
@@ -127,7 +138,8 @@ class VPPath(Path):
         self.sigma_min, self.sigma_max = sigma_min, sigma_max
 
     def log_mean_coeff(self, t: Tensor) -> Tensor:
-        return -0.25 * (1 - t) ** 2 * (self.sigma_max - self.sigma_min) - 0.5 * (1 - t) * self.sigma_min
+        span = self.sigma_max - self.sigma_min
+        return -0.25 * (1 - t) ** 2 * span - 0.5 * (1 - t) * self.sigma_min
 
     def d_log_mean_coeff(self, t: Tensor) -> Tensor:
         return 0.5 * (1 - t) * (self.sigma_max - self.sigma_min) + 0.5 * self.sigma_min
@@ -145,7 +157,8 @@ class VPPath(Path):
         return self.d_log_mean_coeff(t)
 
     def compute_drift(self, x: Tensor, t: Tensor) -> tuple[Tensor, Tensor]:
-        # closed form f = -beta/2 x, w = beta/2 (= the generic formula, but exact near t = 1 where sigma -> 0)
+        # closed form f = -beta/2 x, w = beta/2 (= the generic formula, but exact near t = 1 where
+        # sigma -> 0)
         t = expand_t_like_x(t, x)
         beta_t = self.sigma_min + (1 - t) * (self.sigma_max - self.sigma_min)
         return -0.5 * beta_t * x, beta_t / 2

@@ -8,9 +8,11 @@ from torch import Tensor
 
 
 def expand_t_like_x(t: Tensor | float, x: Tensor) -> Tensor:
-    """Reshape time to broadcast against ``x``: ``(B,)``, ``(B, 1, ...)`` or a scalar -> ``(B, 1, ..., 1)``.
+    """Reshape time to broadcast against ``x``: ``(B,)``, ``(B, 1, ...)`` or a scalar -> ``(B, 1,
+    ..., 1)``.
 
-    Idempotent (an already expanded ``t`` passes through), so path methods may call each other freely.
+    Idempotent (an already expanded ``t`` passes through), so path methods may call each other
+    freely.
     """
     t = torch.as_tensor(t, device=x.device)
     if not t.is_floating_point():

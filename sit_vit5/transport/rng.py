@@ -37,7 +37,8 @@ def sample_seed(global_seed: int, index: int, stream: int = 0) -> int:
     """Seed of stream ``stream`` of sample ``index`` in a run seeded ``global_seed``: ``mix_seed``
     of the three, after checking that the seed and index are >= 0."""
     if global_seed < 0 or index < 0:
-        raise ValueError(f"seeds and indices must be >= 0, got global_seed={global_seed}, index={index}")
+        raise ValueError(
+            f"seeds and indices must be >= 0, got global_seed={global_seed}, index={index}")
     return mix_seed(global_seed, index, stream)
 
 
@@ -52,7 +53,8 @@ def item_seed(seed: int, epoch: int, index: int) -> int:
     """A 64-bit seed that depends on (seed, epoch, index) only (a splitmix64 chain: nearby triples
     differ). Data items use it rather than ``mix_seed``: ~7x cheaper, and one is made per item per
     epoch."""
-    return _splitmix64(_splitmix64(_splitmix64(seed & _MASK64) ^ (epoch & _MASK64)) ^ (index & _MASK64))
+    mixed = _splitmix64(_splitmix64(seed & _MASK64) ^ (epoch & _MASK64))
+    return _splitmix64(mixed ^ (index & _MASK64))
 
 
 # ----------------------------------------------------------------------------- generators and draws
@@ -63,7 +65,8 @@ def _as_generator(g: torch.Generator | int) -> torch.Generator:
         return g
     if isinstance(g, int):
         return torch.Generator().manual_seed(g)
-    raise TypeError(f"generator entries must be torch.Generator or int seeds, got {type(g).__name__}")
+    raise TypeError(
+        f"generator entries must be torch.Generator or int seeds, got {type(g).__name__}")
 
 
 def resolve_generator(generator: GeneratorLike, batch: int) -> Resolved:
@@ -90,7 +93,8 @@ def randn_like(x: Tensor, generator: Resolved) -> Tensor:
     dtype = _draw_dtype(x)
     if isinstance(generator, torch.Generator):
         return torch.randn(x.shape, generator=generator, device=generator.device, dtype=dtype).to(x)
-    return torch.stack([torch.randn(x.shape[1:], generator=g, device=g.device, dtype=dtype).to(x) for g in generator])
+    return torch.stack([torch.randn(x.shape[1:], generator=g, device=g.device, dtype=dtype).to(x)
+                        for g in generator])
 
 
 def rademacher_like(x: Tensor, generator: Resolved) -> Tensor:

@@ -1,11 +1,10 @@
-"""Samplers (SiT API): probability-flow ODE, SDE, and ODE likelihood, each counting model evaluations.
+"""Samplers (SiT API): probability-flow ODE, SDE and ODE likelihood, each counting model calls.
 
-Each ``sample_*`` method returns a function ``fn(z, model_fn, *, generator=None, **model_kwargs)``.
-``model_fn(x, t, **model_kwargs)`` gets ``t`` of shape ``(B,)``; wrap a class-conditional model in
-:class:`~sit_vit5.guidance.ClassifierFreeGuidance` for guidance. ``generator`` (see :mod:`.rng`) makes the
-SDE noise and the Hutchinson probes reproducible: a list with one generator / seed per row makes each
-sample depend on its own seed only. After every call ``sampler.last_nfe`` holds the number of ``model_fn``
-calls made (a guided call on a doubled batch counts once).
+Each ``sample_*`` method returns ``fn(z, model_fn, *, generator=None, **model_kwargs)``;
+``model_fn(x, t, **model_kwargs)`` gets ``t`` of shape ``(B,)`` (wrap it in
+:class:`~sit_vit5.guidance.ClassifierFreeGuidance` for guidance). ``generator`` (:mod:`.rng`), one
+per row, makes the SDE noise and Hutchinson probes depend on each row's seed only. After each call
+``sampler.last_nfe`` holds the number of ``model_fn`` calls (a guided doubled batch counts once).
 """
 
 from __future__ import annotations
@@ -50,10 +49,9 @@ LAST_STEPS: dict[str | None, LastStep | None] = {
 
 def _warn_adaptive(method: str, num_steps: int) -> None:
     warnings.warn(
-        f"sampling_method={method!r} is adaptive: num_steps={num_steps} only sets the output grid, not the "
-        "number of model evaluations (read sampler.last_nfe; tune atol/rtol instead)",
-        UserWarning,
-        stacklevel=3,
+        f"sampling_method={method!r} is adaptive: num_steps={num_steps} only sets the output grid, "
+        "not the number of model evaluations (read sampler.last_nfe; tune atol/rtol instead)",
+        UserWarning, stacklevel=3,
     )
 
 
@@ -69,15 +67,19 @@ class Sampler:
         self.transport = transport
         self.last_nfe: int | None = None  # model evaluations of the most recent sampling call
 
-    def _velocity_fn(self, model: Callable[..., Tensor], model_kwargs: dict) -> Callable[[Tensor, Tensor], Tensor]:
+    def _velocity_fn(
+        self, model: Callable[..., Tensor], model_kwargs: dict
+    ) -> Callable[[Tensor, Tensor], Tensor]:
         tr = self.transport
         return lambda x, t: tr.velocity(tr.model_output(model, x, t, **model_kwargs), x, t)
 
     def ode_grid(self, num_steps: int, like: Tensor, reverse: bool = False) -> Tensor:
         """The probability-flow ODE's time grid: ``num_steps`` points from t0 to t1 (0 = noise; the
-        transport's eps move the ends in), data to noise with ``reverse``; dtype and device of ``like``."""
+        transport's eps move the ends in), data to noise with ``reverse``; dtype and device of
+        ``like``."""
         tr = self.transport
-        t0, t1 = tr.check_interval(tr.train_eps, tr.sample_eps, sde=False, eval=True, reverse=reverse)
+        t0, t1 = tr.check_interval(tr.train_eps, tr.sample_eps, sde=False, eval=True,
+                                   reverse=reverse)
         return time_grid(t0, t1, num_steps, like)
 
     # ---------------------------------------------------------------- ODE
@@ -86,15 +88,17 @@ class Sampler:
                    ) -> Callable[..., Tensor]:
         """Probability-flow ODE from noise ``z`` at t0 to data at t1 (``reverse``: data -> noise).
 
-        Fixed-grid methods take ``num_steps - 1`` steps (NFE = steps x evaluations per step, e.g. heun2: 2);
-        adaptive ones (dopri5, ...) report their solution on ``num_steps`` grid points and warn about it.
-        The function returns the trajectory ``(num_steps, *z.shape)``, final sample last.
+        Fixed-grid methods take ``num_steps - 1`` steps (NFE = steps x evaluations per step, e.g.
+        heun2: 2); adaptive ones (dopri5, ...) report their solution on ``num_steps`` grid points
+        and warn about it. The function returns the trajectory ``(num_steps, *z.shape)``, final
+        sample last.
         """
         method = ode_method(sampling_method)
         if is_adaptive(method):
             _warn_adaptive(method, num_steps)
 
-        def _sample(z: Tensor, model_fn: Callable[..., Tensor], *, generator: GeneratorLike = None, **model_kwargs):
+        def _sample(z: Tensor, model_fn: Callable[..., Tensor], *,
+                    generator: GeneratorLike = None, **model_kwargs):
             # the ODE is deterministic: generator is accepted only for a uniform API
             model, grid = CountingModel(model_fn), self.ode_grid(num_steps, z, reverse=reverse)
             xs = solve_ode(self._velocity_fn(model, model_kwargs), z, grid, method, atol, rtol)
@@ -105,22 +109,18 @@ class Sampler:
 
     # ---------------------------------------------------------------- SDE
     def sample_sde(
-        self,
-        *,
-        sampling_method: str = "Euler",
-        diffusion_form: str = "SBDM",
-        diffusion_norm: float = 1.0,
-        last_step: str | None = "Mean",
-        last_step_size: float = 0.04,
-        num_steps: int = 250,
-        progress: bool = False,
+        self, *, sampling_method: str = "Euler", diffusion_form: str = "SBDM",
+        diffusion_norm: float = 1.0, last_step: str | None = "Mean", last_step_size: float = 0.04,
+        num_steps: int = 250, progress: bool = False,
     ) -> Callable[..., list[Tensor]]:
-        """SDE ``dX = [v + D s] dt + sqrt(2 D) dW`` on ``linspace(t0, t1, num_steps)`` then a last step.
+        """SDE ``dX = [v + D s] dt + sqrt(2 D) dW`` on ``linspace(t0, t1, num_steps)`` then a last
+        step.
 
-        ``sampling_method``: Euler (Euler-Maruyama, 1 NFE/step) | Heun (2 NFE/step); ``diffusion_form``: see
-        ``DIFFUSION_FORMS``; ``last_step``: Mean | Tweedie | Euler | None (1 NFE, or 0 for None) of size
-        ``last_step_size`` (t1 = 1 - last_step_size). Velocity and score come from one model call per drift.
-        The function returns a list of ``num_steps`` states, final sample last (as SiT).
+        ``sampling_method``: Euler (Euler-Maruyama, 1 NFE/step) | Heun (2 NFE/step);
+        ``diffusion_form``: see ``DIFFUSION_FORMS``; ``last_step``: Mean | Tweedie | Euler | None (1
+        NFE, or 0 for None) of size ``last_step_size`` (t1 = 1 - last_step_size). Velocity and score
+        come from one model call per drift. The function returns a list of ``num_steps`` states,
+        final sample last (as SiT).
         """
         step = choose(SDE_STEPS, sampling_method, "SDE sampling_method")
         choose(DIFFUSION_FORMS, diffusion_form, "diffusion_form")
@@ -129,19 +129,17 @@ class Sampler:
             last_step_size = 0.0
         tr, path = self.transport, self.transport.path_sampler
         t0, t1 = tr.check_interval(
-            tr.train_eps,
-            tr.sample_eps,
-            diffusion_form=diffusion_form,
-            sde=True,
-            eval=True,
+            tr.train_eps, tr.sample_eps, diffusion_form=diffusion_form, sde=True, eval=True,
             last_step_size=last_step_size,
         )
         if num_steps < 2:
-            raise ValueError(f"num_steps must be >= 2 (grid points including both ends), got {num_steps}")
-        times = torch.linspace(t0, t1, num_steps, dtype=torch.float64).tolist()  # on cpu: host floats
+            raise ValueError(
+                f"num_steps must be >= 2 (grid points including both ends), got {num_steps}")
+        times = torch.linspace(t0, t1, num_steps, dtype=torch.float64).tolist()  # on cpu: floats
         dt = times[1] - times[0]
 
-        def _sample(z: Tensor, model_fn: Callable[..., Tensor], *, generator: GeneratorLike = None, **model_kwargs):
+        def _sample(z: Tensor, model_fn: Callable[..., Tensor], *,
+                    generator: GeneratorLike = None, **model_kwargs):
             model, gen = CountingModel(model_fn), resolve_generator(generator, len(z))
 
             def diffusion(x: Tensor, t: Tensor) -> Tensor:
@@ -175,22 +173,16 @@ class Sampler:
 
     # ---------------------------------------------------------------- likelihood
     def sample_ode_likelihood(
-        self,
-        *,
-        sampling_method: str = "dopri5",
-        num_steps: int = 50,
-        atol: float = DEFAULT_ATOL,
-        rtol: float = DEFAULT_RTOL,
-        divergence: str = "hutchinson",
-        probe: str = "rademacher",
+        self, *, sampling_method: str = "dopri5", num_steps: int = 50, atol: float = DEFAULT_ATOL,
+        rtol: float = DEFAULT_RTOL, divergence: str = "hutchinson", probe: str = "rademacher",
         num_probes: int = 1,
     ) -> Callable[..., tuple[Tensor, Tensor]]:
-        """Log-likelihood of data ``x`` by integrating the ODE from t1 back to t0 with ``d logp = -div v dt``.
+        """Log-likelihood of data ``x``: the ODE from t1 back to t0 with ``d logp = -div v dt``.
 
-        ``divergence``: hutchinson (``num_probes`` probes of kind ``probe``: rademacher | gaussian, drawn once
-        per call so the ODE is deterministic for adaptive solvers) | exact (one backward pass per dimension:
-        small data only). The function returns ``(logp, z)``: ``log p_t1(x)`` in nats per sample ``(B,)``
-        under an N(0, I) prior at t0, and the noise-side points ``z``. Bits/dim:
+        ``divergence``: hutchinson (``num_probes`` probes of kind ``probe``: rademacher | gaussian,
+        drawn once per call so adaptive solvers see a deterministic ODE) | exact (one backward pass
+        per dimension: small data only). The function returns ``(logp, z)``: ``log p_t1(x)`` in nats
+        ``(B,)`` under an N(0, I) prior at t0, and the noise-side points ``z``. Bits/dim:
         :func:`~sit_vit5.transport.bits_per_dim` (no dequantization offset is added).
         """
         method = ode_method(sampling_method)
@@ -203,7 +195,8 @@ class Sampler:
         tr = self.transport
 
         def _likelihood(
-            x: Tensor, model_fn: Callable[..., Tensor], *, generator: GeneratorLike = None, **model_kwargs
+            x: Tensor, model_fn: Callable[..., Tensor], *, generator: GeneratorLike = None,
+            **model_kwargs,
         ) -> tuple[Tensor, Tensor]:
             model, gen = CountingModel(model_fn), resolve_generator(generator, len(x))
             velocity = self._velocity_fn(model, model_kwargs)
@@ -215,20 +208,23 @@ class Sampler:
                 with torch.enable_grad():
                     y = state[0].detach().requires_grad_(True)
                     v = velocity(y, t)
-                    div = exact_divergence(v, y) if probes is None else hutchinson_divergence(v, y, probes)
+                    div = (exact_divergence(v, y) if probes is None
+                           else hutchinson_divergence(v, y, probes))
                 return v.detach(), div.detach()
 
             init = (x, torch.zeros(len(x), dtype=x.dtype, device=x.device))
-            ys, delta = solve_ode(drift, init, self.ode_grid(num_steps, x, reverse=True), method, atol, rtol)
+            grid = self.ode_grid(num_steps, x, reverse=True)
+            ys, delta = solve_ode(drift, init, grid, method, atol, rtol)
             z = ys[-1]
-            # integrating t1 -> t0 gives delta = -int_{t0}^{t1} div v dt, so log p_t1(x) = log N(z) + delta
+            # integrating t1 -> t0 gives delta = -int_{t0}^{t1} div v dt, so log p_t1(x) = log N(z)
+            # + delta
             self.last_nfe = model.nfe
             return tr.prior_logp(z) + delta[-1], z
 
         return _likelihood
 
 
-# ---------------------------------------------------------------- step by step (diffusers' loop API)
+# -------------------------------------------------------- step by step (diffusers' loop API)
 
 
 def _index_of(timesteps: Tensor, timestep: float | Tensor) -> int:
@@ -240,12 +236,13 @@ def _index_of(timesteps: Tensor, timestep: float | Tensor) -> int:
 
 
 class EulerSteps:
-    """The probability-flow ODE's Euler steps one at a time on the sampler's grid: ``timesteps`` are our t
-    (0 = noise; what the network receives), ``step`` takes the raw network output."""
+    """The probability-flow ODE's Euler steps one at a time on the sampler's grid: ``timesteps`` are
+    our t (0 = noise; what the network receives), ``step`` takes the raw network output."""
 
     init_noise_sigma = 1.0
 
-    def __init__(self, sampler: Sampler, num_steps: int, device: torch.device | str | None = None) -> None:
+    def __init__(self, sampler: Sampler, num_steps: int,
+                 device: torch.device | str | None = None) -> None:
         self.transport = sampler.transport
         self.grid = sampler.ode_grid(num_steps, torch.empty(0, device=device))
         self.timesteps = self.grid[:-1]
@@ -256,7 +253,8 @@ class EulerSteps:
     def model_time(self, t: Tensor, x: Tensor) -> Tensor:
         return batch_time(t, x)
 
-    def step(self, model_output: Tensor, t: Tensor, x: Tensor, generator: GeneratorLike = None) -> Tensor:
+    def step(self, model_output: Tensor, t: Tensor, x: Tensor,
+             generator: GeneratorLike = None) -> Tensor:
         i = _index_of(self.timesteps, t)
         t, t_next = self.grid[i], self.grid[i + 1]
         out = self.transport.read_output(model_output, x)
@@ -264,17 +262,17 @@ class EulerSteps:
 
 
 class FlowSchedulerSteps:
-    """diffusers' flow-matching ``scheduler`` (``FlowMatch*``) stepping our model on our ODE grid: its sigma
-    is 1 - t and its flow points from data to noise (= -velocity)."""
+    """diffusers' flow-matching ``scheduler`` (``FlowMatch*``) stepping our model on our ODE grid:
+    its sigma is 1 - t and its flow points from data to noise (= -velocity)."""
 
     def __init__(self, sampler: Sampler, scheduler: Any, num_steps: int,
                  device: torch.device | str | None = None) -> None:
         self.transport, self.scheduler = sampler.transport, scheduler
         grid = sampler.ode_grid(num_steps, torch.empty(0))  # on cpu: sigmas go out as numpy
         if float(grid[-1]) != 1.0:
-            raise SettingError("scheduler", type(scheduler).__name__, f": ends at sigma 0 (t = 1), but "
-                               f"this transport integrates to t = {float(grid[-1])} ({self.transport!r}); "
-                               "keep the SiTScheduler")
+            raise SettingError("scheduler", type(scheduler).__name__,
+                               f": ends at sigma 0 (t = 1), but this transport integrates to "
+                               f"t = {float(grid[-1])} ({self.transport!r}); keep the SiTScheduler")
         scheduler.set_timesteps(sigmas=(1.0 - grid[:-1].double()).numpy(), device=device)
         self.timesteps = scheduler.timesteps
         self.init_noise_sigma = getattr(scheduler, "init_noise_sigma", 1.0)
@@ -285,7 +283,8 @@ class FlowSchedulerSteps:
     def model_time(self, t: Tensor, x: Tensor) -> Tensor:
         return (1.0 - t / self.scheduler.config.num_train_timesteps).to(x).expand(len(x))
 
-    def step(self, model_output: Tensor, t: Tensor, x: Tensor, generator: GeneratorLike = None) -> Tensor:
+    def step(self, model_output: Tensor, t: Tensor, x: Tensor,
+             generator: GeneratorLike = None) -> Tensor:
         out = self.transport.read_output(model_output, x)
         flow = -self.transport.velocity(out, x, self.model_time(t, x))
         return self.scheduler.step(flow, t, x).prev_sample
