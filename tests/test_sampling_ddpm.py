@@ -361,3 +361,26 @@ def test_loaded_checkpoints_know_whether_they_sample_pixels(dit_file):
     assert not SamplingPipeline.for_model(info, SampleSpec(method="ddpm", num_steps=5)).sampler.clip_denoised
     info.vae = {"name": "none"}
     assert SamplingPipeline.for_model(info, SampleSpec(method="ddpm", num_steps=5)).sampler.clip_denoised
+
+
+def test_ddim_eta_reaches_the_sampler_through_the_spec():
+    """DDIM's eta is one SampleSpec field: sample.py's --eta, the whole-trajectory sampler and the step-wise
+    steps all take it; eta 0 is deterministic, eta 1 draws noise from the per-sample generators, and the
+    step-wise loop over the objective's steps gives the whole trajectory's pixels for either."""
+    model = create_model("SiT-S/2", input_size=SIDE, in_channels=C, num_classes=CLASSES, **ARCH)
+    model.load_state_dict({**dit_state_dict(), "pos_embed": model.pos_embed}, strict=True)
+    objective = create_objective({"objective": "ddpm", "diffusion_steps": 100})
+    pixels = {}
+    for eta in (0.0, 1.0):
+        spec = SampleSpec(method="ddim", num_steps=5, eta=eta)
+        pipe = SamplingPipeline(model, objective, spec, (C, SIDE, SIDE), CLASSES)
+        whole = pipe.generate([0, 1], 3, labels=[2, 5])
+        stepped = pipe.generate([0, 1], 3, labels=[2, 5], steps=pipe.steps())
+        assert torch.equal(whole.pixels, stepped.pixels) and whole.nfe == stepped.nfe == 5
+        pixels[eta] = whole.pixels
+    assert not torch.allclose(pixels[0.0], pixels[1.0], atol=1e-3)  # eta 1 adds noise
+    args = sample.build_parser().parse_args(["grid", "--ckpt", "x.pt", "--method", "ddim", "--eta", "0.5"])
+    assert sample.resolve_spec(args, {}).eta == 0.5
+    with pytest.raises(ValueError) as err:  # SettingError naming the field
+        SampleSpec(method="ddim", eta=-0.1)
+    assert "eta" in str(err.value)

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from ..errors import SettingError
+from ..transport.integrators import index_of
 from .gaussian_diffusion import GaussianDiffusion
 
 
@@ -60,14 +61,6 @@ class DiffusionSampler:
         return _sample
 
 
-def _index_of(timesteps: Tensor, timestep: float | Tensor) -> int:
-    """Position of ``timestep`` in ``timesteps`` (exact match: they are the grid's own values)."""
-    hits = (timesteps == torch.as_tensor(timestep, device=timesteps.device)).nonzero()
-    if len(hits) == 0:
-        raise ValueError(f"timestep {float(timestep)!r} is not one of the scheduler's timesteps")
-    return int(hits[0, 0])
-
-
 class DiffusionSteps:
     """Our DDPM / DDIM step on a given network output: ``timesteps`` are DiT's original integer
     steps, noisiest first (what the network receives); ``step`` is exactly one step of
@@ -93,7 +86,7 @@ class DiffusionSteps:
         return t.to(x.device).expand(len(x))
 
     def step(self, model_output: Tensor, t: Tensor, x: Tensor, generator: Any = None) -> Tensor:
-        index = len(self.timesteps) - 1 - _index_of(self.timesteps, t)
+        index = len(self.timesteps) - 1 - index_of(self.timesteps, t)
         t_index = torch.full((len(x),), index, dtype=torch.long, device=x.device)
         out = self._step(lambda *args, **kwargs: model_output, x, t_index,
                          clip_denoised=self.clip_denoised, generator=generator)

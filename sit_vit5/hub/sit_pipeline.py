@@ -162,8 +162,7 @@ class SiTPipeline(DiffusionPipeline):
         pipe = self.sampling_pipeline(num_inference_steps, guidance_scale)
         steps = None  # our whole-trajectory sampler, or a swapped-in diffusers scheduler's steps
         if not isinstance(self.scheduler, SiTScheduler):
-            steps = pipe.objective.steps(pipe.spec, pixel_space=pipe.decode is None,
-                                         scheduler=self.scheduler, device=pipe.device)
+            steps = pipe.steps(self.scheduler)
         starts = range(0, len(labels), batch_size)
         per_batch = pipe.objective.evaluations(pipe.spec) if steps is None else len(steps.timesteps)
         total = float("inf") if per_batch is None else per_batch * len(starts)  # inf: unknown

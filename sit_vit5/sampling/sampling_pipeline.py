@@ -145,8 +145,8 @@ class SamplingPipeline:
                                  f"{weights}; use the weights' precision or load them in float32")
             self.precision = PRECISION_OF_DTYPE[weights]
         self.net = torch.compile(self.model) if self.compile else self.model
-        pixels = self.decode is None if self.pixel_space is None else self.pixel_space
-        built = objective.sampler(spec, pixel_space=pixels)
+        self.pixel_space = self.decode is None if self.pixel_space is None else self.pixel_space
+        built = objective.sampler(spec, pixel_space=self.pixel_space)
         self.sampler, self.sample_fn = built.sampler, built.sample
         self.model_fn = self._forward
         if spec.cfg_scale != 1.0:
@@ -230,6 +230,12 @@ class SamplingPipeline:
                           "position embedding", stacklevel=3)
         return cls(model, objective, spec, (channels, side, side), num_classes, decode,
                    vae_factor=factor, vae=vae, **kwargs)
+
+    def steps(self, scheduler: Any = None) -> Steps:
+        """This pipeline's sampler one step at a time (for :meth:`generate`'s ``steps``): the objective's own
+        steps, or those of a diffusers ``scheduler``, on this pipeline's spec, data range and device."""
+        return self.objective.steps(self.spec, pixel_space=self.pixel_space, scheduler=scheduler,
+                                    device=self.device)
 
     def input_digests(self) -> dict[str, str]:
         """SHA-256 of the weights the images come from: the model's and the decoder's (with its

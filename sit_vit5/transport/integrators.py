@@ -117,3 +117,11 @@ def heun_step(
 
 SDE_STEPS: dict[str, Callable[..., Tensor]] = {"Euler": euler_maruyama_step, "Heun": heun_step}
 SDE_STEP_NFE = {"Euler": 1, "Heun": 2}  # model calls per SDE step (progress bars count them)
+
+
+def index_of(timesteps: Tensor, timestep: float | Tensor) -> int:
+    """Position of ``timestep`` in ``timesteps`` (exact match: they are the grid's own values)."""
+    hits = (timesteps == torch.as_tensor(timestep, device=timesteps.device)).nonzero()
+    if len(hits) == 0:
+        raise ValueError(f"timestep {float(timestep)!r} is not one of the scheduler's timesteps")
+    return int(hits[0, 0])

@@ -58,22 +58,23 @@ class Path:
         t = expand_t_like_x(t, x)
         return choose(DIFFUSION_FORMS, form, "diffusion_form")(self, x, t, norm)
 
-    def get_score_from_velocity(self, velocity: Tensor, x: Tensor, t: Tensor) -> Tensor:
-        """``s = (r v - x) / (sigma^2 - r sigma_dot sigma)``, ``r = alpha / alpha_dot``; shape
-        ``x.shape``."""
+    def _ratio(self, t: Tensor, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``(r, sigma_t, sigma_dot_t)`` with ``r = alpha / alpha_dot``, shaped like ``x``."""
         t = expand_t_like_x(t, x)
         alpha_t, d_alpha_t = self.compute_alpha_t(t)
         sigma_t, d_sigma_t = self.compute_sigma_t(t)
-        r = alpha_t / d_alpha_t
+        return alpha_t / d_alpha_t, sigma_t, d_sigma_t
+
+    def get_score_from_velocity(self, velocity: Tensor, x: Tensor, t: Tensor) -> Tensor:
+        """``s = (r v - x) / (sigma^2 - r sigma_dot sigma)``, ``r = alpha / alpha_dot``; shape
+        ``x.shape``."""
+        r, sigma_t, d_sigma_t = self._ratio(t, x)
         return (r * velocity - x) / (sigma_t**2 - r * d_sigma_t * sigma_t)
 
     def get_noise_from_velocity(self, velocity: Tensor, x: Tensor, t: Tensor) -> Tensor:
         """``eps = (r v - x) / (r sigma_dot - sigma)`` (the x0 that produced x_t); shape
         ``x.shape``."""
-        t = expand_t_like_x(t, x)
-        alpha_t, d_alpha_t = self.compute_alpha_t(t)
-        sigma_t, d_sigma_t = self.compute_sigma_t(t)
-        r = alpha_t / d_alpha_t
+        r, sigma_t, d_sigma_t = self._ratio(t, x)
         return (r * velocity - x) / (r * d_sigma_t - sigma_t)
 
     def get_velocity_from_score(self, score: Tensor, x: Tensor, t: Tensor) -> Tensor:

@@ -23,6 +23,7 @@ from .integrators import (
     SDE_STEPS,
     CountingModel,
     batch_time,
+    index_of,
     is_adaptive,
     ode_method,
     solve_ode,
@@ -227,14 +228,6 @@ class Sampler:
 # -------------------------------------------------------- step by step (diffusers' loop API)
 
 
-def _index_of(timesteps: Tensor, timestep: float | Tensor) -> int:
-    """Position of ``timestep`` in ``timesteps`` (exact match: they are the grid's own values)."""
-    hits = (timesteps == torch.as_tensor(timestep, device=timesteps.device)).nonzero()
-    if len(hits) == 0:
-        raise ValueError(f"timestep {float(timestep)!r} is not one of the scheduler's timesteps")
-    return int(hits[0, 0])
-
-
 class EulerSteps:
     """The probability-flow ODE's Euler steps one at a time on the sampler's grid: ``timesteps`` are
     our t (0 = noise; what the network receives), ``step`` takes the raw network output."""
@@ -255,7 +248,7 @@ class EulerSteps:
 
     def step(self, model_output: Tensor, t: Tensor, x: Tensor,
              generator: GeneratorLike = None) -> Tensor:
-        i = _index_of(self.timesteps, t)
+        i = index_of(self.timesteps, t)
         t, t_next = self.grid[i], self.grid[i + 1]
         out = self.transport.read_output(model_output, x)
         return x + (t_next - t) * self.transport.velocity(out, x, batch_time(t, x))
