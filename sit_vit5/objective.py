@@ -203,7 +203,7 @@ class Objective(ABC):
             raise SettingError("method", spec.method, method_conflict(self.name))
 
     def sampler(self, spec: SampleSpec, *, pixel_space: bool = False) -> BuiltSampler:
-        """``spec``'s whole-trajectory sampler; ``pixel_space``: the model outputs [-1, 1] images."""
+        """``spec``'s whole-trajectory sampler; ``pixel_space``: the model outputs images."""
         self.check_method(spec)
         return self._sampler(spec, pixel_space)
 
