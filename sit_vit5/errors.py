@@ -86,15 +86,10 @@ class SettingError(SitVit5Error, ValueError):
 KNOWN_ERRORS: tuple[type[BaseException], ...] = (SitVit5Error, OSError)
 
 
-def run_cli(
-    prog: str,
-    main: Callable[[], int],
-    *,
-    errors: tuple[type[BaseException], ...] = KNOWN_ERRORS,
-    statuses: Mapping[type[BaseException], int] | None = None,
-    resumable: bool = False,
-    render: Callable[[BaseException], str] = one_line,
-) -> int:
+def run_cli(prog: str, main: Callable[[], int], *,
+            errors: tuple[type[BaseException], ...] = KNOWN_ERRORS,
+            statuses: Mapping[type[BaseException], int] | None = None, resumable: bool = False,
+            render: Callable[[BaseException], str] = one_line) -> int:
     """``main()``; any of ``errors`` is printed as ``<prog>: error: <one line>`` and returns
     ``statuses[type]`` (the first matching base, else 2); Ctrl-C returns 130 and SIGTERM 3, after one
     line that says whether rerunning continues (``resumable``). ``render`` words the message (default: its one

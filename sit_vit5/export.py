@@ -90,13 +90,9 @@ def bundled_vae(loaded: LoadedModel, vae_name: str | None = None) -> tuple[Any, 
     return vae, vae_cfg
 
 
-def build_pipeline(
-    run_or_ckpt: str | os.PathLike,
-    which: str = "ema",
-    model_name: str | None = None,
-    vae_name: str | None = None,
-    id2label: dict[int, str] | None = None,
-) -> SiTPipeline:
+def build_pipeline(run_or_ckpt: str | os.PathLike, which: str = "ema",
+                   model_name: str | None = None, vae_name: str | None = None,
+                   id2label: dict[int, str] | None = None) -> SiTPipeline:
     """The pipeline a checkpoint describes: its weights (``which``), transport, default sampler
     settings and decoder (``vae_name`` overrides the checkpoint's, e.g. for an official file);
     ``id2label`` names the classes (None: ImageNet's for a 1000-class model, else none)."""
@@ -109,17 +105,10 @@ def build_pipeline(
     return SiTPipeline(transformer=loaded.model, scheduler=scheduler, vae=vae, id2label=id2label)
 
 
-def export(
-    run_or_ckpt: str | os.PathLike,
-    out_dir: str | os.PathLike,
-    which: str = "ema",
-    model_name: str | None = None,
-    vae_name: str | None = None,
-    push_to_hub: str | None = None,
-    dtype: str = "fp32",
-    fmt: str = "sit",
-    id2label: dict[int, str] | None = None,
-) -> Path:
+def export(run_or_ckpt: str | os.PathLike, out_dir: str | os.PathLike, which: str = "ema",
+           model_name: str | None = None, vae_name: str | None = None,
+           push_to_hub: str | None = None, dtype: str = "fp32", fmt: str = "sit",
+           id2label: dict[int, str] | None = None) -> Path:
     """Write the pipeline folder (see the module docstring); returns ``out_dir``. ``dtype`` bf16 / fp16
     stores the transformer's and the VAE's weights in half precision (half the download; the pipeline then
     runs under autocast in that dtype); fp32 stores them as trained. ``fmt="dit"``: a DiT-objective

@@ -53,15 +53,9 @@ def in_interval(t: Tensor, interval: tuple[float, float] | None, batch: int) -> 
     return (t >= t_lo) & (t <= t_hi)
 
 
-def forward_with_cfg(
-    forward: ModelFn,
-    x: Tensor,
-    t: Tensor,
-    y: Tensor,
-    cfg_scale: float,
-    cfg_channels: int | None = None,
-    interval: tuple[float, float] | None = None,
-) -> Tensor:
+def forward_with_cfg(forward: ModelFn, x: Tensor, t: Tensor, y: Tensor, cfg_scale: float,
+                     cfg_channels: int | None = None,
+                     interval: tuple[float, float] | None = None) -> Tensor:
     """SiT's guided forward on a doubled batch ``x = cat([z, z])``, ``y = cat([labels, null])``.
     Returns ``(2B, C, H, W)``, the guided prediction in both halves (legacy ``cfg_channels``: the
     unguided channels keep each half's own), as the official sample scripts.

@@ -148,13 +148,5 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-__all__ = [
-    "PROBE_TIMEOUT_S",
-    "connect_once",
-    "env_offline",
-    "go_offline",
-    "is_offline",
-    "offline_reason",
-    "quiet_hub_logs",
-    "unreachable_reason",
-]
+__all__ = ["PROBE_TIMEOUT_S", "connect_once", "env_offline", "go_offline", "is_offline",
+           "offline_reason", "quiet_hub_logs", "unreachable_reason"]

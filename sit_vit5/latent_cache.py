@@ -61,20 +61,9 @@ STORAGE_DTYPES = {"float16": np.float16, "float32": np.float32}
 VAE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # manifest keys that must agree between an existing partial cache and a rerun (with the inputs'
 # digests); --skip-bad and --min-image-side may change on a rerun: they only choose what is skipped
-SETTINGS_KEYS = (
-    "num_images",
-    "files_sha256",
-    "file_sizes_sha256",
-    "classes",
-    "image_size",
-    "vae",
-    "vae_config_sha256",
-    "vae_weights_sha256",
-    "vae_dtype",
-    "scaling_factor",
-    "dtype",
-    "shard_size",
-)
+SETTINGS_KEYS = ("num_images", "files_sha256", "file_sizes_sha256", "classes", "image_size", "vae",
+                 "vae_config_sha256", "vae_weights_sha256", "vae_dtype", "scaling_factor", "dtype",
+                 "shard_size")
 
 
 class IncompleteCacheError(DataRootError, RuntimeError):

@@ -39,16 +39,10 @@ OBJECTIVES = ("sit", "ddpm")
 #: transport-section keys the ddpm objective reads
 DDPM_KEYS = ("diffusion_steps", "noise_schedule", "ddpm_variance")
 #: config name -> GaussianDiffusion variance type (DiT: learned = IDDPM's range + hybrid loss)
-DDPM_VARIANCES = {
-    "learned": "learned_range",
-    "fixed_small": "fixed_small",
-    "fixed_large": "fixed_large",
-}
-DDPM_DEFAULTS: dict[str, Any] = {
-    "diffusion_steps": 1000,
-    "noise_schedule": "linear",
-    "ddpm_variance": "learned",
-}
+DDPM_VARIANCES = {"learned": "learned_range", "fixed_small": "fixed_small",
+                  "fixed_large": "fixed_large"}
+DDPM_DEFAULTS: dict[str, Any] = {"diffusion_steps": 1000, "noise_schedule": "linear",
+                                 "ddpm_variance": "learned"}
 
 
 class ObjectiveError(SitVit5Error, ValueError):
@@ -74,13 +68,8 @@ def objective_name(cfg_transport: Mapping[str, Any] | None) -> str:
     return name
 
 
-def check_objective(
-    cfg_transport: Mapping[str, Any],
-    *,
-    learn_sigma: bool,
-    model_name: str | None = None,
-    sample_method: str | None = None,
-) -> str:
+def check_objective(cfg_transport: Mapping[str, Any], *, learn_sigma: bool,
+                    model_name: str | None = None, sample_method: str | None = None) -> str:
     """Validate the objective against the model and sampler; returns its name. Raises
     ObjectiveError naming every contradiction at once."""
     name = objective_name(cfg_transport)

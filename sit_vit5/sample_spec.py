@@ -219,15 +219,5 @@ def check_cfg_scale(cfg_scale: float, allow_negative: bool = False) -> None:
                            "their class (1 = no guidance, > 1 = stronger); allow it explicitly "
                            "(sample.py --allow-negative-cfg) if that is meant")
 
-__all__ = [
-    "DEFAULT_SAMPLING_METHOD",
-    "METHODS",
-    "SAMPLE_METHODS",
-    "SampleSpec",
-    "add_arguments",
-    "check_cfg_scale",
-    "config_defaults",
-    "finite_float",
-    "option",
-    "positive_int",
-]
+__all__ = ["DEFAULT_SAMPLING_METHOD", "METHODS", "SAMPLE_METHODS", "SampleSpec", "add_arguments",
+           "check_cfg_scale", "config_defaults", "finite_float", "option", "positive_int"]
