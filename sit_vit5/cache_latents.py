@@ -5,13 +5,8 @@
     accelerate launch -m sit_vit5.cache_latents ...          # one process per GPU
     python -m sit_vit5.cache_latents --verify --out /data/latents/in256   # check every byte
 
-The command line over sit_vit5.latent_cache (the format, its writer ``CacheWriter``, reader
-``LatentCacheDataset`` and verifier ``verify_cache``; its docstring has the file layout and how a
-rerun resumes): the flags, the progress bar and the messages.
-
-Exit status: 0 done; 2 bad input (one line naming the file, flag or value; SIT_VIT5_DEBUG=1 shows
-the traceback); 130 interrupted (rerun the same command to continue).
-"""
+The command line over sit_vit5.latent_cache (format, writer, reader, verifier).
+Exit status: 0 done; 2 bad input (one line); 130 interrupted (rerun the same command)."""
 
 from __future__ import annotations
 
