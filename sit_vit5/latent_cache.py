@@ -316,8 +316,7 @@ class LatentCacheDataset(EpochDataset):
         gen = item_generator(self.seed, self.epoch, index)
         flip = int(torch.randint(2, (1,), generator=gen).item()) if self.random_flip else 0
         mean, std = self.moments(index, flip)
-        # on cpu: a loader item, its own generator
-        latent = mean + std * torch.randn(mean.shape, generator=gen)
+        latent = mean + std * torch.randn(mean.shape, generator=gen)  # on cpu: a loader item
         label = int(self.labels[self._indices[index]])
         if self.image_root is None:
             return latent, label
@@ -420,8 +419,7 @@ class _CropItems(Dataset):
 def _collate(items: list[tuple[int, torch.Tensor | None, str]]):
     good = [(i, x) for i, x, _ in items if x is not None]
     bad = [(i, msg) for i, x, msg in items if x is None]
-    # on cpu: collate, in the loader worker
-    index = torch.tensor([i for i, _ in good], dtype=torch.long)
+    index = torch.tensor([i for i, _ in good], dtype=torch.long)  # on cpu: collate (loader worker)
     images = torch.stack([x for _, x in good]) if good else None
     return index, images, bad
 
