@@ -14,7 +14,7 @@ from .checksums import sidecar
 from .errors import SitVit5Error
 
 T = TypeVar("T")
-TMP_PREFIX = ".tmp-"  # temporary files start with this; a killed writer's leftovers are recognisable
+TMP_PREFIX = ".tmp-"  # temporary files start with this (a killed writer's leftovers)
 
 
 class OutputPathError(SitVit5Error, NotADirectoryError):
@@ -89,7 +89,7 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 
 
 class _HashingWriter:
-    """File-like object that hashes the bytes on their way to ``file`` (one pass instead of a re-read)."""
+    """File-like object that hashes the bytes on their way to ``file`` (no re-read)."""
 
     def __init__(self, file: IO[bytes]) -> None:
         self.file, self.sha256 = file, hashlib.sha256()

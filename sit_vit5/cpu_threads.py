@@ -31,7 +31,7 @@ def load_average() -> float:
 
 
 def free_cores(load: float | None = None) -> int:
-    """Usable cores minus the 1-minute load average (``load``; read from the OS when None), at least 1."""
+    """Usable cores minus the 1-minute load average (``load``; None: the OS's), at least 1."""
     cores = usable_cores()
     load = load_average() if load is None else load
     return max(1, min(cores, math.floor(cores - load + 0.5)))

@@ -12,7 +12,13 @@ from collections.abc import Mapping
 
 import torch
 
-from .launcher import RANK_VARS, WORLD_SIZE_VARS, LaunchError, check_launcher_env, launcher_world_size
+from .launcher import (
+    RANK_VARS,
+    WORLD_SIZE_VARS,
+    LaunchError,
+    check_launcher_env,
+    launcher_world_size,
+)
 
 __all__ = ["RANK_VARS", "WORLD_SIZE_VARS", "LaunchError", "launcher_world_size", "prepare_launch",
            "check_group", "join_launcher_group", "describe_group", "backend_in_use"]

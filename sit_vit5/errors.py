@@ -47,7 +47,8 @@ def exception_chain(err: BaseException) -> Iterator[BaseException]:
 
 def find_errno(err: BaseException, code: int) -> OSError | None:
     """The first OSError with ``errno == code`` in ``err``'s chain (torch.save wraps it)."""
-    return next((e for e in exception_chain(err) if isinstance(e, OSError) and e.errno == code), None)
+    return next((e for e in exception_chain(err) if isinstance(e, OSError) and e.errno == code),
+                None)
 
 
 def one_line(err: BaseException) -> str:
@@ -62,7 +63,7 @@ def one_line(err: BaseException) -> str:
 
 class SettingError(SitVit5Error, ValueError):
     """A setting with a bad value: ``key``, ``value`` and ``reason`` (starting with its own
-    separator: ": must be >= 2"). ``str()``: ``key=value<reason>``; front doors re-render the key."""
+    separator: ": must be >= 2"). ``str()``: ``key=value<reason>``; front doors re-render it."""
 
     def __init__(self, key: str, value: object, reason: str) -> None:
         self.key, self.value, self.reason = key, value, reason

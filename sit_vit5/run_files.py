@@ -37,7 +37,7 @@ def list_checkpoints(ckpt_dir: str | os.PathLike) -> list[tuple[int, Path, bool]
 
 
 def latest_checkpoint(ckpt_dir: str | os.PathLike) -> Path | None:
-    """The file ``latest.json`` names; without a usable pointer, the newest complete checkpoint; else None."""
+    """The file ``latest.json`` names, else the newest complete checkpoint, else None."""
     ckpt_dir = Path(ckpt_dir)
     try:
         target = ckpt_dir / json.loads((ckpt_dir / LATEST).read_text())["file"]
