@@ -134,9 +134,8 @@ class HiddenCapture:
 
 
 class DigitsTokens(nn.Module):
-    """``fid.digits``' DigitsNet as a patch-token encoder: images (B, 1, R, R) in [-1, 1] ->
-    the ReLU conv2 map (B, 64, h, w), before its last max-pool (``pooled=False``: 8×8) or after
-    it (4×4)."""
+    """``fid.digits``' DigitsNet as a patch-token encoder: images (B, 1, R, R) in [-1, 1] -> its
+    ReLU conv2 map (B, 64, h, w), before (8×8) or after (``pooled``, 4×4) its last max-pool."""
 
     def __init__(self, net: nn.Module, pooled: bool) -> None:
         super().__init__()
@@ -465,8 +464,8 @@ def load_encoder(cfg_repa: dict[str, Any], image_size: int, grid: tuple[int, int
 
 
 class RepaTraining:
-    """REPA's state and step pieces for ``model`` (the bare backbone, before DDP / FSDP wrapping:
-    the hook goes on its block ``repa.depth``); ``channels``: the channels of the data's images."""
+    """REPA's state and step pieces for the bare ``model`` (before DDP / FSDP); ``channels``: the
+    data's image channels. The projector has its own AdamW (equal to REPA's single optimizer)."""
 
     def __init__(self, cfg: Config, model: nn.Module, channels: int, device: torch.device) -> None:
         r, o = cfg["repa"], cfg["optim"]
@@ -491,8 +490,7 @@ class RepaTraining:
                 f"coeff {self.coeff:g}, projector {n / 1e6:.2f}M parameters")
 
     def features(self, images: Tensor) -> Tensor:
-        """The encoder's patch features (B, T, E) of clean images (B, C, H, W) in [-1, 1]: no
-        gradient, under the run's autocast (REPA encodes under ``accelerator.autocast()``)."""
+        """Patch features (B, T, E) of clean images (B, C, H, W) in [-1, 1], under autocast."""
         with torch.no_grad(), autocast(self.device, self.precision):
             return self.encoder(images)
 
@@ -562,8 +560,7 @@ class RepaTraining:
                 "encoder_sha256": self.encoder_sha256}
 
     def load_state_dict(self, state: dict[str, Any] | None, path: Any) -> None:
-        """Restore a checkpoint's ``repa`` entry (IncompatibleCheckpointError: none, or another
-        encoder's)."""
+        """Restore a checkpoint's ``repa`` entry (IncompatibleCheckpointError: none / another)."""
         if state is None:
             raise IncompatibleCheckpointError(f"cannot resume from {path} with repa.encoder set: "
                                               "it holds no REPA projector (trained without REPA)")
