@@ -242,7 +242,8 @@ class DigitsDataset(EpochDataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         image = self.images[index]
-        gen = item_generator(self.seed, self.epoch, index) if self.random_flip else None
-        if self.random_flip and torch.randint(2, (1,), generator=gen).item():
-            image = image.flip(-1)
+        if self.random_flip:
+            gen = item_generator(self.seed, self.epoch, index)
+            if torch.randint(2, (1,), generator=gen).item():
+                image = image.flip(-1)
         return image.clone(), int(self.labels[index])
