@@ -1,6 +1,5 @@
-"""Atomic file writes, shared by checkpoints, latent caches and sample shards: a file is replaced whole
-or not at all (``atomic_write``, ``atomic_torch_save`` with its SHA-256 sidecar), and output folders
-are checked before anything is written into them. (The digests: ``sit_vit5.checksums``.)"""
+"""Atomic file writes (a file is replaced whole or not at all), and checks that an output
+folder can be written."""
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ from .checksums import sidecar
 from .errors import SitVit5Error
 
 T = TypeVar("T")
-TMP_PREFIX = ".tmp-"  # temporary files start with this; a killed writer's leftovers are recognisable
+TMP_PREFIX = ".tmp-"  # temporary files start with this (a killed writer's leftovers)
 
 
 class OutputPathError(SitVit5Error, NotADirectoryError):
@@ -46,11 +45,8 @@ def _fsync_dir(directory: Path) -> None:
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], T]) -> T:
-    """Call ``write(file)`` on a temporary file next to ``path``, fsync, rename over ``path``; returns its result.
-
-    A crash at any point leaves either the old file or the new one, never a half-written file; on an error
-    the temporary file is removed.
-    """
+    """Call ``write(file)`` on a temporary file next to ``path``, fsync, rename over ``path``;
+    returns its result. A crash leaves the old or the new file; an error removes the temporary."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{TMP_PREFIX}{os.getpid()}-{path.name}")
@@ -68,10 +64,8 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], T]) -> T:
 
 
 def unwritable_dir_reason(path: str | os.PathLike) -> str | None:
-    """Why a directory could not be created or written at ``path`` (None when it can), leaving nothing
-    behind: the nearest existing ancestor must be a directory in which a folder can be made (tried
-    with a temporary one, removed at once: ``os.access`` says yes to root on /proc or a read-only
-    mount)."""
+    """Why a directory could not be created or written at ``path`` (None when it can), tried with
+    a temporary folder (``os.access`` says yes to root on read-only mounts); leaves nothing."""
     path = Path(path)
     probe = path
     while not probe.exists():
@@ -95,7 +89,7 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 
 
 class _HashingWriter:
-    """File-like object that hashes the bytes on their way to ``file`` (one pass instead of a re-read)."""
+    """File-like object that hashes the bytes on their way to ``file`` (no re-read)."""
 
     def __init__(self, file: IO[bytes]) -> None:
         self.file, self.sha256 = file, hashlib.sha256()
@@ -109,8 +103,8 @@ class _HashingWriter:
 
 
 def atomic_torch_save(obj: Any, path: str | os.PathLike, checksum: bool = True) -> str:
-    """``torch.save(obj)`` to ``path`` atomically; returns the SHA-256 of the bytes and, with ``checksum``,
-    writes the ``.sha256`` sidecar (after the data file, so a sidecar never names a missing file)."""
+    """``torch.save(obj)`` to ``path`` atomically; returns the bytes' SHA-256 and, with
+    ``checksum``, writes the ``.sha256`` sidecar after the data file."""
     import torch
 
     def write(f: IO[bytes]) -> str:

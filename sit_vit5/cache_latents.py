@@ -5,13 +5,8 @@
     accelerate launch -m sit_vit5.cache_latents ...          # one process per GPU
     python -m sit_vit5.cache_latents --verify --out /data/latents/in256   # check every byte
 
-The command line over sit_vit5.latent_cache (the format, its writer ``CacheWriter``, reader
-``LatentCacheDataset`` and verifier ``verify_cache``; its docstring has the file layout and how a
-rerun resumes): the flags, the progress bar and the messages.
-
-Exit status: 0 done; 2 bad input (one line naming the file, flag or value; SIT_VIT5_DEBUG=1 shows
-the traceback); 130 interrupted (rerun the same command to continue).
-"""
+The command line over sit_vit5.latent_cache (format, writer, reader, verifier).
+Exit status: 0 done; 2 bad input (one line); 130 interrupted (rerun the same command)."""
 
 from __future__ import annotations
 
@@ -25,63 +20,50 @@ from tqdm import tqdm
 
 from sit_vit5.distributed import LaunchError, describe_group, join_launcher_group
 from sit_vit5.errors import KNOWN_ERRORS, run_cli
-from sit_vit5.latent_cache import STORAGE_DTYPES, VAE_DTYPES, CacheWriter, WriteOptions, verify_cache
+from sit_vit5.latent_cache import (
+    STORAGE_DTYPES,
+    VAE_DTYPES,
+    CacheWriter,
+    WriteOptions,
+    verify_cache,
+)
 from sit_vit5.vae import SD_VAE_SCALING_FACTOR
 
 PROG = "python -m sit_vit5.cache_latents"
-# an image whose short side is below this is refused (or skipped with --skip-bad): upscaling a 1×1
-# or 4×4 file to 256 px invents the picture; ImageNet's smallest images are far above it
+# a shorter image side is refused (or skipped with --skip-bad): upscaling it invents the picture
 MIN_IMAGE_SIDE = 8
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
-    p.add_argument(
-        "--data-dir", help="ImageFolder root: <data-dir>/<class>/<image> (required to encode)"
-    )
-    p.add_argument(
-        "--out", required=True, help="cache directory (created; rerun with it to resume)"
-    )
-    p.add_argument(
-        "--verify",
-        action="store_true",
-        help="only check the complete cache at --out: layout, SHA-256 and finite values "
-        "(≈ 0.5 s per GB once in the page cache)",
-    )
-    p.add_argument(
-        "--vae",
-        default="stabilityai/sd-vae-ft-ema",
-        help="hub id (stabilityai/sd-vae-ft-ema or -mse) or a local diffusers AutoencoderKL dir",
-    )
+    p.add_argument("--data-dir",
+                   help="ImageFolder root: <data-dir>/<class>/<image> (required to encode)")
+    p.add_argument("--out", required=True,
+                   help="cache directory (created; rerun with it to resume)")
+    p.add_argument("--verify", action="store_true",
+                   help="only check the complete cache at --out: layout, SHA-256 and finite values "
+                   "(≈ 0.5 s per GB once in the page cache)")
+    p.add_argument("--vae", default="stabilityai/sd-vae-ft-ema",
+                   help="hub id (stabilityai/sd-vae-ft-ema or -mse) or a local diffusers "
+                   "AutoencoderKL dir")
     p.add_argument("--image-size", type=int, default=256)
-    p.add_argument(
-        "--batch-size", type=int, default=64, help="images per VAE call (each also flipped)"
-    )
+    p.add_argument("--batch-size", type=int, default=64,
+                   help="images per VAE call (each also flipped)")
     p.add_argument("--shard-size", type=int, default=10000, help="images per shard file")
     p.add_argument("--scaling-factor", type=float, default=SD_VAE_SCALING_FACTOR)
-    p.add_argument(
-        "--dtype", choices=STORAGE_DTYPES, default="float16", help="storage dtype of mean and std"
-    )
-    p.add_argument(
-        "--vae-dtype", choices=VAE_DTYPES, default="float32", help="precision the VAE runs in"
-    )
-    p.add_argument(
-        "--num-workers", type=int, default=min(8, os.cpu_count() or 1), help="image decoders"
-    )
+    p.add_argument("--dtype", choices=STORAGE_DTYPES, default="float16",
+                   help="storage dtype of mean and std")
+    p.add_argument("--vae-dtype", choices=VAE_DTYPES, default="float32",
+                   help="precision the VAE runs in")
+    p.add_argument("--num-workers", type=int, default=min(8, os.cpu_count() or 1),
+                   help="image decoders")
     p.add_argument("--cpu", action="store_true", help="CPU even with GPUs (automatic without)")
-    p.add_argument(
-        "--skip-bad",
-        action="store_true",
-        help="skip unreadable or too small images (each reported, listed in the manifest; "
-        "the dataset omits them)",
-    )
-    p.add_argument(
-        "--min-image-side",
-        type=int,
-        default=MIN_IMAGE_SIDE,
-        help=f"refuse images whose short side is below this many pixels (default "
-        f"{MIN_IMAGE_SIDE}; 0 accepts any size, upscaled by the ADM crop)",
-    )
+    p.add_argument("--skip-bad", action="store_true",
+                   help="skip unreadable or too small images (each reported, listed in the "
+                   "manifest; the dataset omits them)")
+    p.add_argument("--min-image-side", type=int, default=MIN_IMAGE_SIDE,
+                   help=f"refuse images whose short side is below this many pixels (default "
+                   f"{MIN_IMAGE_SIDE}; 0 accepts any size, upscaled by the ADM crop)")
     args = p.parse_args(argv)
     if not args.verify and args.data_dir is None:
         p.error("the following arguments are required: --data-dir (or --verify)")
@@ -95,8 +77,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def _verify(out: Path) -> int:
     result = verify_cache(out)
-    print(f"latent cache {out} verified: {result['files']} shard files, {result['bytes'] / 1e9:.3f} GB, "
-          f"sizes, SHA-256 and finite values ok ({result['seconds']:.1f} s)")
+    print(f"latent cache {out} verified: {result['files']} shard files, "
+          f"{result['bytes'] / 1e9:.3f} GB, sizes, SHA-256 and finite values ok "
+          f"({result['seconds']:.1f} s)")
     return 0
 
 
@@ -106,18 +89,21 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     if args.verify:
         return _verify(out)
-    state = join_launcher_group(cpu=args.cpu)  # the launcher's group (gloo without GPUs), else every
-    if state.is_main_process:  # process would encode every shard
+    state = join_launcher_group(cpu=args.cpu)  # else every process would encode every shard
+    if state.is_main_process:
         print(f"latent cache on {describe_group(state.num_processes, state.device)}", flush=True)
-    options = WriteOptions(**{f.name: getattr(args, f.name) for f in dataclasses.fields(WriteOptions)})
+    options = WriteOptions(**{f.name: getattr(args, f.name)
+                              for f in dataclasses.fields(WriteOptions)})
     writer = CacheWriter(out, args.data_dir, options, state)
     swept = writer.begin()
     if swept:
-        print(f"removed {len(swept)} temporary file(s) of an interrupted run: {', '.join(swept[:4])}", flush=True)
+        print(f"removed {len(swept)} temporary file(s) of an interrupted run: "
+              f"{', '.join(swept[:4])}", flush=True)
     mine, pending = writer.my_shards()
     print(f"process {state.process_index}/{state.num_processes}: shards "
           f"{[e['name'][6:] for e in mine]} of {len(pending)} pending", flush=True)
-    desc = f"encoding {len(pending)}/{len(writer.entries)} shards on {state.num_processes} process(es)"
+    desc = (f"encoding {len(pending)}/{len(writer.entries)} shards on "
+            f"{state.num_processes} process(es)")
     with tqdm(total=sum(e["stop"] - e["start"] for e in mine), unit="img", desc=desc,
               disable=not state.is_main_process) as bar:
         for entry in mine:
@@ -126,9 +112,11 @@ def main(argv: list[str] | None = None) -> int:
     manifest = writer.finish()
     if manifest is not None:
         skipped = manifest["bad_files"]
-        listed = ": " + "; ".join(skipped[:3]) + ("; ..." if len(skipped) > 3 else "") if skipped else ""
-        print(f"latent cache complete: {out} ({manifest['num_images']} images, {len(manifest['bad_indices'])} "
-              f"skipped{listed}, latents {manifest['latent_shape']})")
+        more = "; ..." if len(skipped) > 3 else ""
+        listed = ": " + "; ".join(skipped[:3]) + more if skipped else ""
+        print(f"latent cache complete: {out} ({manifest['num_images']} images, "
+              f"{len(manifest['bad_indices'])} skipped{listed}, "
+              f"latents {manifest['latent_shape']})")
     return 0
 
 

@@ -1,6 +1,5 @@
-"""SHA-256 digests that guard files and checkpoints: of a file (``sha256_file``, checked against a
-recorded one or its ``.sha256`` sidecar) and of a checkpoint's content, independent of its pickle
-(``payload_sha256``, stored inside the checkpoint)."""
+"""SHA-256 digests of files (``sha256_file``, ``.sha256`` sidecars) and of a checkpoint's content,
+independent of its pickle (``payload_sha256``)."""
 
 from __future__ import annotations
 
@@ -30,7 +29,8 @@ def verify_sha256(path: str | os.PathLike, expected: str) -> None:
     """Raise ChecksumError naming the file when its SHA-256 differs from ``expected``."""
     actual = sha256_file(path)
     if actual.lower() != expected.lower():
-        raise ChecksumError(f"{path}: SHA-256 mismatch (expected {expected}, got {actual}); refusing to load it")
+        raise ChecksumError(f"{path}: SHA-256 mismatch (expected {expected}, got {actual}); "
+                            "refusing to load it")
 
 
 def sidecar(path: str | os.PathLike) -> Path:
@@ -39,7 +39,7 @@ def sidecar(path: str | os.PathLike) -> Path:
 
 
 def verify_sidecar(path: str | os.PathLike) -> bool:
-    """Check ``path`` against its ``.sha256`` sidecar when one exists; returns whether one was checked."""
+    """Check ``path`` against its ``.sha256`` sidecar if any; returns whether one was checked."""
     side = sidecar(path)
     if not side.is_file():
         return False
@@ -47,15 +47,15 @@ def verify_sidecar(path: str | os.PathLike) -> bool:
     return True
 
 
-# ----------------------------------------------------------------------------- self-verifying payloads
+# ----------------------------------------------------------------------------- payload digests
 
-#: Key under which a checkpoint stores the SHA-256 of everything else it holds (see ``payload_sha256``).
+#: Key under which a checkpoint stores the SHA-256 of everything else it holds.
 PAYLOAD_DIGEST_KEY = "payload_sha256"
 
 
 def _feed(digest: Any, obj: Any) -> None:
-    """Hash ``obj`` canonically: type tags, lengths and shapes frame every value, so that no two different
-    structures share a byte stream; tensors contribute dtype, shape and raw bytes (not their pickle)."""
+    """Hash ``obj`` canonically: type tags, lengths and shapes frame every value; tensors give
+    dtype, shape and raw bytes."""
     import torch
 
     if isinstance(obj, torch.Tensor):
@@ -87,21 +87,21 @@ def json_safe(obj: Any) -> Any:
 
 
 def payload_sha256(state: dict[str, Any]) -> str:
-    """Hex SHA-256 of a checkpoint dict's content (every key but ``PAYLOAD_DIGEST_KEY``), independent of
-    how it was pickled: the same tensors and values give the same digest after a save/load round trip."""
+    """Hex SHA-256 of a checkpoint dict's content (all keys but ``PAYLOAD_DIGEST_KEY``), stable
+    across a save/load round trip."""
     digest = hashlib.sha256()
     _feed(digest, {k: v for k, v in state.items() if k != PAYLOAD_DIGEST_KEY})
     return digest.hexdigest()
 
 
 def verify_payload_digest(state: dict[str, Any], name: str | os.PathLike) -> bool:
-    """Check a loaded checkpoint dict against the digest stored inside it (raises ChecksumError naming
-    ``name`` on a mismatch); returns False when it stores none (older files, foreign checkpoints)."""
+    """Check a loaded checkpoint dict against its stored digest (ChecksumError naming ``name``);
+    returns False when it stores none."""
     expected = state.get(PAYLOAD_DIGEST_KEY) if isinstance(state, dict) else None
     if expected is None:
         return False
     actual = payload_sha256(state)
     if not isinstance(expected, str) or actual != expected.lower():
-        raise ChecksumError(f"{name}: the content does not match the SHA-256 stored inside the file "
-                            f"(stored {expected}, computed {actual}); refusing to use it")
+        raise ChecksumError(f"{name}: the content does not match the SHA-256 stored inside the "
+                            f"file (stored {expected}, computed {actual}); refusing to use it")
     return True

@@ -1,13 +1,10 @@
-"""Experiment configs: one defaults dict, deep-merged with a YAML file and then with dotted CLI overrides.
+"""Experiment configs: the defaults, deep-merged with a YAML file, then with dotted CLI overrides.
 
     cfg = load_config("configs/demo.yaml", ["train.steps=100", "model.name=SiT-S/2"])
 
-Every section is closed (an unknown key is an error naming the full dotted key and the valid keys of its
-section) except ``model``, whose extra keys are ``create_model`` overrides and are checked against
-``sit_vit5.models.valid_overrides()``. Files and CLI values are parsed as safe YAML, with ``1e-4`` read as a
-float (``optim.betas=[0.9,0.95]``, ``optim.grad_clip=null``, ``optim.lr=3e-4``). The defaults are the
-SiT/DiT ImageNet-256 recipe (docs/DESIGN.md §5): AdamW lr 1e-4, betas (0.9, 0.999), no weight decay, global batch 256,
-EMA 0.9999.
+Sections are closed (an unknown key is an error naming it and the valid keys) except ``model``,
+whose extra keys are ``create_model`` overrides. Values are safe YAML, ``1e-4`` read as a float.
+Defaults: the SiT/DiT ImageNet-256 recipe (docs/DESIGN.md §5).
 """
 
 from __future__ import annotations
@@ -24,11 +21,18 @@ import yaml
 
 from .atomic_files import unwritable_dir_reason
 from .errors import SettingError, SitVit5Error
-from .names import DDPM_DEFAULTS, INTERPOLATIONS, MODEL_KEYS, MODEL_NAMES, PRECISIONS, SD_VAE_SCALING_FACTOR
+from .names import (
+    DDPM_DEFAULTS,
+    INTERPOLATIONS,
+    MODEL_KEYS,
+    MODEL_NAMES,
+    PRECISIONS,
+    SD_VAE_SCALING_FACTOR,
+)
 from .sample_spec import SampleSpec, check_cfg_scale, config_defaults
 
-# The model and objective checks import torch (seconds): they run last, in the functions that need
-# them, so that a bad key, type, range or path is reported before torch loads (train.py).
+# The model and objective checks import torch (seconds): they run last, so that a bad key, type,
+# range or path is reported before torch loads.
 
 Config = dict[str, dict[str, Any]]
 
@@ -37,11 +41,11 @@ DEFAULTS: Config = {
         "name": "SiT-XL/2",  # registry: {SiT,ViT5,DiT}-{S,B,L,XL}/{2,4,8} (DiT-*: SiT + ddpm)
         "input_size": None,  # latent (or pixel) side; None = taken from the data
         "in_channels": None,  # None = taken from the data (4 for SD-VAE latents)
-        "num_classes": None,  # None = the dataset's class count (the CFG null class is added by the model)
-        # any other create_model override may be added (depth, hidden_size, learn_sigma, ViT-5 switches...)
+        "num_classes": None,  # None = the dataset's class count (the model adds the CFG null class)
+        # any other create_model override may be added (depth, hidden_size, learn_sigma, switches)
     },
     "transport": {
-        "objective": "sit",  # sit (SiT's transport: the 5 keys below) | ddpm (DiT's diffusion: ddpm keys)
+        "objective": "sit",  # sit (SiT's transport: 5 keys below) | ddpm (DiT's diffusion)
         "path_type": "Linear",  # sit: Linear | GVP | VP
         "prediction": "velocity",  # sit: velocity | score | noise
         "loss_weight": None,  # sit: None | velocity | likelihood (score/noise predictions only)
@@ -51,25 +55,25 @@ DEFAULTS: Config = {
         "diffusion_steps": DDPM_DEFAULTS["diffusion_steps"],
         # ddpm: linear (DiT: betas 1e-4..0.02, x 1000/T) | cosine
         "noise_schedule": DDPM_DEFAULTS["noise_schedule"],
-        # ddpm: learned (DiT: IDDPM learned range, loss MSE(eps) + VLB; needs model.learn_sigma=true)
-        #   | fixed_large (beta_t) | fixed_small (posterior variance): MSE(eps) only, learn_sigma=false
+        # ddpm: learned (DiT: IDDPM range, loss MSE(eps) + VLB; needs model.learn_sigma=true)
+        #   | fixed_large (beta_t) | fixed_small (posterior var.): MSE(eps), learn_sigma=false
         "ddpm_variance": DDPM_DEFAULTS["ddpm_variance"],
     },
     "data": {
-        "kind": "imagefolder",  # digits | imagefolder | latents (see sit_vit5.training.build.DATASETS)
+        "kind": "imagefolder",  # digits | imagefolder | latents (training.build.DATASETS)
         "root": None,  # class-subfolder image dir (imagefolder) or latent cache dir (latents)
-        "image_root": None,  # latents + REPA: the ImageFolder the cache was made from (the encoder's images)
+        "image_root": None,  # latents + REPA: the ImageFolder the cache was made from
         "image_size": 256,  # pixel side after the ADM center crop (digits: 8)
-        "random_flip": True,  # horizontal flip with probability 1/2, decided per (seed, epoch, item)
+        "random_flip": True,  # horizontal flip, p = 1/2 per (seed, epoch, item)
         "skip_bad": False,  # imagefolder: skip unreadable images with a warning instead of failing
         "min_image_side": 8,  # imagefolder: a shorter image side is refused (skipped with skip_bad)
         "split": "all",  # digits only: all | train | test
         "resize_mode": "bilinear",  # digits only, when image_size != 8: bilinear | bicubic
-        "global_batch_size": 256,  # images per optimizer step over all processes and accumulation steps
+        "global_batch_size": 256,  # images per optimizer step, all processes and micro-batches
         "num_workers": 4,  # DataLoader workers per process
     },
     "vae": {
-        "name": "stabilityai/sd-vae-ft-ema",  # none (pixel space) | hub id | local diffusers directory
+        "name": "stabilityai/sd-vae-ft-ema",  # none (pixel space) | hub id | local diffusers dir
         "scaling_factor": SD_VAE_SCALING_FACTOR,  # latents = posterior sample × this (SD-VAE)
     },
     "optim": {
@@ -84,26 +88,25 @@ DEFAULTS: Config = {
     "train": {
         "steps": 400_000,  # optimizer steps in total (SiT scaling curves: 400K)
         "seed": 0,  # seeds model init, data order, augmentation and the noise of every micro-batch
-        "precision": "fp32",  # fp32 | bf16 | fp16 (autocast; weights, grads, optimizer, EMA stay fp32)
+        "precision": "fp32",  # fp32 | bf16 | fp16 (autocast; the weights, EMA etc. stay fp32)
         "compile": False,  # torch.compile the model (inductor)
-        "grad_checkpointing": False,  # recompute blocks in the backward pass to save activation memory
+        "grad_checkpointing": False,  # recompute blocks in backward to save memory
         "grad_accum": 1,  # micro-batches per optimizer step on each process
         "distributed": "ddp",  # ddp | fsdp (FSDP2: weights, grads, AdamW sharded per block)
         "cpu": False,  # force the CPU even when a GPU is present
-        "cpu_threads": None,  # torch threads on the CPU; None = chosen from the model size and the free cores
+        "cpu_threads": None,  # torch CPU threads; None = from the model size and the free cores
         "out_dir": "runs/default",  # run directory: config.yaml, checkpoints/, samples/, metrics.*
         "log_every": 100,  # steps between metric rows (JSONL/CSV/TensorBoard)
         "ckpt_every": 50_000,  # steps between checkpoints (one is always written at the end)
         "keep_last": 3,  # regular checkpoints kept (milestones are never deleted)
         "milestone_every": 100_000,  # steps between milestone checkpoints; 0 = none
-        "sample_every": 10_000,  # steps between sample grids from the EMA (one at the end); 0 = none
-        "tensorboard": None,  # TensorBoard events in out_dir/tb: None = when installed; true (warns if not)
-        "wandb": False,  # log to Weights & Biases, one run across resumes (warns if wandb is not installed)
+        "sample_every": 10_000,  # steps between EMA sample grids (one at the end); 0 = none
+        "tensorboard": None,  # events in out_dir/tb: None = when installed; true (warns if not)
+        "wandb": False,  # Weights & Biases, one run across resumes (warns if not installed)
         "wandb_project": "sit-vit5",  # wandb project name
     },
-    # Sample grids during training, and sample.py's starting point for this run's checkpoints.
-    # Sampler keys: every field of sit_vit5.sample_spec.SampleSpec (help: sample.py grid --help);
-    # None = the SampleSpec default. The spec checks their values.
+    # Sample grids during training, and sample.py's defaults for this run's checkpoints. Sampler
+    # keys: every SampleSpec field (sample.py grid --help); None = the SampleSpec default.
     "sample": {
         **config_defaults(),
         "method": "ode",  # objective sit: ode | sde; objective ddpm: ddpm (DiT) | ddim (eta 0)
@@ -114,10 +117,8 @@ DEFAULTS: Config = {
         "seed": 0,  # global seed of the grid: image i is sample i of sample.py with this seed
         "nrow": None,  # images per grid row; None = ceil(sqrt(num_images))
     },
-    # REPA (Yu et al. 2025), off by default: the hidden state after block `depth` is projected
-    # (3-layer SiLU MLP) onto a frozen encoder's patch features of the clean image; the loss adds
-    # coeff x mean negative cosine similarity. The projector trains with the model (checkpointed,
-    # not in the EMA or exports). Encoders and preprocessing: sit_vit5/training/repa.py.
+    # REPA (Yu et al. 2025), off by default: block `depth`'s hidden state is projected onto a frozen
+    # encoder's patch features; loss += coeff x mean negative cosine similarity (training/repa.py).
     "repa": {
         "encoder": None,  # None = off | digits | timm:NAME | hub:REPO:ENTRY | a local timm folder
         "weights": None,  # a local state-dict file for a timm:NAME architecture (no download)
@@ -155,7 +156,7 @@ class ConfigError(SitVit5Error, ValueError):
 
 
 def _type_ok(default: Any, value: Any) -> bool:
-    """Values must keep the default's type (ints may stand for floats); a None default accepts anything."""
+    """Values keep the default's type (ints may stand for floats); a None default takes anything."""
     if default is None or value is None:
         return True
     if isinstance(default, bool) or isinstance(value, bool):
@@ -168,14 +169,15 @@ def _type_ok(default: Any, value: Any) -> bool:
 
 
 def merge(base: Config, update: dict[str, Any], source: str) -> Config:
-    """A copy of ``base`` with ``update`` (two levels: section → key) merged in; ``source`` names the file
-    or "command line" in errors. Unknown sections/keys and type changes raise ConfigError."""
+    """A copy of ``base`` with ``update`` (section → key) merged in; ``source`` names the file or
+    "command line" in errors. Unknown sections/keys and type changes raise ConfigError."""
     out = copy.deepcopy(base)
     if not isinstance(update, dict):
         raise ConfigError(f"{source}: expected a mapping of sections, got {type(update).__name__}")
     for section, values in update.items():
         if section not in out:
-            raise ConfigError(f"{source}: unknown section {section!r}; valid sections: {', '.join(out)}")
+            raise ConfigError(f"{source}: unknown section {section!r}; "
+                              f"valid sections: {', '.join(out)}")
         if values is None:
             continue
         if not isinstance(values, dict):
@@ -187,19 +189,21 @@ def merge(base: Config, update: dict[str, Any], source: str) -> Config:
                                   f"{', '.join(out[section])}")
             if key in DEFAULTS[section] and not _type_ok(DEFAULTS[section][key], value):
                 expected = type(DEFAULTS[section][key]).__name__
-                raise ConfigError(f"{source}: {dotted}={value!r} ({type(value).__name__}); expected {expected}")
+                raise ConfigError(f"{source}: {dotted}={value!r} ({type(value).__name__}); "
+                                  f"expected {expected}")
             out[section][key] = value
     return out
 
 
 def parse_overrides(overrides: list[str]) -> dict[str, dict[str, Any]]:
-    """``["train.steps=100", "optim.betas=[0.9,0.95]"]`` → ``{"train": {"steps": 100}, "optim": {...}}``."""
+    """``["train.steps=100", "optim.lr=3e-4"]`` → ``{"train": {"steps": 100}, "optim": ...}``."""
     nested: dict[str, dict[str, Any]] = {}
     for item in overrides:
         key, sep, text = item.partition("=")
         section, dot, name = key.strip().partition(".")
         if not sep or not dot or not section or not name or "." in name:
-            raise ConfigError(f"override {item!r} is not of the form section.key=value (e.g. train.steps=100)")
+            raise ConfigError(f"override {item!r} is not of the form section.key=value "
+                              "(e.g. train.steps=100)")
         try:
             value = _load_yaml(text) if text.strip() else None
         except yaml.YAMLError as err:
@@ -209,8 +213,8 @@ def parse_overrides(overrides: list[str]) -> dict[str, dict[str, Any]]:
 
 
 class Range(NamedTuple):
-    """Valid values of a numeric key: ``low``/``high`` bounds (None = unbounded), each inclusive unless
-    ``*_open``; ``integer`` for counts; ``nullable`` when None is allowed (it means "off" or "derived")."""
+    """Valid values of a numeric key: ``low``/``high`` bounds (None = unbounded), inclusive unless
+    ``*_open``; ``integer`` for counts; ``nullable`` when None ("off" or "derived") is allowed."""
 
     low: float | None = None
     high: float | None = None
@@ -229,7 +233,8 @@ class Range(NamedTuple):
     def holds(self, value: Any) -> bool:
         if value is None:
             return self.nullable
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(
+                value):
             return False
         if self.integer and not isinstance(value, int):
             return False
@@ -240,7 +245,7 @@ class Range(NamedTuple):
 
 _COUNT, _COUNT0 = Range(1, integer=True), Range(0, integer=True)
 _POSITIVE = Range(0, low_open=True)
-#: Numeric keys with a valid range (a value outside it trains or samples garbage, or crashes later).
+#: Numeric keys with a valid range (outside it a run trains garbage or crashes later).
 RANGES: dict[str, Range] = {
     "optim.lr": _POSITIVE,
     "optim.weight_decay": Range(0),
@@ -274,7 +279,7 @@ RANGES: dict[str, Range] = {
 }
 BETA_RANGE = Range(0, 1, high_open=True)  # each of optim.betas
 
-#: ``model`` keys with a range beyond their type; the types come from the model constructors' defaults.
+#: ``model`` keys with a range beyond their type (types: the model constructors' defaults).
 MODEL_RANGES: dict[str, Range] = {
     "input_size": Range(1, integer=True, nullable=True),
     "in_channels": Range(1, integer=True, nullable=True),
@@ -293,8 +298,8 @@ MODEL_RANGES: dict[str, Range] = {
 
 
 def model_key_types() -> dict[str, tuple[type, bool]]:
-    """``model`` key → (type, nullable), read from the defaults of SiT, the SiT switches and the ViT-5
-    switches (a key is nullable when any of them defaults to None, or when it is derived from the data)."""
+    """``model`` key → (type, nullable), from the defaults of SiT and the SiT / ViT-5 switches
+    (nullable when any defaults to None, or when it is derived from the data)."""
     from .models.registry import DATA_DERIVED_KEYS
     from .models.sit import SIT_SWITCHES, SiT
     from .models.vit5 import VIT5_SWITCHES
@@ -315,14 +320,13 @@ def model_key_types() -> dict[str, tuple[type, bool]]:
 
 
 def validate_model_section(cfg: Config) -> None:
-    """Check the ``model`` keys against ``create_model``'s accepted overrides, their types, ranges and
-    choices (raises ConfigError naming ``model.<key>=<value>``). Sizes that do not fit together are checked
-    when the model is built (``validate_architecture``): a config may still be edited after loading."""
+    """Check the ``model`` keys' names, types, ranges and choices (ConfigError naming
+    ``model.<key>=<value>``). Sizes that do not fit together: ``validate_architecture``."""
     from .models.layers import resolve_layer_scale_init
     from .models.sit import SWITCH_CHOICES
 
     m = cfg["model"]
-    check_model_keys(m)  # already run by validate_settings; here for callers of this function alone
+    check_model_keys(m)  # also run by validate_settings; here for direct callers
 
     # keys that also take a name for a number, and the model's resolver of those names
     named = {"layer_scale_init": resolve_layer_scale_init}
@@ -345,8 +349,8 @@ def validate_model_section(cfg: Config) -> None:
         else:
             ok = isinstance(value, expected)
         if not ok:
-            raise ConfigError(f"model.{key}={value!r} ({type(value).__name__}); expected {expected.__name__}"
-                              f"{' or null' if nullable else ''}")
+            raise ConfigError(f"model.{key}={value!r} ({type(value).__name__}); "
+                              f"expected {expected.__name__}{' or null' if nullable else ''}")
         if key in MODEL_RANGES and not MODEL_RANGES[key].holds(value):
             raise ConfigError(f"model.{key}={value!r}; must be {MODEL_RANGES[key].describe()}")
         choices = SWITCH_CHOICES.get(key)
@@ -355,13 +359,13 @@ def validate_model_section(cfg: Config) -> None:
 
 
 def validate_architecture(m: dict[str, Any]) -> None:
-    """Raise ConfigError when the sizes of a (type-checked) ``model`` section cannot build a model:
-    hidden_size not divisible by num_heads, a head dim RoPE cannot rotate, a non-square register grid."""
+    """Raise ConfigError when a (type-checked) ``model`` section's sizes cannot build a model:
+    hidden_size % num_heads, a head dim RoPE cannot rotate, a non-square register grid."""
     from .models.registry import _NAME, SIZES
     from .models.rope import check_head_dim, register_grid
     from .models.sit import rope_thetas
 
-    _, hidden, heads = SIZES[_NAME.match(m["name"])["size"]]  # the sizes the name implies, then overrides
+    _, hidden, heads = SIZES[_NAME.match(m["name"])["size"]]  # the name's sizes, then overrides
     hidden, heads = m.get("hidden_size", hidden), m.get("num_heads", heads)
     if hidden % heads:
         raise ConfigError(f"model.hidden_size={hidden} is not divisible by model.num_heads={heads} "
@@ -387,7 +391,7 @@ def validate_architecture(m: dict[str, Any]) -> None:
 
 
 def _switches_of(cfg_model: dict[str, Any]) -> dict[str, Any]:
-    """The architecture switches ``cfg_model`` builds with: its backbone's defaults, then the overrides."""
+    """The switches ``cfg_model`` builds with: its backbone's defaults, then the overrides."""
     from .models.sit import SIT_SWITCHES
     from .models.vit5 import VIT5_SWITCHES
 
@@ -396,8 +400,7 @@ def _switches_of(cfg_model: dict[str, Any]) -> dict[str, Any]:
 
 
 def validate(cfg: Config) -> None:
-    """Cross-key checks that need no data (raises ConfigError naming the dotted key and its value):
-    :func:`validate_settings`, then :func:`validate_models`."""
+    """:func:`validate_settings`, then :func:`validate_models` (ConfigError naming the key)."""
     validate_settings(cfg)
     validate_models(cfg)
 
@@ -406,23 +409,25 @@ def check_model_keys(model: dict[str, Any]) -> None:
     """The ``model`` section names only known keys and a registered model (``names``: no torch)."""
     unknown = sorted(set(model) - set(MODEL_KEYS))
     if unknown:
-        raise ConfigError(f"unknown key(s) {', '.join('model.' + k for k in unknown)}; valid keys of 'model': "
-                          f"{', '.join(MODEL_KEYS)}")
+        raise ConfigError(f"unknown key(s) {', '.join('model.' + k for k in unknown)}; "
+                          f"valid keys of 'model': {', '.join(MODEL_KEYS)}")
     if model["name"] not in MODEL_NAMES:
-        raise ConfigError(f"model.name={model['name']!r} is not registered; valid: {', '.join(MODEL_NAMES)}")
+        raise ConfigError(f"model.name={model['name']!r} is not registered; "
+                          f"valid: {', '.join(MODEL_NAMES)}")
 
 
 def validate_settings(cfg: Config) -> None:
-    """The checks that import nothing heavy: the model section's keys and name, choices, numeric ranges
-    (``RANGES``), the repa and sample sections (raises ConfigError naming the dotted key and its value)."""
+    """The checks that import nothing heavy: model keys and name, choices, ``RANGES``, the repa and
+    sample sections (ConfigError naming the dotted key and its value)."""
     check_model_keys(cfg["model"])
     choices = {("train", "precision"): tuple(PRECISIONS), ("train", "distributed"): ("ddp", "fsdp")}
     for (section, key), valid in choices.items():
         if cfg[section][key] not in valid:
             raise ConfigError(f"{section}.{key}={cfg[section][key]!r}; valid: {', '.join(valid)}")
     if cfg["train"]["precision"] == "fp16" and cfg["train"]["distributed"] == "fsdp":
-        raise ConfigError("train.precision=fp16 with train.distributed=fsdp: fp16 needs a loss scaler that "
-                          "FSDP2's sharded gradients do not support here; use train.precision=bf16")
+        raise ConfigError("train.precision=fp16 with train.distributed=fsdp: fp16 needs a loss "
+                          "scaler that FSDP2's sharded gradients do not support here; "
+                          "use train.precision=bf16")
     for dotted, valid_range in RANGES.items():
         section, _, key = dotted.partition(".")
         value = cfg[section][key]
@@ -430,8 +435,8 @@ def validate_settings(cfg: Config) -> None:
             what = "a positive integer" if valid_range == _COUNT else valid_range.describe()
             raise ConfigError(f"{dotted}={value!r}; must be {what}")
     if cfg["train"]["tensorboard"] not in (None, True, False):
-        raise ConfigError(f"train.tensorboard={cfg['train']['tensorboard']!r}; valid: true, false, null (= when "
-                          "installed)")
+        raise ConfigError(f"train.tensorboard={cfg['train']['tensorboard']!r}; "
+                          "valid: true, false, null (= when installed)")
     betas = cfg["optim"]["betas"]
     if len(betas) != 2:
         raise ConfigError(f"optim.betas={betas!r}; expected two numbers")
@@ -445,8 +450,7 @@ def validate_settings(cfg: Config) -> None:
 
 
 def validate_models(cfg: Config) -> None:
-    """The model section and the objective against the model and sampler (imports the models, hence
-    torch: seconds)."""
+    """The model section, and the objective against model and sampler (imports torch: seconds)."""
     from .objective import ObjectiveError, check_objective
 
     validate_model_section(cfg)
@@ -458,8 +462,8 @@ def validate_models(cfg: Config) -> None:
 
 
 def validate_repa(cfg: Config) -> None:
-    """The ``repa`` section's values (the encoder itself is loaded, and its token grid checked,
-    when a run is built); raises ConfigError naming the key."""
+    """The ``repa`` section's values (the encoder is checked when a run is built); raises
+    ConfigError naming the key."""
     r = cfg["repa"]
     for key in ("encoder", "weights"):
         if r[key] is not None and (not isinstance(r[key], str) or not r[key].strip()):
@@ -483,10 +487,11 @@ def validate_repa(cfg: Config) -> None:
                           f"{', '.join(INTERPOLATIONS)}")
     kind, image_root = cfg["data"]["kind"], cfg["data"]["image_root"]
     if r["encoder"] is not None and kind == "latents" and image_root is None:
-        raise ConfigError("repa.encoder needs the images of each batch, which a latent cache does not "
-                          "hold: set data.image_root to the ImageFolder the cache was made from (the "
-                          "loader reads each latent's image beside it), train from "
-                          "data.kind=imagefolder (the VAE encodes on the fly), or set repa.encoder=null")
+        raise ConfigError("repa.encoder needs the images of each batch, which a latent cache "
+                          "does not hold: set data.image_root to the ImageFolder the cache was "
+                          "made from (the loader reads each latent's image beside it), train from "
+                          "data.kind=imagefolder (the VAE encodes on the fly), "
+                          "or set repa.encoder=null")
     if image_root is not None and kind != "latents":
         raise ConfigError(f"data.image_root={image_root!r} is read only with data.kind=latents "
                           f"(images beside cached latents, for REPA); data.kind={kind!r} reads "
@@ -494,8 +499,8 @@ def validate_repa(cfg: Config) -> None:
 
 
 def check_out_dir(cfg: Config) -> None:
-    """Raise ConfigError naming ``train.out_dir`` when the run directory cannot be created or written
-    (a file in the way, a read-only mount, /proc); nothing is left behind by the check."""
+    """Raise ConfigError naming ``train.out_dir`` when the run directory cannot be created or
+    written (a file in the way, a read-only mount); the check leaves nothing behind."""
     out_dir = cfg["train"]["out_dir"]
     problem = unwritable_dir_reason(out_dir) if isinstance(out_dir, str) and out_dir else "empty"
     if problem:
@@ -504,17 +509,16 @@ def check_out_dir(cfg: Config) -> None:
 
 
 def configs_dir() -> Path:
-    """The shipped ``configs/`` folder: inside the installed package (``sit_vit5/configs``, put there by
-    ``pip install .``), else the repository's top-level ``configs/`` next to the package (a checkout)."""
+    """The shipped ``configs/``: ``sit_vit5/configs`` when installed, else the checkout's top-level
+    ``configs/``."""
     package = Path(__file__).resolve().parent
     installed = package / "configs"
     return installed if installed.is_dir() else package.parent / "configs"
 
 
 def find_config(path: str | os.PathLike) -> Path:
-    """A config file: ``path`` itself when it exists, else the same relative path (a leading ``configs/``
-    and the ``.yaml`` suffix optional) in the shipped configs, so ``configs/demo.yaml``, ``demo`` and
-    ``imagenet/sit-xl-2`` work from any directory once the package is installed."""
+    """``path`` when it exists, else the same relative path in the shipped configs (``configs/`` and
+    ``.yaml`` optional: ``configs/demo.yaml``, ``demo``, ``imagenet/sit-xl-2``)."""
     given = Path(path)
     if given.is_file():
         return given
@@ -523,16 +527,16 @@ def find_config(path: str | os.PathLike) -> Path:
     for candidate in (root / rel, root / rel.parent / f"{rel.name}.yaml") if rel.name else ():
         if not given.is_absolute() and candidate.is_file():
             return candidate
-    shipped = sorted(p.relative_to(root).as_posix() for p in root.rglob("*.yaml")) if root.is_dir() else []
+    shipped = (sorted(p.relative_to(root).as_posix() for p in root.rglob("*.yaml"))
+               if root.is_dir() else [])
     raise ConfigError(f"config file {path} does not exist (nor in the shipped configs {root}: "
                       f"{', '.join(shipped) or 'none'})")
 
 
 def load_config(path: str | os.PathLike | None = None, overrides: list[str] | None = None,
                 check_models: bool = True) -> Config:
-    """Defaults ← YAML file ``path`` (optional; see ``find_config``) ← dotted ``overrides``; validated
-    (``check_models=False``: all but :func:`validate_models`, so no torch import; call it later).
-    Returns a new nested dict."""
+    """Defaults ← YAML file ``path`` (optional, ``find_config``) ← dotted ``overrides``: a new,
+    validated dict (``check_models=False``: no :func:`validate_models`, no torch import)."""
     cfg = copy.deepcopy(DEFAULTS)
     if path is not None:
         path = find_config(path)
@@ -560,4 +564,5 @@ def save_config(cfg: Config, path: str | os.PathLike) -> None:
 
 def flatten(cfg: Config) -> dict[str, Any]:
     """``{"train": {"steps": 1}}`` → ``{"train.steps": 1}`` (for diffs and loggers)."""
-    return {f"{section}.{key}": value for section, values in cfg.items() for key, value in values.items()}
+    return {f"{section}.{key}": value
+            for section, values in cfg.items() for key, value in values.items()}

@@ -1,10 +1,7 @@
-"""CPU thread count for CPU runs, chosen deliberately instead of torch's default (one thread per core).
+"""CPU thread count for CPU runs, instead of torch's default of one thread per core.
 
-On a shared machine torch's default threads spin against the other load: the demo on 2 cores next to a
-busy sweep ran at 0.87 steps/s with 2 threads and 4.96 steps/s with 1 (measured here). Small models gain
-nothing from intra-op threads anyway (their matmuls are too small to split), so they get one thread;
-larger ones get at most the cores that are free (usable cores minus the 1-minute load average).
-"""
+On a shared machine default threads spin against other load (demo on 2 busy cores: 0.87 steps/s
+with 2 threads, 4.96 with 1). Small models get one thread; larger ones at most the free cores."""
 
 from __future__ import annotations
 
@@ -34,7 +31,7 @@ def load_average() -> float:
 
 
 def free_cores(load: float | None = None) -> int:
-    """Usable cores minus the 1-minute load average (``load``; read from the OS when None), at least 1."""
+    """Usable cores minus the 1-minute load average (``load``; None: the OS's), at least 1."""
     cores = usable_cores()
     load = load_average() if load is None else load
     return max(1, min(cores, math.floor(cores - load + 0.5)))
@@ -42,11 +39,8 @@ def free_cores(load: float | None = None) -> int:
 
 def choose_cpu_threads(num_params: int, requested: int | None = None, load: float | None = None,
                        environ: dict[str, str] | None = None) -> tuple[int, str]:
-    """(threads, reason) for a CPU run of a model with ``num_params`` parameters.
-
-    ``requested`` (``train.cpu_threads``) wins; then a count the user set in OMP_NUM_THREADS /
-    MKL_NUM_THREADS (torch already follows it); then 1 for a tiny model; else the free cores.
-    """
+    """(threads, reason) for a CPU run of a ``num_params`` model: ``requested`` wins, then
+    OMP_NUM_THREADS / MKL_NUM_THREADS, then 1 for a tiny model, else the free cores."""
     environ = os.environ if environ is None else environ
     if requested is not None:
         return int(requested), "train.cpu_threads"

@@ -1,14 +1,9 @@
 """Joining the process group a launcher asked for, or stopping with one line that says why.
 
-torchrun, ``accelerate launch``, ``examples/slurm/task.sh`` and MPI launchers give each process the
-world size in the environment (``WORLD_SIZE``, or MPI's ``PMI_SIZE`` / ``OMPI_COMM_WORLD_SIZE`` /
-``MV2_COMM_WORLD_SIZE``: the variables accelerate reads). accelerate forms a CPU (gloo) group only
-when told ``cpu=True``; on a machine without a visible GPU it otherwise leaves every process alone,
-and N copies of the same run write the same files. Training, latent caching and bulk sampling
-therefore all go through :func:`prepare_launch` and :func:`check_group` (:func:`join_launcher_group`
-does both around accelerate's PartialState): the CPU path (gloo) when no GPU is visible or when
-asked, NCCL on GPUs, and the group joined must be the one the launcher announced.
-"""
+Launchers (torchrun, ``accelerate launch``, Slurm, MPI) announce the world size in the environment;
+without a GPU, accelerate forms no group unless told ``cpu=True``, and N copies of a run would write
+the same files. So training, latent caching and bulk sampling use :func:`prepare_launch` and
+:func:`check_group` (gloo on the CPU, NCCL on GPUs, and the group must be the announced one)."""
 
 from __future__ import annotations
 
@@ -17,7 +12,13 @@ from collections.abc import Mapping
 
 import torch
 
-from .launcher import RANK_VARS, WORLD_SIZE_VARS, LaunchError, check_launcher_env, launcher_world_size
+from .launcher import (
+    RANK_VARS,
+    WORLD_SIZE_VARS,
+    LaunchError,
+    check_launcher_env,
+    launcher_world_size,
+)
 
 __all__ = ["RANK_VARS", "WORLD_SIZE_VARS", "LaunchError", "launcher_world_size", "prepare_launch",
            "check_group", "join_launcher_group", "describe_group", "backend_in_use"]
@@ -26,9 +27,8 @@ _CPU_FLAGS = "train.cpu=true / --device cpu / --cpu"
 
 
 def prepare_launch(cpu: bool, environ: Mapping[str, str] | None = None) -> bool:
-    """Check the launcher's variables before any group is formed (``check_launcher_env``); returns
-    whether this process computes on the CPU: when asked (``cpu``), or when no GPU is visible (under a
-    multi-process launcher the group is then a gloo group; accelerate would otherwise not form one)."""
+    """Check the launcher's variables (``check_launcher_env``); returns whether this process runs on
+    the CPU: when asked (``cpu``) or when no GPU is visible (then a gloo group)."""
     check_launcher_env(environ)
     return cpu or not torch.cuda.is_available()
 
@@ -42,8 +42,8 @@ def backend_in_use() -> str:
 
 
 def check_group(num_processes: int, cpu: bool, environ: Mapping[str, str] | None = None) -> None:
-    """Raise LaunchError unless the group has the size the launcher announced (and, on GPUs, every
-    local rank has a GPU of its own)."""
+    """Raise LaunchError unless the group has the announced size (and, on GPUs, one GPU per local
+    rank)."""
     environ = os.environ if environ is None else environ
     size, var = launcher_world_size(environ)
     local_rank, gpus = int(environ.get("LOCAL_RANK", "0") or 0), torch.cuda.device_count()
@@ -63,8 +63,8 @@ def check_group(num_processes: int, cpu: bool, environ: Mapping[str, str] | None
 
 
 def join_launcher_group(cpu: bool = False):
-    """accelerate's PartialState for this process, in the launcher's group (gloo on the CPU, NCCL on
-    GPUs). ``cpu`` forces the CPU even when GPUs are visible. Raises LaunchError on a mismatch."""
+    """accelerate's PartialState in the launcher's group (gloo on CPU, NCCL on GPUs; ``cpu``
+    forces the CPU). Raises LaunchError on a mismatch."""
     from accelerate import PartialState  # ~0.3 s: only the CLIs that launch pay it
 
     cpu = prepare_launch(cpu)

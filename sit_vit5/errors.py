@@ -1,10 +1,7 @@
-"""One-line errors for the command lines, and the one base class of the errors they report.
+"""One-line errors for the command lines, and the base class of the errors they report.
 
-A bad input (a config key, a file, a checkpoint, a full disk) is reported as ``<prog>: error: <message>``
-on one line of stderr with exit status 2, instead of a traceback; Ctrl-C exits 130 and SIGTERM 3, with one line saying
-whether rerunning the command continues the job. ``SIT_VIT5_DEBUG=1`` re-raises the exception so that
-the full traceback is shown. Every entry point runs its body through :func:`run_cli`.
-"""
+A bad input is reported as ``<prog>: error: <message>`` on one stderr line with exit status 2;
+Ctrl-C exits 130 and SIGTERM 3. ``SIT_VIT5_DEBUG=1`` shows the traceback. See :func:`run_cli`."""
 
 from __future__ import annotations
 
@@ -29,9 +26,8 @@ def _raise_terminated(signum: int, frame: object) -> None:
 
 
 class SitVit5Error(Exception):
-    """Base of every failure the user can fix (a flag, value, key, file or setting at fault): the
-    command lines print it on one line. Subclasses also derive from the builtin kind they refine
-    (ValueError, RuntimeError, ...) so that ``except ValueError`` keeps catching them."""
+    """Base of every failure the user can fix (a flag, value, key, file or setting at fault).
+    Subclasses also derive from the builtin kind they refine (ValueError, ...)."""
 
 
 def debug_enabled() -> bool:
@@ -50,14 +46,13 @@ def exception_chain(err: BaseException) -> Iterator[BaseException]:
 
 
 def find_errno(err: BaseException, code: int) -> OSError | None:
-    """The first OSError with ``errno == code`` in ``err``'s chain (torch.save, for one, wraps the OSError
-    of a failed write in a RuntimeError that names only a stream position)."""
-    return next((e for e in exception_chain(err) if isinstance(e, OSError) and e.errno == code), None)
+    """The first OSError with ``errno == code`` in ``err``'s chain (torch.save wraps it)."""
+    return next((e for e in exception_chain(err) if isinstance(e, OSError) and e.errno == code),
+                None)
 
 
 def one_line(err: BaseException) -> str:
-    """The message of ``err`` on one line. A DataLoader worker re-raises its exception with the worker's
-    traceback pasted into the message; only the original message (its last line) is kept."""
+    """The message of ``err`` on one line (a DataLoader worker's re-raise: its last line)."""
     text = str(err).strip() or type(err).__name__
     if "Original Traceback" in text:
         last = text.splitlines()[-1]
@@ -67,9 +62,8 @@ def one_line(err: BaseException) -> str:
 
 
 class SettingError(SitVit5Error, ValueError):
-    """A setting with a bad value: ``key`` (a field or config key), ``value`` and ``reason`` (which
-    starts with its own separator: ": must be >= 2", "; valid: a, b"). ``str()`` is
-    ``key=value<reason>``; front doors re-render it as their flag or dotted key."""
+    """A setting with a bad value: ``key``, ``value`` and ``reason`` (starting with its own
+    separator: ": must be >= 2"). ``str()``: ``key=value<reason>``; front doors re-render it."""
 
     def __init__(self, key: str, value: object, reason: str) -> None:
         self.key, self.value, self.reason = key, value, reason
@@ -86,19 +80,13 @@ class SettingError(SitVit5Error, ValueError):
 KNOWN_ERRORS: tuple[type[BaseException], ...] = (SitVit5Error, OSError)
 
 
-def run_cli(
-    prog: str,
-    main: Callable[[], int],
-    *,
-    errors: tuple[type[BaseException], ...] = KNOWN_ERRORS,
-    statuses: Mapping[type[BaseException], int] | None = None,
-    resumable: bool = False,
-    render: Callable[[BaseException], str] = one_line,
-) -> int:
-    """``main()``; any of ``errors`` is printed as ``<prog>: error: <one line>`` and returns
-    ``statuses[type]`` (the first matching base, else 2); Ctrl-C returns 130 and SIGTERM 3, after one
-    line that says whether rerunning continues (``resumable``). ``render`` words the message (default: its one
-    line). ``SIT_VIT5_DEBUG=1`` re-raises instead."""
+def run_cli(prog: str, main: Callable[[], int], *,
+            errors: tuple[type[BaseException], ...] = KNOWN_ERRORS,
+            statuses: Mapping[type[BaseException], int] | None = None, resumable: bool = False,
+            render: Callable[[BaseException], str] = one_line) -> int:
+    """``main()``; any of ``errors`` prints ``<prog>: error: <one line>`` and returns
+    ``statuses[type]`` (first matching base, else 2); Ctrl-C returns 130 and SIGTERM 3, with a line
+    saying whether rerunning continues (``resumable``). ``SIT_VIT5_DEBUG=1`` re-raises."""
     tail = "; rerun the same command to continue" if resumable else ""
     # SIGTERM as an exception, so that cleanups run (temporary files); not in other threads
     own = threading.current_thread() is threading.main_thread()

@@ -2,25 +2,18 @@
 
     python -m sit_vit5.export RUN_OR_CKPT OUT_DIR [--push-to-hub user/name] [--format dit]
 
-RUN_OR_CKPT: a run directory (its newest checkpoint), a checkpoint file, or an official name such as
-``SiT-XL-2-256.pt`` (see ``sit_vit5.models.official``). OUT_DIR receives what
-``SiTPipeline.from_pretrained`` needs to reproduce ``sample.py grid``'s images for the same seed and
-settings:
+RUN_OR_CKPT: a run directory (its newest checkpoint), a checkpoint file, or an official name such
+as ``SiT-XL-2-256.pt``. OUT_DIR receives what ``SiTPipeline.from_pretrained`` needs to reproduce
+``sample.py grid``'s images for the same seed and settings:
 
     model_index.json
     transformer/   config.json + diffusion_pytorch_model.safetensors (the EMA weights by default)
-    scheduler/     scheduler_config.json: transport (path, prediction, eps), default sampler
-                   settings (what sample.py uses without flags), the VAE's source id and scale
+    scheduler/     scheduler_config.json: transport, default sampler settings, the VAE's id/scale
     vae/           the decoder (an AutoencoderKL; absent for pixel-space models)
 
-``--format dit`` (a DiT-objective model) writes diffusers' own DiTPipeline layout instead: the
-transformer as a DiTTransformer2DModel, a DDIMScheduler with the model's noise schedule, the VAE.
-RUN_OR_CKPT may also be a diffusers DiT folder (``sit_vit5.models.diffusers_dit``).
-
-Then ``SiTPipeline.from_pretrained(OUT_DIR)``, or ``--push-to-hub user/name`` (or
-``pipe.push_to_hub(...)`` after ``hf auth login``) to share it. The folder is written next
-to OUT_DIR and renamed into place: a crash leaves no half-written export.
-"""
+``--format dit`` (a DiT-objective model) writes diffusers' own DiTPipeline layout instead.
+RUN_OR_CKPT may also be a diffusers DiT folder. The folder is written beside OUT_DIR and renamed
+into place: a crash leaves no half-written export."""
 
 from __future__ import annotations
 
@@ -52,8 +45,8 @@ class ExportError(SitVit5Error, ValueError):
 
 
 def checkpoint_path(run_or_ckpt: str | os.PathLike) -> tuple[Path, OfficialWeights | None]:
-    """The checkpoint file a run directory, file or official name stands for (official: resolved and
-    checked), with its official-table entry (None for other files)."""
+    """The checkpoint file a run directory, file or official name stands for, with its
+    official-table entry (None for other files)."""
     path = Path(run_or_ckpt)
     if path.is_dir() and dit_folder(path) is not None:  # diffusers' DiT layout: load_model reads it
         return path, None
@@ -76,8 +69,7 @@ def load_source(run_or_ckpt: str | os.PathLike, which: str = "ema", model_name: 
 
 
 def bundled_vae(loaded: LoadedModel, vae_name: str | None = None) -> tuple[Any, dict[str, Any]]:
-    """The decoder to bundle (None for pixel space; ``vae_name`` overrides the checkpoint's) and its
-    settings."""
+    """The decoder to bundle (None for pixel space; ``vae_name`` overrides) and its settings."""
     vae_cfg = {**loaded.vae, **({"name": vae_name} if vae_name else {})}
     vae = None
     if vae_enabled(vae_cfg.get("name")):
@@ -90,40 +82,26 @@ def bundled_vae(loaded: LoadedModel, vae_name: str | None = None) -> tuple[Any, 
     return vae, vae_cfg
 
 
-def build_pipeline(
-    run_or_ckpt: str | os.PathLike,
-    which: str = "ema",
-    model_name: str | None = None,
-    vae_name: str | None = None,
-    id2label: dict[int, str] | None = None,
-) -> SiTPipeline:
-    """The pipeline a checkpoint describes: its weights (``which``), transport, default sampler
-    settings and decoder (``vae_name`` overrides the checkpoint's, e.g. for an official file);
-    ``id2label`` names the classes (None: ImageNet's for a 1000-class model, else none)."""
+def build_pipeline(run_or_ckpt: str | os.PathLike, which: str = "ema",
+                   model_name: str | None = None, vae_name: str | None = None,
+                   id2label: dict[int, str] | None = None) -> SiTPipeline:
+    """The pipeline a checkpoint describes (weights ``which``, transport, sampler defaults, decoder;
+    ``vae_name`` overrides); ``id2label`` names the classes (None: ImageNet's for 1000 classes)."""
     loaded = load_source(run_or_ckpt, which, model_name)
     vae, vae_cfg = bundled_vae(loaded, vae_name)
-    # the checkpoint's sample section over SampleSpec's defaults: what sample.py uses without flags
     # as sample.py: the checkpoint's sample section, else the objective's first method (ddpm: DiT's)
-    sample = SampleSpec.resolve(loaded.sample, {"method": create_objective(loaded.objective).methods[0]})
+    default_method = create_objective(loaded.objective).methods[0]
+    sample = SampleSpec.resolve(loaded.sample, {"method": default_method})
     scheduler = scheduler_from(loaded.objective, sample, vae_cfg)
     return SiTPipeline(transformer=loaded.model, scheduler=scheduler, vae=vae, id2label=id2label)
 
 
-def export(
-    run_or_ckpt: str | os.PathLike,
-    out_dir: str | os.PathLike,
-    which: str = "ema",
-    model_name: str | None = None,
-    vae_name: str | None = None,
-    push_to_hub: str | None = None,
-    dtype: str = "fp32",
-    fmt: str = "sit",
-    id2label: dict[int, str] | None = None,
-) -> Path:
-    """Write the pipeline folder (see the module docstring); returns ``out_dir``. ``dtype`` bf16 / fp16
-    stores the transformer's and the VAE's weights in half precision (half the download; the pipeline then
-    runs under autocast in that dtype); fp32 stores them as trained. ``fmt="dit"``: a DiT-objective
-    model as diffusers' own ``DiTPipeline`` folder (sit_vit5.models.diffusers_dit)."""
+def export(run_or_ckpt: str | os.PathLike, out_dir: str | os.PathLike, which: str = "ema",
+           model_name: str | None = None, vae_name: str | None = None,
+           push_to_hub: str | None = None, dtype: str = "fp32", fmt: str = "sit",
+           id2label: dict[int, str] | None = None) -> Path:
+    """Write the pipeline folder; returns ``out_dir``. ``dtype`` bf16 / fp16 stores transformer and
+    VAE weights in half precision (run under autocast); ``fmt="dit"``: diffusers' DiTPipeline."""
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ExportError(f"{out} exists and is not empty; choose a new output folder")
@@ -160,36 +138,27 @@ def export(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m sit_vit5.export",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument(
-        "source", metavar="RUN_OR_CKPT", help="run directory, checkpoint file or official name"
-    )
+    parser = argparse.ArgumentParser(prog="python -m sit_vit5.export", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("source", metavar="RUN_OR_CKPT",
+                        help="run directory, checkpoint file or official name")
     parser.add_argument("out", metavar="OUT_DIR", help="new folder for the pipeline")
-    parser.add_argument(
-        "--which", choices=("ema", "model"), default="ema", help="weights (default ema)"
-    )
-    parser.add_argument(
-        "--model", help="architecture of a bare / official state dict, e.g. SiT-XL/2"
-    )
-    parser.add_argument(
-        "--vae", help="decoder to bundle (hub id or folder; default: the checkpoint's)"
-    )
-    parser.add_argument(
-        "--push-to-hub", metavar="REPO_ID", help="also upload the folder (needs a login)"
-    )
+    parser.add_argument("--which", choices=("ema", "model"), default="ema",
+                        help="weights (default ema)")
+    parser.add_argument("--model",
+                        help="architecture of a bare / official state dict, e.g. SiT-XL/2")
+    parser.add_argument("--vae",
+                        help="decoder to bundle (hub id or folder; default: the checkpoint's)")
+    parser.add_argument("--push-to-hub", metavar="REPO_ID",
+                        help="also upload the folder (needs a login)")
     parser.add_argument(
         "--dtype", choices=list(PRECISIONS), default="fp32",
-        help="weights' dtype in the folder (default fp32, as trained; bf16 / fp16 halve it: load with "
-        "torch_dtype=torch.bfloat16 / float16 to run in it, else diffusers upcasts to float32)",
-    )
+        help="weights' dtype in the folder (default fp32, as trained; bf16 / fp16 halve it: load "
+        "with torch_dtype=torch.bfloat16 / float16 to run in it, else diffusers upcasts to "
+        "float32)")
     parser.add_argument(
         "--format", choices=("sit", "dit"), default="sit",
-        help="sit: SiTPipeline (default); dit: diffusers' DiTPipeline (DiT-objective models)",
-    )
+        help="sit: SiTPipeline (default); dit: diffusers' DiTPipeline (DiT-objective models)")
     parser.add_argument(
         "--id2label", metavar="FILE", help="class names: JSON {id: name} or list, or one name a "
         "line (default: ImageNet's for 1000 classes, else none)")

@@ -1,7 +1,6 @@
-"""Classifier-free guidance: the one place where conditional and unconditional predictions are mixed.
+"""Classifier-free guidance: guided = uncond + scale * (cond - uncond).
 
-Convention (SiT/DiT): the label table has ``num_classes + 1`` rows and the last row (id ``num_classes``)
-is the null class. Guided output = uncond + scale * (cond - uncond).
+Convention (SiT/DiT): the label table has ``num_classes + 1`` rows; id ``num_classes`` is null.
 """
 
 from __future__ import annotations
@@ -14,35 +13,30 @@ from torch import Tensor
 from .errors import SettingError
 
 ModelFn = Callable[..., Tensor]
-#: on the first guided step, |guided| larger than this many times the larger of |cond| and |uncond|
-#: (both finite) means the scale swamps the model: the images come out saturated (one colour).
-#: Scales of 1-20 stay below 1 + 2 x scale; the ratio can pass 1000 only at scales near 500 or more.
+#: first guided step: max |guided| / max(|cond|, |uncond|) above this means saturated images
+#: (scales 1-20 stay below 1 + 2 x scale; 1000 needs scales near 500)
 CFG_BLOWUP_RATIO = 1e3
 
 
 def check_guided(cond: Tensor, uncond: Tensor, guided: Tensor, cfg_scale: float) -> None:
     """Raise SettingError naming ``cfg_scale`` when guiding finite predictions made them non-finite
-    (overflow) or ``CFG_BLOWUP_RATIO`` times larger than the model's own (constant images); non-finite
-    model outputs are left to the sampler's own check (NaN weights are not the scale's fault)."""
+    or ``CFG_BLOWUP_RATIO`` times larger (non-finite model outputs: the sampler's check)."""
     if not (bool(torch.isfinite(cond).all()) and bool(torch.isfinite(uncond).all())):
         return
     own = max(float(cond.abs().max()), float(uncond.abs().max()))
     if not bool(torch.isfinite(guided).all()):
-        raise SettingError("cfg_scale", cfg_scale, ": the guided prediction overflows (inf/NaN) on "
-                           "the first step; use a scale of about 1-10 (1 = no guidance)")
+        raise SettingError("cfg_scale", cfg_scale, ": the guided prediction overflows (inf/NaN) "
+                           "on the first step; use a scale of about 1-10 (1 = no guidance)")
     ratio = float(guided.abs().max()) / max(own, 1e-12)
     if ratio > CFG_BLOWUP_RATIO:
-        raise SettingError("cfg_scale", cfg_scale, f": on the first step the guided prediction is "
-                           f"{ratio:.3g} x the model's own, so the images would come out one "
+        raise SettingError("cfg_scale", cfg_scale, ": on the first step the guided prediction "
+                           f"is {ratio:.3g} x the model's own, so the images would come out one "
                            "constant colour; use a scale of about 1-10 (1 = no guidance)")
 
 
 def mix(cond: Tensor, uncond: Tensor, cfg_scale: float, cfg_channels: int | None = None) -> Tensor:
-    """Guided prediction of shape ``cond.shape``.
-
-    ``cfg_channels=None`` guides every channel; ``cfg_channels=3`` is the GLIDE/DiT/SiT legacy mode that
-    guides only channels ``0..2`` and keeps the conditional prediction for the rest.
-    """
+    """Guided prediction of shape ``cond.shape``; ``cfg_channels=3`` (GLIDE/DiT/SiT legacy) guides
+    channels 0..2 only and keeps ``cond`` for the rest; None guides all."""
     guided = uncond + cfg_scale * (cond - uncond)
     if cfg_channels is None:
         return guided
@@ -50,7 +44,7 @@ def mix(cond: Tensor, uncond: Tensor, cfg_scale: float, cfg_channels: int | None
 
 
 def in_interval(t: Tensor, interval: tuple[float, float] | None, batch: int) -> Tensor:
-    """Boolean mask ``(batch,)``: where guidance applies (``t_lo <= t <= t_hi``; everywhere if None)."""
+    """Boolean mask ``(batch,)``: where ``t_lo <= t <= t_hi`` (everywhere if None)."""
     t = torch.as_tensor(t).reshape(-1)
     t = t.expand(batch) if t.numel() == 1 else t
     if interval is None:
@@ -59,21 +53,12 @@ def in_interval(t: Tensor, interval: tuple[float, float] | None, batch: int) -> 
     return (t >= t_lo) & (t <= t_hi)
 
 
-def forward_with_cfg(
-    forward: ModelFn,
-    x: Tensor,
-    t: Tensor,
-    y: Tensor,
-    cfg_scale: float,
-    cfg_channels: int | None = None,
-    interval: tuple[float, float] | None = None,
-) -> Tensor:
-    """SiT-compatible guided forward on a *doubled* batch.
-
-    ``x = cat([z, z])`` and ``y = cat([labels, null])`` as in the official sample scripts; the first half is
-    the conditional half. Returns ``(2B, C, H, W)``: the guided prediction in both halves, so that an ODE/SDE
-    integrating the doubled batch keeps the two halves identical (as the official code does). In the legacy
-    ``cfg_channels`` mode the unguided channels keep each half's own prediction, exactly like SiT/DiT.
+def forward_with_cfg(forward: ModelFn, x: Tensor, t: Tensor, y: Tensor, cfg_scale: float,
+                     cfg_channels: int | None = None,
+                     interval: tuple[float, float] | None = None) -> Tensor:
+    """SiT's guided forward on a doubled batch ``x = cat([z, z])``, ``y = cat([labels, null])``.
+    Returns ``(2B, C, H, W)``, the guided prediction in both halves (legacy ``cfg_channels``: the
+    unguided channels keep each half's own), as the official sample scripts.
     """
     half = x[: len(x) // 2]
     out = forward(torch.cat([half, half], dim=0), t, y)
@@ -89,12 +74,9 @@ def forward_with_cfg(
 
 
 class ClassifierFreeGuidance:
-    """Wrap a class-conditional model ``model(x, t, y)`` into a guided ``fn(x, t, y)`` on a plain batch.
-
-    Usable with any sampler: the unconditional pass uses the null class ``null_class`` and is skipped entirely
-    when ``cfg_scale == 1`` or when no sample of the batch lies inside the guidance ``interval`` (t_lo, t_hi);
-    outside the interval the conditional prediction is used alone. The first guided call is checked
-    (:func:`check_guided`): a scale that blows the prediction up is an error then, not after the run.
+    """A class-conditional ``model(x, t, y)`` as a guided ``fn(x, t, y)`` on a plain batch. The
+    unconditional pass (label ``null_class``) is skipped when ``cfg_scale == 1`` or no sample is
+    inside ``interval``; the first guided call is checked (:func:`check_guided`).
     """
 
     def __init__(self, model: ModelFn, cfg_scale: float, null_class: int,

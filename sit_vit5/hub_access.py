@@ -1,18 +1,9 @@
-"""Whether a download host (the Hugging Face hub, GitHub for torch.hub) can be reached, decided once
-per process, so that an offline look-up fails in one line instead of after retries.
+"""Whether a download host (the Hugging Face hub, GitHub for torch.hub) can be reached, decided
+once per process, so that an offline look-up fails in one line instead of after ~25 s of retries.
 
-huggingface_hub retries a request that cannot connect five times with back-off (about 25 s and a
-dozen warning lines) before it looks in the local cache. Every look-up of this package (``vae.name``
-hub ids, official ``--ckpt`` names, ``repa.encoder`` weights) asks ``is_offline`` first:
-
-* ``HF_HUB_OFFLINE=1`` (or ``TRANSFORMERS_OFFLINE=1``): offline for every host, nothing probed;
-* otherwise one TCP connection to the host (or to the HTTPS proxy that would carry the request) is
-  tried with a ``PROBE_TIMEOUT_S`` limit and no retry. When it fails, one line says so and the rest
-  of the process behaves as if ``HF_HUB_OFFLINE=1`` had been set (huggingface_hub's own flag too,
-  so timm and diffusers stay in the cache as well).
-
-Torch-free and cheap to import: the CLIs may ask it before the heavy imports.
-"""
+``HF_HUB_OFFLINE=1`` (or ``TRANSFORMERS_OFFLINE=1``) means offline, nothing probed; otherwise one
+TCP connection to the host (or its HTTPS proxy) is tried within ``PROBE_TIMEOUT_S``. On failure one
+line says so and the process goes offline (huggingface_hub's flag too). Torch-free."""
 
 from __future__ import annotations
 
@@ -38,8 +29,8 @@ _probe_results: dict[tuple[str, int], str | None] = {}
 
 
 def env_offline() -> bool:
-    """Whether offline mode was asked for: ``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE`` (read as
-    huggingface_hub reads them), or huggingface_hub's own flag when it is imported (set in code)."""
+    """Whether offline mode was asked for: ``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE``, or
+    huggingface_hub's own flag when it is imported."""
     constants = sys.modules.get("huggingface_hub.constants")
     return bool(getattr(constants, "HF_HUB_OFFLINE", False)) or any(
         (os.environ.get(var) or "").strip().lower() in _TRUE
@@ -63,8 +54,8 @@ def _address(url: str) -> tuple[str, int]:
 
 
 def connect_once(host: str, port: int, timeout: float) -> str | None:
-    """None when a TCP connection to ``host:port`` opens within ``timeout`` seconds, else why not.
-    Runs in a thread because name resolution ignores socket timeouts."""
+    """None when a TCP connection to ``host:port`` opens within ``timeout`` seconds, else why not
+    (in a thread: name resolution ignores socket timeouts)."""
     outcome: list[str | None] = []
 
     def attempt() -> None:
@@ -82,8 +73,7 @@ def connect_once(host: str, port: int, timeout: float) -> str | None:
 
 @contextlib.contextmanager
 def quiet_hub_logs() -> Iterator[None]:
-    """Raise the hub and HTTP loggers to ERROR for the block: their per-retry warnings are noise
-    above the one line that says what is missing."""
+    """Raise the hub and HTTP loggers to ERROR for the block (their retry warnings are noise)."""
     loggers = [logging.getLogger(name) for name in NOISY_LOGGERS]
     levels = [logger.level for logger in loggers]
     for logger in loggers:
@@ -96,8 +86,7 @@ def quiet_hub_logs() -> Iterator[None]:
 
 
 def go_offline() -> None:
-    """Set offline mode for the rest of the process: the environment (read by libraries imported
-    later and by worker processes) and huggingface_hub's flag when it is already imported."""
+    """Set offline mode for the rest of the process: the environment and huggingface_hub's flag."""
     os.environ["HF_HUB_OFFLINE"] = "1"
     constants = sys.modules.get("huggingface_hub.constants")
     if constants is not None:  # read once at its import: the environment alone comes too late
@@ -105,8 +94,7 @@ def go_offline() -> None:
 
 
 def unreachable_reason(url: str | None = None) -> str | None:
-    """Why ``url``'s host (default: the hub) cannot be reached, None when it can; probed once per
-    process and host, with the retry loggers quiet."""
+    """Why ``url``'s host (default: the hub) cannot be reached, None when it can; probed once."""
     address = _address(url or hf_endpoint())
     if address not in _probe_results:
         with quiet_hub_logs():
@@ -115,10 +103,9 @@ def unreachable_reason(url: str | None = None) -> str | None:
 
 
 def is_offline(url: str | None = None, log: Callable[[str], None] | None = None) -> bool:
-    """Whether look-ups on ``url``'s host (default: the Hugging Face hub) must stay in the local
-    cache: ``HF_HUB_OFFLINE`` is set (any host), or the one probe of the host failed. The first
-    failure of the hub's probe prints one line (to ``log``, default stderr) and switches the process
-    to offline mode."""
+    """Whether look-ups on ``url``'s host (default: the hub) must stay in the local cache:
+    ``HF_HUB_OFFLINE`` is set, or the host's probe failed (the hub's first failure prints one line
+    to ``log`` and switches the process offline)."""
     hub = url is None
     if env_offline():  # "no downloads" whatever the host, as this package has always read it
         return True
@@ -134,8 +121,7 @@ def is_offline(url: str | None = None, log: Callable[[str], None] | None = None)
 
 
 def offline_reason(url: str | None = None) -> str:
-    """Why downloads from ``url``'s host (default: the hub) are off, for an error line: the failed
-    probe, the variable that was set, or the caller's choice. Probes nothing."""
+    """Why downloads from ``url``'s host are off, for an error line (probes nothing)."""
     reason = _probe_results.get(_address(url or hf_endpoint()))
     if reason is not None:
         return f"{urlsplit(url or hf_endpoint()).hostname} cannot be reached ({reason})"
@@ -148,13 +134,5 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-__all__ = [
-    "PROBE_TIMEOUT_S",
-    "connect_once",
-    "env_offline",
-    "go_offline",
-    "is_offline",
-    "offline_reason",
-    "quiet_hub_logs",
-    "unreachable_reason",
-]
+__all__ = ["PROBE_TIMEOUT_S", "connect_once", "env_offline", "go_offline", "is_offline",
+           "offline_reason", "quiet_hub_logs", "unreachable_reason"]

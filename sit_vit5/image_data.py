@@ -1,11 +1,8 @@
-"""Training images: ImageNet-style image folders and the embedded 8×8 digits demo set (cached VAE
-latents: sit_vit5.latent_cache, whose dataset builds on EpochDataset here).
+"""Training images: ImageNet-style image folders and the embedded 8×8 digits demo set.
 
-Every random choice an item makes (horizontal flip, latent noise) is drawn from a generator seeded by
-(seed, epoch, index), so an item's value depends neither on the DataLoader worker that loads it nor on
-what was drawn before: a resumed run sees exactly the data an uninterrupted run would. Call
-`dataset.set_epoch(epoch)` before iterating an epoch; DataLoader workers copy the dataset when the
-iterator starts, so use `persistent_workers=False` (the default) or the workers keep the old epoch.
+Each item's random choices (flip, latent noise) come from a generator seeded by (seed, epoch,
+index), so a resumed run sees exactly the data an uninterrupted one would. Call
+`dataset.set_epoch(epoch)` before each epoch, with `persistent_workers=False` (workers copy it).
 """
 
 from __future__ import annotations
@@ -28,8 +25,7 @@ IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tif
 
 
 class UnreadableImageError(SitVit5Error, RuntimeError):
-    """An image file that PIL cannot decode; the message and `.path` name the file at fault.
-    (One-argument constructor, so DataLoader workers can re-raise it in the main process.)"""
+    """An image file that PIL cannot decode; the message and `.path` name it."""
 
     def __init__(self, message: str, path: str | os.PathLike | None = None):
         super().__init__(message)
@@ -37,16 +33,15 @@ class UnreadableImageError(SitVit5Error, RuntimeError):
 
 
 class TooSmallImageError(UnreadableImageError):
-    """An image whose short side is below the dataset's ``min_side``: upscaling it to the training
-    size would invent the picture. Skipped like an unreadable file under ``skip_bad``."""
+    """An image whose short side is below ``min_side`` (skipped like an unreadable one)."""
 
 
 class DataRootError(SitVit5Error, FileNotFoundError):
-    """A data root (image folder or latent cache) that is missing, empty, unset or incomplete; the message
-    names the path. (A FileNotFoundError, so callers that caught that before still do.)"""
+    """A data root (image folder or latent cache) that is missing, empty, unset or incomplete; the
+    message names the path."""
 
 
-# ----------------------------------------------------------------------------- deterministic per-item RNG
+# ----------------------------------------------------------------------------- per-item RNG
 
 
 def item_generator(seed: int, epoch: int, index: int) -> torch.Generator:
@@ -58,13 +53,13 @@ def item_generator(seed: int, epoch: int, index: int) -> torch.Generator:
 
 
 def center_crop_arr(pil_image: Image.Image, image_size: int) -> Image.Image:
-    """ADM center crop (guided-diffusion image_datasets.py, used by DiT/SiT): halve with BOX while the
-    short side is ≥ 2·image_size, resize with BICUBIC so the short side is image_size, crop the center.
-    Returns an image_size × image_size PIL image in the input's mode."""
+    """ADM center crop (guided-diffusion, as in DiT/SiT): halve with BOX while the short side is
+    ≥ 2·image_size, BICUBIC to short side image_size, crop the center (PIL, image_size²)."""
     while min(*pil_image.size) >= 2 * image_size:
         pil_image = pil_image.resize(tuple(x // 2 for x in pil_image.size), resample=Image.BOX)
     scale = image_size / min(*pil_image.size)
-    pil_image = pil_image.resize(tuple(round(x * scale) for x in pil_image.size), resample=Image.BICUBIC)
+    pil_image = pil_image.resize(tuple(round(x * scale) for x in pil_image.size),
+                                 resample=Image.BICUBIC)
     arr = np.asarray(pil_image)
     top = (arr.shape[0] - image_size) // 2
     left = (arr.shape[1] - image_size) // 2
@@ -72,16 +67,14 @@ def center_crop_arr(pil_image: Image.Image, image_size: int) -> Image.Image:
 
 
 def pil_to_tensor(pil_image: Image.Image) -> torch.Tensor:
-    """RGB PIL image → float32 Tensor[3, H, W] in [-1, 1]: uint8 x ↦ x/127.5 − 1
-    (what ToTensor + Normalize(0.5, 0.5) compute in DiT/SiT)."""
+    """RGB PIL image → float32 Tensor[3, H, W] in [-1, 1] (x/127.5 − 1, as DiT/SiT)."""
     arr = np.asarray(pil_image.convert("RGB"), dtype=np.float32)
     return torch.from_numpy(arr).permute(2, 0, 1) / 127.5 - 1.0
 
 
 def read_image(path: str | os.PathLike, image_size: int, min_side: int = 0) -> torch.Tensor:
-    """The image file at `path`, RGB, ADM-center-cropped to `image_size`, as Tensor[3, S, S] in
-    [-1, 1]. Raises UnreadableImageError (naming the file) if PIL cannot decode it,
-    TooSmallImageError if a side is below `min_side` pixels."""
+    """The image at `path`, RGB, center-cropped to `image_size`: Tensor[3, S, S] in [-1, 1].
+    UnreadableImageError if PIL cannot decode it, TooSmallImageError if a side < `min_side` px."""
     try:
         with Image.open(path) as img:
             img = img.convert("RGB")  # forces the full decode inside the try
@@ -96,8 +89,8 @@ def read_image(path: str | os.PathLike, image_size: int, min_side: int = 0) -> t
 
 
 def list_image_folder(root: str | os.PathLike) -> tuple[list[str], list[int], list[str]]:
-    """ImageFolder listing: class = each sub-directory of `root` in sorted order; files found recursively
-    (sorted) with an IMG_EXTENSIONS suffix. Returns (paths relative to root, labels, classes)."""
+    """ImageFolder listing (classes: sorted sub-directories; images found recursively, sorted):
+    (paths relative to root, labels, classes)."""
     root = Path(root)
     if not root.is_dir():
         raise DataRootError(f"image folder {root} does not exist or is not a directory")
@@ -120,9 +113,8 @@ def list_image_folder(root: str | os.PathLike) -> tuple[list[str], list[int], li
 
 
 class EpochDataset(Dataset):
-    """What the datasets share (these two and latent_cache.LatentCacheDataset): class names
-    (``classes``), the epoch that seeds each item's flip (``set_epoch``, called by the training
-    loop), and ``sample_shape`` (C, H, W) of an item."""
+    """What the datasets share: ``classes``, the epoch that seeds each item (``set_epoch``) and
+    an item's ``sample_shape`` (C, H, W)."""
 
     classes: list[str]
     epoch: int = 0
@@ -145,12 +137,10 @@ class EpochDataset(Dataset):
 class ImageFolderDataset(EpochDataset):
     """`root/<class>/**/<image>` → (Tensor[3, image_size, image_size] in [-1, 1], label).
 
-    Labels follow the sorted class-folder names. Each image is ADM-center-cropped, then flipped
-    horizontally with probability 1/2 if `random_flip` (decided by (seed, epoch, index)). An unreadable
-    file raises UnreadableImageError naming it, an image with a side below `min_side` pixels
-    TooSmallImageError (default 0: any size is upscaled, as ADM's crop does); with `skip_bad`
-    either is counted in `num_skipped` (per process: DataLoader workers count their own), reported
-    with a warning, and the next readable index is returned instead.
+    Labels: sorted class folders. Images are center-cropped, flipped with p = 1/2 if `random_flip`.
+    An unreadable file raises UnreadableImageError, a side below `min_side` TooSmallImageError;
+    with `skip_bad` either is warned about, counted in `num_skipped` (per process) and the next
+    readable index returned instead.
     """
 
     def __init__(self, root: str | os.PathLike, image_size: int, random_flip: bool = True,
@@ -177,7 +167,8 @@ class ImageFolderDataset(EpochDataset):
         return read_image(self.root / self.files[index], self.image_size, self.min_side)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        flip = self.random_flip and bool(torch.randint(2, (1,), generator=self._generator(index)).item())
+        flip = self.random_flip and bool(
+            torch.randint(2, (1,), generator=self._generator(index)).item())
         for attempt in range(len(self)):
             source = (index + attempt) % len(self)
             try:
@@ -189,7 +180,8 @@ class ImageFolderDataset(EpochDataset):
                 self.num_skipped += 1
                 warnings.warn(f"skipping {err}", stacklevel=2)
         else:
-            raise RuntimeError(f"no readable image in {self.root} ({len(self)} files, all unreadable)")
+            raise RuntimeError(f"no readable image in {self.root} ({len(self)} files, "
+                               "all unreadable)")
         if flip:
             image = image.flip(-1)
         return image, int(self.labels[source])
@@ -202,13 +194,10 @@ class ImageFolderDataset(EpochDataset):
 
 
 class DigitsDataset(EpochDataset):
-    """scikit-learn's 8×8 handwritten digits (1797 images, 10 classes; the data ships inside scikit-learn,
-    no download) → (Tensor[1, S, S] in [-1, 1], label).
-
-    Pixel values 0..16 map to x/8 − 1. `image_size` ≠ 8 resizes with `resize_mode` ("bilinear" or
-    "bicubic", clamped back to [-1, 1]). `split`: "all", or a fixed stratified 80/20 "train"/"test"
-    split (20 % of each class, chosen by a permutation with seed 0). Flips are off by default: a
-    mirrored digit is a different glyph.
+    """scikit-learn's 8×8 digits (1797 images, 10 classes, no download) → (Tensor[1, S, S] in
+    [-1, 1], label): pixels 0..16 ↦ x/8 − 1, resized with `resize_mode` when `image_size` ≠ 8.
+    `split`: "all" or a fixed stratified 80/20 "train"/"test". No flips by default (a mirrored
+    digit is another glyph).
     """
 
     SPLITS = ("all", "train", "test")
@@ -234,7 +223,8 @@ class DigitsDataset(EpochDataset):
             images, labels = images[torch.from_numpy(keep)], labels[keep]
         images = images[:, None]
         if image_size != 8:
-            images = F.interpolate(images, size=(image_size,) * 2, mode=resize_mode, align_corners=False)
+            images = F.interpolate(images, size=(image_size,) * 2, mode=resize_mode,
+                                   align_corners=False)
             images = images.clamp(-1.0, 1.0)  # bicubic overshoots
         self.images = images.contiguous()
         self.labels = labels
@@ -253,6 +243,7 @@ class DigitsDataset(EpochDataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         image = self.images[index]
         if self.random_flip:
-            if torch.randint(2, (1,), generator=item_generator(self.seed, self.epoch, index)).item():
+            gen = item_generator(self.seed, self.epoch, index)
+            if torch.randint(2, (1,), generator=gen).item():
                 image = image.flip(-1)
         return image.clone(), int(self.labels[index])

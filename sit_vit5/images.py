@@ -1,9 +1,7 @@
-"""Image writing: float images -> uint8, single PNGs and grids, all written atomically.
+"""Image writing: float images -> uint8, PNGs and grids, all written atomically.
 
-Float images are ``(N, C, H, W)`` tensors nominally in [-1, 1] (model/decoder output); uint8 images
-are NumPy ``(N, H, W, C)`` arrays with C = 1 (grayscale) or 3 (RGB), as stored in ADM-format
-``.npz`` files.
-"""
+Float images: ``(N, C, H, W)`` tensors in [-1, 1]; uint8 images: NumPy ``(N, H, W, C)``, C = 1 or 3
+(as in ADM-format ``.npz`` files)."""
 
 from __future__ import annotations
 
@@ -21,20 +19,14 @@ from .atomic_files import atomic_write
 
 
 def to_uint8(x: Tensor) -> np.ndarray:
-    """Images ``(N, C, H, W)`` nominally in [-1, 1] -> uint8 ``(N, H, W, C)`` on the CPU.
-
-    Exactly DiT/SiT's ``clamp(127.5 * x + 128, 0, 255)`` then a truncating cast. For values >= 0
-    truncation is floor, so this is ``floor(127.5 * (x + 1) + 0.5)``: round-half-up of the usual
-    [-1, 1] -> [0, 255] map (not round-half-to-even as ``torch.round`` would do; they differ on
-    ties).
-    """
+    """Images ``(N, C, H, W)`` in [-1, 1] -> uint8 ``(N, H, W, C)`` on the CPU: DiT/SiT's
+    ``clamp(127.5 * x + 128, 0, 255)`` then a truncating cast (round-half-up, not to even)."""
     scaled = torch.clamp(127.5 * x.float() + 128.0, 0, 255)
     return scaled.permute(0, 2, 3, 1).to("cpu", torch.uint8).numpy()
 
 
 def to_rgb(images: np.ndarray) -> np.ndarray:
-    """NHWC uint8 with 1 or 3 channels -> 3 channels (the ADM format needs RGB; gray is replicated).
-    """
+    """NHWC uint8 with 1 or 3 channels -> 3 channels (ADM needs RGB; gray is replicated)."""
     return np.repeat(images, 3, axis=3) if images.shape[3] == 1 else images
 
 

@@ -1,35 +1,21 @@
-"""The latent cache: SD-VAE posterior moments of an image folder, in memory-mappable shards. Its
-format (the manifest and file layout), its writer, its reader (``LatentCacheDataset``) and its
-verifier; ``python -m sit_vit5.cache_latents`` is the command line over them.
+"""The latent cache: SD-VAE posterior moments of an image folder in memory-mappable shards: its
+format, writer (``CacheWriter``), reader (``LatentCacheDataset``) and ``verify_cache``; the
+command line is ``python -m sit_vit5.cache_latents``.
 
 Layout (in ``cache_dir``):
-    manifest.json            settings, classes, latent shape, scaling factor, VAE id, shard index ranges
-    labels.npy               int64 [num_images], class index of each image
-    files.txt                one image path per line (relative to the data dir), index order
-    shard_NNNNN.mean.npy     [n, 2, C, h, w] posterior mean × scaling factor; [:, 0] original, [:, 1] flipped
-    shard_NNNNN.std.npy      [n, 2, C, h, w] posterior std × scaling factor
-    shard_NNNNN.done         JSON marker written after both arrays are in place (resume skips these shards)
-    file_sizes.npy           int64 [num_images], byte size of each image when it was encoded
+    manifest.json         settings, classes, latent shape, scaling factor, VAE id, shard ranges
+    labels.npy            int64 [num_images], class index of each image
+    files.txt             one image path per line (relative to the data dir), index order
+    file_sizes.npy        int64 [num_images], byte size of each image when it was encoded
+    shard_NNNNN.mean.npy  [n, 2, C, h, w] posterior mean × scaling factor; [:, 1] = flipped image
+    shard_NNNNN.std.npy   [n, 2, C, h, w] posterior std × scaling factor
+    shard_NNNNN.done      JSON marker with the arrays' SHA-256 (resume skips these shards)
 
-Writing (``CacheWriter``): for every image (ADM center crop) and its horizontal flip the cache
-stores the posterior mean and std, multiplied by the scaling factor; training draws mean + std·ε.
-Shard k holds images [k·shard_size, (k+1)·shard_size); pending shards are dealt round-robin to the
-processes. A shard's arrays are written under temporary names (``.tmp-<pid>-*``, removed on an
-error and swept by the next run after a kill), fsynced and renamed into place, then its `.done`
-marker records their SHA-256, so an interrupted run leaves no half shard and a rerun with the same
-arguments encodes only the shards without a marker (with any number of processes). Rank 0 writes
-the manifest first (settings, labels, file list; "complete": false) and completes it at the end.
-The manifest records a digest of every input that decides the output: the image list with each
-file's size, the VAE's config and weights (SHA-256 of its state dict as loaded: ≈ 1 s for the
-SD-VAE) and every setting. A rerun onto a cache made from other inputs is refused, naming what
-changed.
-
-Reading it is checked (`LatentCacheDataset`): at open, every file the manifest names must exist with
-the size its .npy header implies and the shape / dtype the manifest implies (≈ 0.1 ms a file); every
-item read is checked for NaN / inf (≈ 3 µs of a 22 µs item at ImageNet-256 shapes, CPU time,
-`python -m bench.cache_checks`, results/bench/cpu/cache_checks.json); `verify_cache` (the writer's
-`--verify`) also compares each shard with the SHA-256 the writer recorded. A failure raises
-CorruptCacheError naming the file and how to re-encode it.
+Training draws mean + std·ε. A shard is written under temporary names, fsynced, renamed, then
+marked done, so a killed run leaves no half shard and a rerun encodes only unmarked shards. The
+manifest records digests of every input (image list and sizes, VAE config and weights, settings);
+a rerun onto a cache made from other inputs is refused, naming what changed. Reads are checked
+(layout at open, NaN / inf per item); a failure raises CorruptCacheError naming the file.
 """
 
 from __future__ import annotations
@@ -75,40 +61,27 @@ STORAGE_DTYPES = {"float16": np.float16, "float32": np.float32}
 VAE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # manifest keys that must agree between an existing partial cache and a rerun (with the inputs'
 # digests); --skip-bad and --min-image-side may change on a rerun: they only choose what is skipped
-SETTINGS_KEYS = (
-    "num_images",
-    "files_sha256",
-    "file_sizes_sha256",
-    "classes",
-    "image_size",
-    "vae",
-    "vae_config_sha256",
-    "vae_weights_sha256",
-    "vae_dtype",
-    "scaling_factor",
-    "dtype",
-    "shard_size",
-)
+SETTINGS_KEYS = ("num_images", "files_sha256", "file_sizes_sha256", "classes", "image_size", "vae",
+                 "vae_config_sha256", "vae_weights_sha256", "vae_dtype", "scaling_factor", "dtype",
+                 "shard_size")
 
 
 class IncompleteCacheError(DataRootError, RuntimeError):
-    """A latent cache whose writer has not finished (a RuntimeError too, as it was before)."""
+    """A latent cache whose writer has not finished."""
 
 
 class CorruptCacheError(SitVit5Error, ValueError):
-    """A latent cache file that does not hold what the manifest says: missing, truncated, of another
-    shape or dtype, non-finite values, or another SHA-256 than the writer recorded. The message
-    names the file."""
+    """A cache file that does not hold what the manifest says (missing, truncated, wrong shape or
+    dtype, NaN / inf, another SHA-256); the message names the file."""
 
 
 class CacheMismatchError(SitVit5Error, ValueError):
-    """A latent cache that does not fit the run: made from images of another size, or (for its
-    writer) from other inputs than those of the run resuming it. The message names the value that
-    differs."""
+    """A latent cache that does not fit the run (other image size, or other inputs than the run
+    resuming it); the message names the value that differs."""
+
 
 class CacheArgumentError(SitVit5Error, ValueError):
-    """A flag value the cache writer cannot use (an image size the VAE cannot encode, an --out that
-    cannot be a folder); the message names the flag and value."""
+    """A flag value the cache writer cannot use; the message names the flag and value."""
 
 
 # ----------------------------------------------------------------------------- reader and verifier
@@ -128,7 +101,7 @@ def reencode_hint(cache_dir: str | os.PathLike, shard: str) -> str:
 
 
 def read_manifest(cache_dir: str | os.PathLike) -> dict[str, Any]:
-    """The cache's manifest.json as a dict; errors name the directory and how to create the cache."""
+    """The cache's manifest.json; errors name the directory and how to create the cache."""
     path = Path(cache_dir) / MANIFEST_NAME
     if not path.is_file():
         raise DataRootError(
@@ -150,8 +123,8 @@ def read_manifest(cache_dir: str | os.PathLike) -> dict[str, Any]:
 
 
 def npy_layout(path: str | os.PathLike) -> tuple[tuple[int, ...], np.dtype, int]:
-    """(shape, dtype, the file size in bytes they imply) from an .npy header, without reading the
-    data. Raises CorruptCacheError naming the file when it is missing or has no readable header."""
+    """(shape, dtype, implied file size in bytes) from an .npy header; CorruptCacheError naming
+    the file when it is missing or has no readable header."""
     path = Path(path)
     try:
         with open(path, "rb") as f:
@@ -169,8 +142,7 @@ def npy_layout(path: str | os.PathLike) -> tuple[tuple[int, ...], np.dtype, int]
 
 def check_npy(path: str | os.PathLike, shape: tuple[int, ...], dtype: np.dtype, hint: str) -> None:
     """Raise CorruptCacheError (naming ``path``, ending in ``hint``) unless the .npy file holds
-    ``dtype`` ``shape`` and is exactly as long as its header says (a truncated or padded file is
-    refused)."""
+    ``dtype`` ``shape`` and is exactly as long as its header says."""
     path = Path(path)
     try:
         found_shape, found_dtype, size = npy_layout(path)
@@ -187,24 +159,18 @@ def check_npy(path: str | os.PathLike, shape: tuple[int, ...], dtype: np.dtype, 
 
 
 class LatentCacheDataset(EpochDataset):
-    """Cached SD-VAE posteriors → (latent Tensor[C, h, w] float32, label), and with `image_root`
-    (the ImageFolder the cache was made from) → (latent, label, image Tensor[3, S, S] in [-1, 1]):
-    the item's own image, center-cropped as the writer cropped it and flipped with the latent (what
-    REPA's encoder sees beside cached latents, as REPA's own code trains).
+    """Cached SD-VAE posteriors → (latent Tensor[C, h, w] float32, label); with `image_root` (the
+    ImageFolder the cache was made from, for REPA) also the item's image Tensor[3, S, S] in [-1, 1],
+    cropped as the writer did and flipped with the latent.
 
-    The latent is mean + std·ε with ε ~ N(0, I), both moments already multiplied by the scaling factor,
-    from the original or (if `random_flip`, probability 1/2) the flipped image. Flip and ε come from a
-    generator seeded by (seed, epoch, index): first draw the flip bit, then ε. Shards are opened with
-    `np.load(mmap_mode="r")` lazily in each process (never pickled), so an item costs two small memmap
-    reads. Images the cache writer skipped as unreadable are left out (`len` counts the rest).
+    latent = mean + std·ε (scaled moments) of the original or, with `random_flip` (p = 1/2), the
+    flipped image; flip bit then ε from a generator seeded by (seed, epoch, index). Shards are
+    memmapped lazily per process. Images the writer skipped are left out of `len`.
 
-    Checked (CorruptCacheError naming the file): at open, that labels.npy and every shard file
-    exist with the shape, dtype and byte size the manifest implies (headers only: ≈ 0.1 ms a file);
-    at each read, that the item's mean and std are finite (≈ 3 µs for a 4×32×32 latent, on a 22 µs
-    item read), so a shard overwritten with NaN is named before it can reach the loss. With
-    `image_root` (CacheMismatchError naming the file): at open, that files.txt lists the cache's
-    images and its first and last image exist there; at each read, that the image still has the
-    byte size it had when it was encoded (one stat).
+    Checked (CorruptCacheError naming the file): at open, every file's shape, dtype and size
+    (headers only); per item, that mean and std are finite. With `image_root`
+    (CacheMismatchError): files.txt's first and last image exist; per item, its byte size is
+    unchanged since encoding.
     """
 
     def __init__(self, cache_dir: str | os.PathLike, random_flip: bool = True, seed: int = 0,
@@ -216,7 +182,8 @@ class LatentCacheDataset(EpochDataset):
             done = sum((self.cache_dir / f"{s['name']}.done").is_file() for s in shards)
             raise IncompleteCacheError(
                 f"latent cache {self.cache_dir} is incomplete ({done}/{len(shards)} shards done); "
-                f"rerun the same `python -m sit_vit5.cache_latents ... --out {self.cache_dir}` to resume")
+                f"rerun the same `python -m sit_vit5.cache_latents ... --out {self.cache_dir}` "
+                "to resume")
         self.manifest = manifest
         self.classes: list[str] = manifest["classes"]
         self.latent_shape = tuple(manifest["latent_shape"])
@@ -248,8 +215,9 @@ class LatentCacheDataset(EpochDataset):
         try:
             files = listing.read_text().splitlines()
         except (OSError, UnicodeDecodeError) as err:
-            raise CorruptCacheError(f"{listing}: cannot be read ({err}); it names the images the "
-                                    "cache was made from: re-create the cache in a new --out") from None
+            raise CorruptCacheError(f"{listing}: cannot be read ({err}); it names the images "
+                                    "the cache was made from: re-create the cache in a new --out"
+                                    ) from None
         sizes_path = self.cache_dir / self.manifest.get("file_sizes", FILE_SIZES_NAME)
         check_npy(sizes_path, (n,), np.dtype(np.int64), "re-create the cache in a new --out")
         if len(files) != n:
@@ -264,9 +232,8 @@ class LatentCacheDataset(EpochDataset):
         return files, np.load(sizes_path)
 
     def image(self, index: int, flip: int) -> torch.Tensor:
-        """Item `index`'s image (dataset numbering) as the cache writer cropped it, mirrored when
-        `flip` is 1: Tensor[3, S, S] in [-1, 1]. Raises CacheMismatchError when the file's size
-        differs from the one recorded at encoding (the latent would not be this image's)."""
+        """Item `index`'s image as the writer cropped it, mirrored when `flip` is 1: Tensor[3, S, S]
+        in [-1, 1]. CacheMismatchError when the file's size changed since encoding."""
         i = int(self._indices[index])
         path = self.image_root / self._files[i]
         try:
@@ -327,9 +294,8 @@ class LatentCacheDataset(EpochDataset):
             return "?"
 
     def moments(self, index: int, flip: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Scaled (mean, std) float32 of item `index` (dataset numbering); flip 0 = original,
-        1 = mirrored. Raises CorruptCacheError naming the shard file when either holds NaN or
-        inf."""
+        """Scaled (mean, std) float32 of item `index`; flip 1 = mirrored. CorruptCacheError
+        naming the shard file when either holds NaN or inf."""
         i = int(self._indices[index])
         k = int(np.searchsorted(self._starts, i, side="right")) - 1
         mean, std = self._shard(k)
@@ -345,11 +311,12 @@ class LatentCacheDataset(EpochDataset):
                     f"{reencode_hint(self.cache_dir, info['name'])}")
         return torch.from_numpy(values["mean"]), torch.from_numpy(values["std"])
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int] | tuple[torch.Tensor, int, torch.Tensor]:
+    def __getitem__(self, index: int
+                    ) -> tuple[torch.Tensor, int] | tuple[torch.Tensor, int, torch.Tensor]:
         gen = item_generator(self.seed, self.epoch, index)
         flip = int(torch.randint(2, (1,), generator=gen).item()) if self.random_flip else 0
         mean, std = self.moments(index, flip)
-        latent = mean + std * torch.randn(mean.shape, generator=gen)  # on cpu: a loader item, its own generator
+        latent = mean + std * torch.randn(mean.shape, generator=gen)  # on cpu: a loader item
         label = int(self.labels[self._indices[index]])
         if self.image_root is None:
             return latent, label
@@ -357,8 +324,8 @@ class LatentCacheDataset(EpochDataset):
 
 
 def _recorded_digests(cache_dir: Path, info: dict[str, Any]) -> dict[str, str]:
-    """The SHA-256 per array ("mean", "std") the writer recorded for a shard: in the manifest, else
-    in its .done marker; {} for caches written before digests were recorded."""
+    """The writer's SHA-256 per array ("mean", "std") of a shard: from the manifest, else its
+    .done marker; {} when none was recorded."""
     if isinstance(info.get("sha256"), dict):
         return info["sha256"]
     try:
@@ -370,8 +337,7 @@ def _recorded_digests(cache_dir: Path, info: dict[str, Any]) -> dict[str, str]:
 
 
 def first_nonfinite_row(array: np.ndarray, chunk_rows: int = 256) -> int | None:
-    """Index of the first row of ``array`` holding NaN or inf, or None; reads ``chunk_rows`` rows
-    at a time (a memmap is never loaded whole)."""
+    """Index of the first row of ``array`` holding NaN or inf, or None (reads in chunks)."""
     for start in range(0, len(array), chunk_rows):
         block = np.asarray(array[start : start + chunk_rows])
         finite = np.isfinite(block.reshape(len(block), -1)).all(axis=1)
@@ -381,14 +347,9 @@ def first_nonfinite_row(array: np.ndarray, chunk_rows: int = 256) -> int | None:
 
 
 def verify_cache(cache_dir: str | os.PathLike) -> dict[str, Any]:
-    """Check every byte of a complete latent cache: LatentCacheDataset's layout checks, then each
-    shard file's SHA-256 against the one its writer recorded (caches written before digests were
-    recorded skip this) and every value for NaN / inf. Raises CorruptCacheError listing the bad
-    files on one line; returns {"files", "bytes", "seconds"}.
-
-    Cost: one read of every shard for the digest, one more (from the page cache) for the values:
-    ≈ 1.7 s of CPU per GB on one core here (SHA-256 1.5 of it; `python -m bench.cache_checks`),
-    i.e. ≈ 70 s for ImageNet-256's 42 GB float16 cache, or the disk's read time if that is longer.
+    """Check every byte of a complete cache: the layout, each shard's SHA-256 against the writer's
+    (when recorded) and every value for NaN / inf. Raises CorruptCacheError listing the bad files;
+    returns {"files", "bytes", "seconds"}. ≈ 1.7 s CPU per GB (`python -m bench.cache_checks`).
     """
     began = time.perf_counter()
     dataset = LatentCacheDataset(cache_dir, random_flip=False)
@@ -414,7 +375,6 @@ def verify_cache(cache_dir: str | os.PathLike) -> dict[str, Any]:
     return {"files": files, "bytes": size, "seconds": time.perf_counter() - began}
 
 
-
 # ----------------------------------------------------------------------------- writer
 
 
@@ -430,13 +390,12 @@ class WriteOptions:
     dtype: str  # storage dtype of mean and std: a key of STORAGE_DTYPES
     vae_dtype: str  # precision the VAE runs in: a key of VAE_DTYPES
     num_workers: int  # image decoders
-    skip_bad: bool  # skip unreadable or too small images (listed in the manifest) instead of stopping
+    skip_bad: bool  # skip unreadable or too small images (listed in the manifest)
     min_image_side: int  # refuse images whose short side is below this many pixels
 
 
 class _CropItems(Dataset):
-    """Images [start, stop) of an ImageFolderDataset, center-cropped, unflipped:
-    (index, image | None, error message)."""
+    """Images [start, stop), center-cropped, unflipped: (index, image | None, error message)."""
 
     def __init__(self, images: ImageFolderDataset, start: int, stop: int, skip_bad: bool):
         self.images, self.start, self.stop, self.skip_bad = images, start, stop, skip_bad
@@ -452,33 +411,32 @@ class _CropItems(Dataset):
             if self.skip_bad:
                 return index, None, str(err)
             small = isinstance(err, TooSmallImageError)
-            hint = ("pass --skip-bad to skip it, or --min-image-side with a smaller value to accept it"
-                    if small else "pass --skip-bad to skip unreadable images")
+            hint = ("pass --skip-bad to skip it, or --min-image-side with a smaller value to "
+                    "accept it" if small else "pass --skip-bad to skip unreadable images")
             raise type(err)(f"{err}; {hint}", err.path) from None
 
 
 def _collate(items: list[tuple[int, torch.Tensor | None, str]]):
     good = [(i, x) for i, x, _ in items if x is not None]
     bad = [(i, msg) for i, x, msg in items if x is None]
-    index = torch.tensor([i for i, _ in good], dtype=torch.long)  # on cpu: collate, in the loader worker
+    index = torch.tensor([i for i, _ in good], dtype=torch.long)  # on cpu: collate (loader worker)
     images = torch.stack([x for _, x in good]) if good else None
     return index, images, bad
 
 
 def latent_shape_of(vae, image_size: int) -> tuple[int, int, int]:
-    """(C, h, w) the AutoencoderKL gives for image_size² inputs (it downsamples by 2 per extra
-    block); CacheArgumentError when image_size is not a multiple of that factor."""
+    """(C, h, w) of the AutoencoderKL's latents for image_size² inputs; CacheArgumentError when
+    image_size is not a multiple of its downsampling factor."""
     factor = downsampling_factor(vae)
     if image_size % factor:
         lower, upper = image_size // factor * factor, (image_size // factor + 1) * factor
-        raise CacheArgumentError(f"--image-size {image_size} is not a multiple of the VAE's downsampling "
-                                 f"factor {factor}; use {lower or upper} or {upper}")
+        raise CacheArgumentError(f"--image-size {image_size} is not a multiple of the VAE's "
+                                 f"downsampling factor {factor}; use {lower or upper} or {upper}")
     return (vae.config.latent_channels, image_size // factor, image_size // factor)
 
 
 def vae_digests(vae) -> dict[str, str]:
-    """SHA-256 of the VAE's config (public keys) and of its weights as loaded (``payload_sha256`` of
-    the state dict: independent of the file format the weights came in)."""
+    """SHA-256 of the VAE's config (public keys) and of its loaded state dict (any file format)."""
     config = {k: v for k, v in dict(vae.config).items() if not k.startswith("_")}
     text = json.dumps(config, sort_keys=True, default=str)
     return {"vae_config_sha256": hashlib.sha256(text.encode()).hexdigest(),
@@ -486,21 +444,20 @@ def vae_digests(vae) -> dict[str, str]:
 
 
 def _write_json(path: Path, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=1))  # readers see the old or the new file, never half of one
+    atomic_write_text(path, json.dumps(obj, indent=1))  # readers never see half a file
 
 
 def _shard_entries(num_images: int, shard_size: int) -> list[dict[str, Any]]:
     entries = []
     for k, start in enumerate(range(0, num_images, shard_size)):
         name = f"shard_{k:05d}"
-        entries.append({"name": name, "mean": f"{name}.mean.npy", "std": f"{name}.std.npy", "start": start,
-                        "stop": min(start + shard_size, num_images)})
+        entries.append({"name": name, "mean": f"{name}.mean.npy", "std": f"{name}.std.npy",
+                        "start": start, "stop": min(start + shard_size, num_images)})
     return entries
 
 
 def _file_list_change(out: Path, files: list[str], sizes: np.ndarray) -> str:
-    """What differs between the cache's image list (files.txt, file_sizes.npy) and this run's, in
-    words."""
+    """What differs between the cache's image list (files.txt, sizes) and this run's, in words."""
     try:
         old = (out / FILES_NAME).read_text().splitlines()
     except OSError:
@@ -509,7 +466,8 @@ def _file_list_change(out: Path, files: list[str], sizes: np.ndarray) -> str:
         added, removed = sorted(set(files) - set(old)), sorted(set(old) - set(files))
         parts = [f"{len(added)} added (e.g. {added[0]})" if added else "",
                  f"{len(removed)} removed (e.g. {removed[0]})" if removed else ""]
-        return "the image file list differs: " + (", ".join(p for p in parts if p) or "another order")
+        return "the image file list differs: " + (", ".join(p for p in parts if p)
+                                                  or "another order")
     try:
         old_sizes = np.load(out / FILE_SIZES_NAME)
     except (OSError, ValueError):
@@ -523,8 +481,8 @@ def _file_list_change(out: Path, files: list[str], sizes: np.ndarray) -> str:
 
 def _check_settings(out: Path, settings: dict[str, Any], files: list[str],
                     sizes: np.ndarray) -> dict[str, Any] | None:
-    """The existing manifest (if any), after checking that it was made from the same inputs and
-    settings; CacheMismatchError naming each difference (on one line) otherwise."""
+    """The existing manifest (if any), checked to come from the same inputs and settings;
+    CacheMismatchError naming each difference otherwise."""
     if not (out / MANIFEST_NAME).is_file():
         return None
     manifest = read_manifest(out)  # CorruptCacheError if unreadable
@@ -543,14 +501,13 @@ def _check_settings(out: Path, settings: dict[str, Any], files: list[str],
         diff.append(_file_list_change(out, files, sizes))
     if diff:
         raise CacheMismatchError(f"{out} holds a cache made from other inputs or settings "
-                                 f"({'; '.join(diff)}); rerun with the original arguments and inputs, or "
-                                 "choose a new --out")
+                                 f"({'; '.join(diff)}); rerun with the original arguments and "
+                                 "inputs, or choose a new --out")
     return manifest
 
 
 def _sweep_temporaries(out: Path) -> list[str]:
-    """Remove what a killed writer left: ``.tmp-*`` files (and the ``*.npy.tmp`` of earlier
-    versions). Only called while no process of this run writes (before the first barrier)."""
+    """Remove a killed writer's ``.tmp-*`` / ``*.npy.tmp`` files (before the first barrier)."""
     stale = [*out.glob(f"{TMP_PREFIX}*"), *out.glob("*.npy.tmp")]
     for path in stale:
         path.unlink(missing_ok=True)
@@ -564,12 +521,11 @@ def _fsync(path: Path) -> None:
 
 class CacheWriter:
     """Encodes the image folder ``data_dir`` into the cache ``out`` with the processes of
-    ``state`` (accelerate's PartialState: ``sit_vit5.distributed.join_launcher_group``), in steps
-    that every process calls in turn: construct (checks ``out``, lists the images, loads the VAE,
-    refuses an existing cache made from other inputs), ``begin``, ``my_shards``, ``encode_shard``
-    for each of them, ``finish``."""
+    ``state`` (accelerate's PartialState); every process calls, in turn: the constructor (checks,
+    loads the VAE), ``begin``, ``my_shards``, ``encode_shard`` for each, ``finish``."""
 
-    def __init__(self, out: str | os.PathLike, data_dir: str | os.PathLike, options: WriteOptions, state):
+    def __init__(self, out: str | os.PathLike, data_dir: str | os.PathLike, options: WriteOptions,
+                 state):
         self.out, self.options, self.state = Path(out), options, state
         reason = unwritable_dir_reason(self.out)
         if reason is not None:
@@ -579,7 +535,8 @@ class CacheWriter:
         self.files_text = "".join(f"{f}\n" for f in self.images.files)
         self.sizes = np.asarray([os.stat(self.images.root / f).st_size for f in self.images.files],
                                 dtype=np.int64)
-        self.vae = load_vae(options.vae, device=state.device, dtype=VAE_DTYPES[options.vae_dtype], key="--vae")
+        self.vae = load_vae(options.vae, device=state.device, dtype=VAE_DTYPES[options.vae_dtype],
+                            key="--vae")
         self.latent_shape = latent_shape_of(self.vae, options.image_size)
         vae_id = options.vae if not os.path.isdir(options.vae) else str(Path(options.vae).resolve())
         self.settings = {
@@ -603,8 +560,8 @@ class CacheWriter:
         self.entries = _shard_entries(len(self.images), options.shard_size)
 
     def begin(self) -> list[str]:
-        """On the main process: the labels, file list and incomplete manifest of a new cache, then
-        the temporaries of a killed run removed; returns their names."""
+        """Main process: write a new cache's labels, file list and incomplete manifest, then
+        remove a killed run's temporaries; returns their names."""
         if not self.state.is_main_process:
             return []
         out = self.out
@@ -614,18 +571,18 @@ class CacheWriter:
             atomic_write(out / LABELS_NAME, lambda f: np.save(f, self.images.labels))
             atomic_write(out / FILE_SIZES_NAME, lambda f: np.save(f, self.sizes))
             atomic_write_text(out / FILES_NAME, self.files_text)
-            _write_json(out / MANIFEST_NAME, {**self.settings, "latent_shape": list(self.latent_shape),
-                                              "shards": self.entries, "labels": LABELS_NAME, "files": FILES_NAME,
-                                              "file_sizes": FILE_SIZES_NAME, "bad_indices": []})
+            _write_json(out / MANIFEST_NAME, {
+                **self.settings, "latent_shape": list(self.latent_shape), "shards": self.entries,
+                "labels": LABELS_NAME, "files": FILES_NAME, "file_sizes": FILE_SIZES_NAME,
+                "bad_indices": []})
         return _sweep_temporaries(out)
 
     def my_shards(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """(this process's shards, every pending shard): those without a .done marker, dealt
-        round-robin."""
+        """(this process's shards, all pending shards without a .done marker), round-robin."""
         state = self.state
         state.wait_for_everyone()
         pending = [e for e in self.entries if not (self.out / f"{e['name']}.done").is_file()]
-        state.wait_for_everyone()  # every rank has listed the pending shards before any adds a marker
+        state.wait_for_everyone()  # all ranks list the pending shards before any adds a marker
         return pending[state.process_index :: state.num_processes], pending
 
     def encode_shard(self, entry: dict[str, Any], progress: Callable[[int], object],
@@ -642,7 +599,8 @@ class CacheWriter:
         reasons: list[str] = []
         try:
             for key in tmp:
-                arrays[key] = np.lib.format.open_memmap(tmp[key], mode="w+", dtype=dtype, shape=shape)
+                arrays[key] = np.lib.format.open_memmap(tmp[key], mode="w+", dtype=dtype,
+                                                        shape=shape)
             loader = DataLoader(_CropItems(self.images, start, stop, options.skip_bad),
                                 batch_size=options.batch_size, num_workers=options.num_workers,
                                 collate_fn=_collate, pin_memory=torch.cuda.is_available())
@@ -656,7 +614,8 @@ class CacheWriter:
                     mean, std = encode_moments(self.vae, both, options.scaling_factor)
                     rows = (index - start).numpy()
                     for key, value in (("mean", mean), ("std", std)):
-                        value = value.view(2, len(x), *latent_shape).transpose(0, 1)  # [B, 2, C, h, w]
+                        # [B, 2, C, h, w]
+                        value = value.view(2, len(x), *latent_shape).transpose(0, 1)
                         arrays[key][rows] = value.cpu().numpy().astype(dtype)
                 progress(len(index) + len(bad_items))
             digests = {}
@@ -664,8 +623,8 @@ class CacheWriter:
                 array = arrays.pop(key)
                 array.flush()
                 del array  # the last reference: closes the memmap
-                _fsync(tmp[key])  # on disk before the rename: a power loss leaves no renamed half file
-                digests[key] = sha256_file(tmp[key])  # from the page cache: ≈ 0.3 s per 10,000-image shard
+                _fsync(tmp[key])  # on disk before the rename: no renamed half file
+                digests[key] = sha256_file(tmp[key])  # from the page cache
             for key in tmp:
                 os.replace(tmp[key], out / entry[key])
         except BaseException:
@@ -674,11 +633,11 @@ class CacheWriter:
                 path.unlink(missing_ok=True)  # an error or Ctrl-C leaves no temporary behind
             raise
         _write_json(out / f"{entry['name']}.done",
-                    {"start": start, "stop": stop, "bad": bad, "bad_reasons": reasons, "sha256": digests})
+                    {"start": start, "stop": stop, "bad": bad, "bad_reasons": reasons,
+                     "sha256": digests})
 
     def finish(self) -> dict[str, Any] | None:
-        """After every process's shards: the main process completes the manifest and returns it
-        (None on the others)."""
+        """After all shards: the main process completes the manifest and returns it (else None)."""
         self.state.wait_for_everyone()
         manifest = _complete(self.out, self.entries) if self.state.is_main_process else None
         self.state.wait_for_everyone()
@@ -686,14 +645,13 @@ class CacheWriter:
 
 
 def _complete(out: Path, entries: list[dict[str, Any]]) -> dict[str, Any]:
-    """Mark the manifest complete, with the skipped images and each shard's digests from its
-    marker."""
+    """Mark the manifest complete, with the skipped images and each shard's digests."""
     manifest = read_manifest(out)
     markers = [out / f"{e['name']}.done" for e in entries]
     missing = [m.name for m in markers if not m.is_file()]
     if missing:
-        raise IncompleteCacheError(f"{len(missing)} shard(s) of {out} lack a done marker: {missing[:5]}; "
-                                   "rerun the same command")
+        raise IncompleteCacheError(f"{len(missing)} shard(s) of {out} lack a done marker: "
+                                   f"{missing[:5]}; rerun the same command")
     done = [json.loads(m.read_text()) for m in markers]
     manifest["bad_indices"] = sorted(i for d in done for i in d["bad"])
     manifest["bad_files"] = [reason for d in done for reason in d.get("bad_reasons", [])]

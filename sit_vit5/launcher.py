@@ -1,4 +1,4 @@
-"""The launcher's environment, read without torch: the world size a launcher announced and whether this
+"""The launcher's environment, read without torch: the announced world size and whether this
 process was given its rank (a bad launch is reported before the heavy imports)."""
 
 from __future__ import annotations
@@ -8,8 +8,7 @@ from collections.abc import Mapping
 
 from .errors import SitVit5Error
 
-#: Variables that announce the world size, in the order accelerate reads them, and the variables
-#: that give this process's rank alongside each.
+#: World-size variables, in accelerate's order, and the rank variables alongside each.
 RANK_VARS = {"WORLD_SIZE": ("RANK", "LOCAL_RANK"), "PMI_SIZE": ("PMI_RANK",),
              "OMPI_COMM_WORLD_SIZE": ("OMPI_COMM_WORLD_RANK",),
              "MV2_COMM_WORLD_SIZE": ("MV2_COMM_WORLD_RANK",)}
@@ -17,8 +16,7 @@ WORLD_SIZE_VARS = tuple(RANK_VARS)
 
 
 class LaunchError(SitVit5Error, RuntimeError):
-    """The process group does not match what the launcher announced; the message names the variable
-    and the fix, in one line."""
+    """The process group does not match the launcher's; names the variable and the fix."""
 
 
 def launcher_world_size(environ: Mapping[str, str] | None = None) -> tuple[int, str | None]:
@@ -38,9 +36,8 @@ def launcher_world_size(environ: Mapping[str, str] | None = None) -> tuple[int, 
 
 
 def check_launcher_env(environ: Mapping[str, str] | None = None) -> int:
-    """The world size the launcher announced (1 without one); a world size without a rank
-    (``WORLD_SIZE=2 python train.py``) is a LaunchError: accelerate would wait forever for the other
-    processes, or fail with a message about ``MASTER_ADDR``."""
+    """The world size the launcher announced (1 without one); one without a rank
+    (``WORLD_SIZE=2 python train.py``) is a LaunchError (accelerate would wait forever)."""
     environ = os.environ if environ is None else environ
     size, var = launcher_world_size(environ)
     if size > 1 and not any(rank in environ for rank in RANK_VARS[var]):

@@ -1,11 +1,6 @@
-"""The names the command lines and the config check, without importing torch.
-
-``python train.py`` / ``sample.py`` parse and check their arguments and config before the heavy
-imports (torch, diffusers, accelerate, timm: several seconds), so that a bad flag or key is reported
-at once. The modules that implement these choices (``transport``, ``diffusion``, ``objective``,
-``precision``, ``vae``, ``training.repa``, ``models.official``) import torch at their top; their names
-are copied here, and ``tests/test_first_minute.py`` checks that each copy equals its source.
-``choose`` looks a name up in such a registry (an unknown one: a ValueError listing the valid ones).
+"""The names the command lines and the config check, without importing torch (so a bad flag or
+key is reported before seconds of heavy imports). Copies of the torch-importing modules' names;
+``tests/test_first_minute.py`` checks each equals its source. ``choose`` looks a name up.
 """
 
 from __future__ import annotations
@@ -20,7 +15,7 @@ DIFFUSION_METHODS: tuple[str, ...] = ("ddpm", "ddim")
 #: SDE diffusion coefficients D(t) (keys of ``transport.DIFFUSION_FORMS``)
 DIFFUSION_FORMS: tuple[str, ...] = ("constant", "SBDM", "sigma", "linear", "decreasing",
                                     "increasing-decreasing")
-#: adaptive ODE tolerances, SiT's sample.py defaults (the one home of both: SampleSpec and Sampler read them)
+#: adaptive ODE tolerances, SiT's sample.py defaults (read by SampleSpec and Sampler)
 DEFAULT_ATOL, DEFAULT_RTOL = 1e-6, 1e-3
 #: SDE last steps (keys of ``transport.LAST_STEPS``; None / "none" = stop at t1)
 LAST_STEPS: tuple[str | None, ...] = ("Mean", "Tweedie", "Euler", None, "none")
@@ -49,7 +44,7 @@ OFFICIAL_NAMES: tuple[str, ...] = (
 #: (``models.registry._NAME`` / ``NAME_OBJECTIVES``)
 MODEL_NAME = re.compile(r"^(?P<backbone>\w+?)-(?P<size>S|B|L|XL)/(?P<patch>\d+)$")
 NAME_OBJECTIVES: dict[str, str] = {"DiT": "ddpm"}
-#: the config overrides train.py adds for a model name that implies an objective (DiT-*: DiT's recipe)
+#: config overrides train.py adds for a name that implies an objective (DiT-*: DiT's recipe)
 OBJECTIVE_OVERRIDES: dict[str, tuple[str, ...]] = {
     "ddpm": ("transport.objective=ddpm", "model.learn_sigma=true", "sample.method=ddpm"),
 }
@@ -58,15 +53,14 @@ MODEL_NAMES: tuple[str, ...] = tuple(f"{b}-{s}/{p}" for b in ("SiT", "ViT5", "Di
                                      for s in ("S", "B", "L", "XL") for p in (2, 4, 8))
 #: the keys of the config's ``model`` section: ``name`` and ``models.valid_overrides()``
 MODEL_KEYS: tuple[str, ...] = (
-    "name", "class_dropout_prob", "depth", "grad_checkpointing", "hidden_size", "in_channels", "input_size",
-    "layer_scale_init", "learn_sigma", "mlp", "mlp_act", "mlp_norm_eps", "mlp_ratio", "norm", "num_classes",
-    "num_heads", "num_registers", "patch_size", "pos_embed", "qk_norm", "qkv_bias", "register_rope_theta",
-    "rope", "rope_theta", "t_freq_shift")
+    "name", "class_dropout_prob", "depth", "grad_checkpointing", "hidden_size", "in_channels",
+    "input_size", "layer_scale_init", "learn_sigma", "mlp", "mlp_act", "mlp_norm_eps", "mlp_ratio",
+    "norm", "num_classes", "num_heads", "num_registers", "patch_size", "pos_embed", "qk_norm",
+    "qkv_bias", "register_rope_theta", "rope", "rope_theta", "t_freq_shift")
 
 
 def name_objective(model_name: str) -> str | None:
-    """The objective a model name implies ("ddpm" for ``DiT-*``: DiT's network is SiT's), None when
-    the name leaves it open (``models.name_objective``, without importing the models)."""
+    """The objective a model name implies ("ddpm" for ``DiT-*``), None when it leaves it open."""
     match = MODEL_NAME.match(model_name)
     return NAME_OBJECTIVES.get(match["backbone"]) if match else None
 
@@ -75,7 +69,7 @@ V = TypeVar("V")
 
 
 def choose(registry: Mapping[Any, V], key: Any, what: str) -> V:
-    """``registry[key]``, or a ValueError that names the bad ``what`` value and lists the valid ones."""
+    """``registry[key]``, or a ValueError naming the bad ``what`` value and the valid ones."""
     try:
         return registry[key]
     except (KeyError, TypeError):

@@ -1,20 +1,13 @@
-"""The training objective of a run, in one place: SiT's transport (``objective: sit``, the default)
-or DiT's discrete Gaussian diffusion (``objective: ddpm``), both read from the config's
-``transport`` section.
+"""The training objective, from the config's ``transport`` section:
 
-* ``sit``: ``path_type / prediction / loss_weight / train_eps / sample_eps`` ->
-  :mod:`sit_vit5.transport`; t in [0, 1] (0 = noise), samplers ``ode | sde``.
-* ``ddpm``: ``diffusion_steps / noise_schedule / ddpm_variance`` -> :mod:`sit_vit5.diffusion`; the
-  backbone receives DiT's integer steps 0 .. T-1 through the same timestep embedder (T-1 = noise),
-  samplers ``ddpm | ddim`` on ``num_steps`` respaced steps. ``ddpm_variance: learned`` (DiT) needs a
-  2C-channel model (``model.learn_sigma: true``).
+* ``sit`` (default): SiT's transport (:mod:`sit_vit5.transport`); t in [0, 1] (0 = noise),
+  samplers ``ode | sde``.
+* ``ddpm``: DiT's discrete diffusion (:mod:`sit_vit5.diffusion`); integer steps 0 .. T-1
+  (T-1 = noise), samplers ``ddpm | ddim``; ``ddpm_variance: learned`` needs ``learn_sigma: true``.
 
-"DiT w. ViT" is a SiT backbone with ``objective: ddpm``; ``DiT-*`` model names say so themselves.
-
-Both are an :class:`Objective`: its ``loss``, its whole-trajectory ``sampler`` for a ``SampleSpec``, the
-same sampling one step at a time (``steps``: our steps, or a diffusers scheduler's) and the model
-evaluations a spec costs. The model always returns its full output (2C channels with a learned sigma);
-the objective reads what it needs. Callers hold an ``Objective`` and never ask which one it is.
+Both are an :class:`Objective`: ``loss``, a whole-trajectory ``sampler``, step-wise ``steps`` and
+``evaluations`` per ``SampleSpec``. The model returns its full output; the objective reads what it
+needs.
 """
 
 from __future__ import annotations
@@ -28,7 +21,12 @@ import torch
 from torch import Tensor
 
 from .diffusion import GaussianDiffusion, create_diffusion
-from .diffusion.ddpm_sampler import DiffusionSampler, DiffusionSteps, SchedulerSteps, is_epsilon_scheduler
+from .diffusion.ddpm_sampler import (
+    DiffusionSampler,
+    DiffusionSteps,
+    SchedulerSteps,
+    is_epsilon_scheduler,
+)
 from .diffusion.schedule import NOISE_SCHEDULES
 from .errors import SettingError, SitVit5Error
 from .models import name_objective_conflict
@@ -38,26 +36,17 @@ from .transport.integrators import FIXED_STEP_NFE, SDE_STEP_NFE, ode_method
 from .transport.sampler import EulerSteps, FlowSchedulerSteps
 
 OBJECTIVES = ("sit", "ddpm")
-#: transport-section keys each objective reads (the others must stay at their defaults' meaning:
-#: unused)
+#: transport-section keys the ddpm objective reads
 DDPM_KEYS = ("diffusion_steps", "noise_schedule", "ddpm_variance")
-#: config name -> GaussianDiffusion variance type (DiT: learned = IDDPM's learned range + the hybrid
-#: loss)
-DDPM_VARIANCES = {
-    "learned": "learned_range",
-    "fixed_small": "fixed_small",
-    "fixed_large": "fixed_large",
-}
-DDPM_DEFAULTS: dict[str, Any] = {
-    "diffusion_steps": 1000,
-    "noise_schedule": "linear",
-    "ddpm_variance": "learned",
-}
+#: config name -> GaussianDiffusion variance type (DiT: learned = IDDPM's range + hybrid loss)
+DDPM_VARIANCES = {"learned": "learned_range", "fixed_small": "fixed_small",
+                  "fixed_large": "fixed_large"}
+DDPM_DEFAULTS: dict[str, Any] = {"diffusion_steps": 1000, "noise_schedule": "linear",
+                                 "ddpm_variance": "learned"}
 
 
 class ObjectiveError(SitVit5Error, ValueError):
-    """An objective setting that contradicts itself, the model or the sampler (names the keys at
-    fault)."""
+    """An objective setting that contradicts itself, the model or the sampler (names the keys)."""
 
 
 def objective_keys(name: str) -> tuple[str, ...]:
@@ -72,23 +61,17 @@ def method_conflict(objective: str) -> str:
 
 
 def objective_name(cfg_transport: Mapping[str, Any] | None) -> str:
-    """``transport.objective`` of a config section; sections written before the key existed mean
-    ``sit``."""
+    """``transport.objective`` of a config section; missing means ``sit``."""
     name = (cfg_transport or {}).get("objective") or "sit"
     if name not in OBJECTIVES:
         raise ObjectiveError(f"transport.objective={name!r}; valid: {', '.join(OBJECTIVES)}")
     return name
 
 
-def check_objective(
-    cfg_transport: Mapping[str, Any],
-    *,
-    learn_sigma: bool,
-    model_name: str | None = None,
-    sample_method: str | None = None,
-) -> str:
+def check_objective(cfg_transport: Mapping[str, Any], *, learn_sigma: bool,
+                    model_name: str | None = None, sample_method: str | None = None) -> str:
     """Validate the objective against the model and sampler; returns its name. Raises
-    ObjectiveError naming every contradiction at once (so one run shows all keys to set)."""
+    ObjectiveError naming every contradiction at once."""
     name = objective_name(cfg_transport)
     problems: list[str] = []
     conflict = name_objective_conflict(model_name, name) if model_name else None
@@ -119,9 +102,9 @@ def _ddpm_problems(ddpm: Mapping[str, Any], learn_sigma: bool) -> list[str]:
                         "needs model.learn_sigma=true (2C output channels); or choose "
                         "transport.ddpm_variance=fixed_large / fixed_small for a C-channel model")
     elif variance != "learned" and learn_sigma:
-        problems.append(f"transport.ddpm_variance={variance} has no use for the variance half of a "
-                        "model.learn_sigma=true model; set transport.ddpm_variance=learned (DiT) or "
-                        "model.learn_sigma=false")
+        problems.append(f"transport.ddpm_variance={variance} has no use for the variance half "
+                        "of a model.learn_sigma=true model; set transport.ddpm_variance=learned "
+                        "(DiT) or model.learn_sigma=false")
     return problems
 
 
@@ -137,11 +120,9 @@ def transport_kwargs(cfg_transport: Mapping[str, Any]) -> dict[str, Any]:
     return {k: cfg_transport[k] for k in TRANSPORT_KEYS if cfg_transport.get(k) is not None}
 
 
-def create_ddpm(
-    cfg_transport: Mapping[str, Any], timestep_respacing: str = ""
-) -> GaussianDiffusion:
-    """DiT's ``create_diffusion`` from a transport section ("" = all steps, training; "250",
-    "ddim50")."""
+def create_ddpm(cfg_transport: Mapping[str, Any],
+                timestep_respacing: str = "") -> GaussianDiffusion:
+    """DiT's ``create_diffusion`` from a transport section ("" = all steps; "250", "ddim50")."""
     ddpm = ddpm_settings(cfg_transport)
     variance = DDPM_VARIANCES[ddpm["ddpm_variance"]]
     return create_diffusion(
@@ -158,18 +139,18 @@ def create_ddpm(
 
 @dataclass(frozen=True)
 class BuiltSampler:
-    """One objective's whole-trajectory sampler for one spec: ``sample(z, model_fn, *, generator=None,
-    **model_kwargs)`` returns the trajectory ``[x]`` (final sample last, ``(B, C, H, W)``);
-    ``sampler.last_nfe`` is the model calls of the latest call."""
+    """A whole-trajectory sampler: ``sample(z, model_fn, *, generator=None, **model_kwargs)``
+    returns the trajectory ``[x]`` (final sample last, ``(B, C, H, W)``); ``sampler.last_nfe`` is
+    the latest call's model evaluations."""
 
     sample: Callable[..., list[Tensor]]
     sampler: Sampler | DiffusionSampler
 
 
 class Steps(Protocol):
-    """Sampling one step at a time (diffusers' loop API): from ``x = z * init_noise_sigma``, for each ``t`` of
-    ``timesteps``: ``out = model(model_input(x, t), model_time(t, x), y)``, ``x = step(out, t, x, generator)``
-    (``out``: the model's full output; ``generator``: one per image for stochastic steps)."""
+    """Sampling one step at a time (diffusers' loop): from ``x = z * init_noise_sigma``, for each
+    ``t`` of ``timesteps``: ``out = model(model_input(x, t), model_time(t, x), y)``, then
+    ``x = step(out, t, x, generator)`` (``generator``: one per image for stochastic steps)."""
 
     timesteps: Tensor
     init_noise_sigma: float
@@ -180,8 +161,8 @@ class Steps(Protocol):
 
 
 class Objective(ABC):
-    """What a training objective provides: the loss, a sampler per ``SampleSpec`` (whole trajectories or step
-    by step) and the model evaluations a spec costs."""
+    """A training objective: the loss, samplers per ``SampleSpec`` (whole or step-wise) and the
+    model evaluations a spec costs."""
 
     name: ClassVar[str]
 
@@ -197,7 +178,7 @@ class Objective(ABC):
 
     @abstractmethod
     def evaluations(self, spec: SampleSpec) -> int | None:
-        """Model evaluations per batch of the whole-trajectory sampler (None: adaptive, unknown ahead)."""
+        """Model evaluations per batch of the whole-trajectory sampler (None: adaptive)."""
 
     @abstractmethod
     def _sampler(self, spec: SampleSpec, pixel_space: bool) -> BuiltSampler: ...
@@ -211,15 +192,14 @@ class Objective(ABC):
             raise SettingError("method", spec.method, method_conflict(self.name))
 
     def sampler(self, spec: SampleSpec, *, pixel_space: bool = False) -> BuiltSampler:
-        """The whole-trajectory sampler ``spec`` describes; ``pixel_space``: the model makes images in
-        [-1, 1]."""
+        """``spec``'s whole-trajectory sampler; ``pixel_space``: the model outputs images."""
         self.check_method(spec)
         return self._sampler(spec, pixel_space)
 
     def steps(self, spec: SampleSpec, *, pixel_space: bool = False, scheduler: Any = None,
               device: torch.device | str | None = None) -> Steps:
-        """``spec``'s sampler one step at a time: our own steps, or those of a diffusers ``scheduler``
-        (set up for ``spec.num_steps``). Raises SettingError when this objective cannot be sampled so."""
+        """``spec``'s sampler one step at a time: ours, or a diffusers ``scheduler``'s (set up for
+        ``spec.num_steps``). SettingError when this objective cannot be sampled so."""
         self.check_method(spec)
         if scheduler is not None and not (callable(getattr(scheduler, "set_timesteps", None))
                                           and callable(getattr(scheduler, "step", None))):
@@ -259,19 +239,21 @@ class SiTObjective(Objective):
     def _steps(self, spec: SampleSpec, pixel_space: bool, scheduler: Any, device: Any) -> Steps:
         if scheduler is not None:
             if not type(scheduler).__name__.startswith("FlowMatch"):
-                raise SettingError("scheduler", type(scheduler).__name__, ": cannot sample a model trained "
-                                   "with the sit objective; use FlowMatchEulerDiscreteScheduler or the SiTScheduler")
+                raise SettingError("scheduler", type(scheduler).__name__,
+                                   ": cannot sample a model trained with the sit objective; use "
+                                   "FlowMatchEulerDiscreteScheduler or the SiTScheduler")
             return FlowSchedulerSteps(Sampler(self.transport), scheduler, spec.num_steps, device)
         if spec.method != "ode" or ode_method(spec.sampling_method) != "euler":
-            raise SettingError("method", f"{spec.method}/{spec.sampling_method}", ": step-wise sampling covers "
-                               "ode/euler (and ddpm, ddim); the SDE and the other ODE solvers run whole "
-                               "trajectories (SiTPipeline.__call__)")
+            raise SettingError("method", f"{spec.method}/{spec.sampling_method}",
+                               ": step-wise sampling covers ode/euler (and ddpm, ddim); the SDE "
+                               "and the other ODE solvers run whole trajectories "
+                               "(SiTPipeline.__call__)")
         return EulerSteps(Sampler(self.transport), spec.num_steps, device)
 
 
 class DDPMObjective(Objective):
-    """DiT's discrete diffusion: integer steps (T-1 = noise), DDPM / DDIM samplers on respaced
-    steps; a learned variance makes the model output 2C channels (noise, then variance values)."""
+    """DiT's discrete diffusion: integer steps (T-1 = noise), DDPM / DDIM on respaced steps; a
+    learned variance makes the model output 2C channels (noise, then variance values)."""
 
     name = "ddpm"
 
@@ -294,25 +276,24 @@ class DDPMObjective(Objective):
 
     def _steps(self, spec: SampleSpec, pixel_space: bool, scheduler: Any, device: Any) -> Steps:
         if scheduler is None:
-            return DiffusionSteps(self.diffusion, spec.method, spec.num_steps, clip_denoised=pixel_space,
-                                  eta=spec.eta, device=device)
+            return DiffusionSteps(self.diffusion, spec.method, spec.num_steps,
+                                  clip_denoised=pixel_space, eta=spec.eta, device=device)
         if not is_epsilon_scheduler(scheduler):
-            raise SettingError("scheduler", type(scheduler).__name__, ": cannot sample a model trained with "
-                               "the ddpm objective; use DDPMScheduler / DDIMScheduler or the SiTScheduler")
+            raise SettingError("scheduler", type(scheduler).__name__,
+                               ": cannot sample a model trained with the ddpm objective; use "
+                               "DDPMScheduler / DDIMScheduler or the SiTScheduler")
         return SchedulerSteps(scheduler, spec.num_steps, device)
 
 
 def create_objective(cfg_transport: Mapping[str, Any]) -> Objective:
-    """The objective of a config's ``transport`` section: SiT's transport or DiT's full-step
-    diffusion."""
+    """The objective of a ``transport`` section: SiT's transport or DiT's full-step diffusion."""
     if objective_name(cfg_transport) == "ddpm":
         return DDPMObjective(create_ddpm(cfg_transport))
     return SiTObjective(create_transport(**transport_kwargs(cfg_transport)))
 
 
 def as_objective(objective: Objective | Transport | GaussianDiffusion) -> Objective:
-    """An :class:`Objective` from itself or from the SiT / DiT object it wraps (their public
-    APIs, ``create_transport`` / ``create_diffusion``, return those)."""
+    """An :class:`Objective` from itself or the SiT Transport / DiT GaussianDiffusion it wraps."""
     if isinstance(objective, Objective):
         return objective
     if isinstance(objective, GaussianDiffusion):

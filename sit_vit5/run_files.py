@@ -1,10 +1,5 @@
-"""The files of a training run's ``checkpoints/`` folder, read without torch: names, the latest
-pointer, and whether a checkpoint file is complete.
-
-``train.py --resume`` checks the file it will resume from here, before the heavy imports: a
-truncated checkpoint is reported at once, naming the complete one before it. The layout is written
-by ``sit_vit5.training.checkpoint`` (see its docstring).
-"""
+"""The files of a run's ``checkpoints/`` folder, read without torch: names, the latest pointer,
+and whether a checkpoint is complete (so ``--resume`` reports a truncated file at once)."""
 
 from __future__ import annotations
 
@@ -42,7 +37,7 @@ def list_checkpoints(ckpt_dir: str | os.PathLike) -> list[tuple[int, Path, bool]
 
 
 def latest_checkpoint(ckpt_dir: str | os.PathLike) -> Path | None:
-    """The file ``latest.json`` names; without a usable pointer, the newest complete checkpoint; else None."""
+    """The file ``latest.json`` names, else the newest complete checkpoint, else None."""
     ckpt_dir = Path(ckpt_dir)
     try:
         target = ckpt_dir / json.loads((ckpt_dir / LATEST).read_text())["file"]
@@ -65,9 +60,8 @@ def checkpoints_of(run_or_ckpt_dir: Path) -> Path:
 
 
 def resume_file(spec: str, out_dir: str | os.PathLike) -> Path | None:
-    """The checkpoint ``--resume spec`` names (``latest``: the newest of ``out_dir``; a run
-    directory: its newest; a file: itself), or None when there is none (the trainer's
-    ``resolve_resume`` then says why)."""
+    """The checkpoint ``--resume spec`` names (``latest`` or a run directory: the newest; a file:
+    itself), or None (the trainer's ``resolve_resume`` then says why)."""
     target = resume_target(spec, out_dir)
     if target.is_file():
         return target
@@ -75,9 +69,8 @@ def resume_file(spec: str, out_dir: str | os.PathLike) -> Path | None:
 
 
 def truncation(path: str | os.PathLike) -> str | None:
-    """Why ``path`` cannot be a whole ``torch.save`` file, read from its first and last bytes (None
-    when it may be one, or is another format such as safetensors or a legacy pickle): a zip archive
-    without its end record was cut short (a copy or a download that stopped)."""
+    """Why ``path`` cannot be a whole ``torch.save`` file (a zip without its end record: cut
+    short), from its first and last bytes; None when it may be one or is another format."""
     path = Path(path)
     size = path.stat().st_size
     with open(path, "rb") as f:
@@ -94,8 +87,7 @@ def truncation(path: str | os.PathLike) -> str | None:
 
 
 def previous_checkpoint(path: str | os.PathLike) -> Path | None:
-    """The newest complete, untruncated checkpoint of ``path``'s folder older than ``path`` (what a
-    run continues from when ``path`` is damaged), or None."""
+    """The newest complete checkpoint in ``path``'s folder older than ``path``, or None."""
     path = Path(path)
     match = CKPT_NAME.match(path.name)
     step = int(match[1]) if match else None

@@ -1,10 +1,7 @@
-"""``SampleSpec``: how to integrate from noise to data and how to guide -- the one home of every
-sampler option, its default, its help text and its range.
+"""``SampleSpec``: every sampler option (integration and guidance), its default, help and range.
 
-sample.py's sampler flags (:func:`add_arguments`) and the config's ``sample`` keys
-(:func:`config_defaults`) are derived from the fields below, so a new option is one field here plus
-the code that uses it. A bad value raises :class:`~sit_vit5.errors.SettingError` naming the field;
-the front doors render it as ``--num-steps 1: ...`` or ``sample.num_steps=1: ...``.
+sample.py's flags (:func:`add_arguments`) and the config's ``sample`` keys
+(:func:`config_defaults`) derive from its fields. A bad value raises SettingError naming the field.
 """
 
 from __future__ import annotations
@@ -16,14 +13,22 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from .errors import SettingError
-from .names import DEFAULT_ATOL, DEFAULT_RTOL, DIFFUSION_FORMS, DIFFUSION_METHODS, LAST_STEPS, TRANSPORT_METHODS
+from .names import (
+    DEFAULT_ATOL,
+    DEFAULT_RTOL,
+    DIFFUSION_FORMS,
+    DIFFUSION_METHODS,
+    LAST_STEPS,
+    TRANSPORT_METHODS,
+)
 
 #: sample.method values of each objective: SiT's transport, DiT's diffusion
 SAMPLE_METHODS: dict[str, tuple[str, ...]] = {"sit": TRANSPORT_METHODS, "ddpm": DIFFUSION_METHODS}
 METHODS = (*TRANSPORT_METHODS, *DIFFUSION_METHODS)
 DEFAULT_SAMPLING_METHOD = {"ode": "dopri5", "sde": "Euler"}  # SiT's sample.py defaults per method
-MIN_STEPS = {"ode": 2, "sde": 2, "ddpm": 1, "ddim": 1}  # time-grid points / respaced steps a method needs
-NUMBER_TYPES: dict[str, type | tuple[type, ...]] = {"int": int, "float": (int, float)}  # annotation -> accepted
+MIN_STEPS = {"ode": 2, "sde": 2, "ddpm": 1, "ddim": 1}  # grid points / respaced steps needed
+#: annotation -> accepted types
+NUMBER_TYPES: dict[str, type | tuple[type, ...]] = {"int": int, "float": (int, float)}
 
 
 def positive_int(text: str) -> int:
@@ -38,8 +43,7 @@ def positive_int(text: str) -> int:
 
 
 def finite_float(text: str) -> float:
-    """argparse type: a finite number (``nan`` / ``inf`` are refused at parse time, naming the flag,
-    instead of sampling for minutes into non-finite images)."""
+    """argparse type: a finite number (``nan`` / ``inf`` refused at parse time, naming the flag)."""
     try:
         value = float(text)
     except ValueError:
@@ -56,24 +60,23 @@ def _channels(text: str) -> int | None:
     try:
         return positive_int(text)
     except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(
-            f"expected a positive integer or 'all', got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'all', got {text!r}"
+                                         ) from None
 
 
-def option(default: Any, help: str, *, solvers: tuple[str, ...] = (), methods: tuple[str, ...] = METHODS,
-           **flag: Any) -> Any:
-    """A spec field and its sample.py flag: ``help`` (``{default}`` is filled in), the methods whose
-    sampler builder takes it as a keyword (``solvers``; see ``SampleSpec.options``), the methods it applies
-    to at all (``methods``: a value set for another method is refused), and argparse keywords (``type``,
-    ``choices``, ``nargs``, ``metavar``, ``aliases`` = extra names)."""
-    return field(default=default, metadata={"help": help, "solvers": solvers, "methods": methods, **flag})
+def option(default: Any, help: str, *, solvers: tuple[str, ...] = (),
+           methods: tuple[str, ...] = METHODS, **flag: Any) -> Any:
+    """A spec field and its sample.py flag: ``help`` (``{default}`` filled in), ``solvers`` (the
+    methods whose sampler builder takes it), ``methods`` (where it applies at all; elsewhere it is
+    refused) and argparse keywords (``type``, ``choices``, ``nargs``, ``metavar``, ``aliases``)."""
+    return field(default=default,
+                 metadata={"help": help, "solvers": solvers, "methods": methods, **flag})
 
 
 @dataclass(frozen=True)
 class SampleSpec:
-    """Sampler settings; defaults are SiT's sample.py defaults. ``method`` ode | sde samples the
-    transport (objective sit), ddpm | ddim DiT's diffusion on ``num_steps`` respaced steps (the ODE /
-    SDE keys then do not apply and ``cfg_interval`` is refused). ``cfg_scale`` 1 = no guidance."""
+    """Sampler settings (defaults: SiT's sample.py). ``method`` ode | sde samples the transport,
+    ddpm | ddim DiT's diffusion on ``num_steps`` respaced steps. ``cfg_scale`` 1 = no guidance."""
 
     method: str = option("ode", "objective sit: ode (probability flow) or sde (default {default}); "
                          "objective ddpm: ddpm (DiT's ancestral sampler, default) or ddim (eta 0)",
@@ -90,8 +93,7 @@ class SampleSpec:
                          solvers=("ode",), type=finite_float)
     rtol: float = option(DEFAULT_RTOL, "adaptive ODE relative tolerance (default {default})",
                          solvers=("ode",), type=finite_float)
-    # sigma, not SiT's Sampler-API default SBDM: it is SiT's sample.py default, the setting
-    # behind the published FID 2.06 (docs/DESIGN.md §4)
+    # sigma (not the Sampler API's SBDM): SiT's sample.py default, behind FID 2.06 (DESIGN.md §4)
     diffusion_form: str = option("sigma", "SDE diffusion coefficient D(t) (default {default})",
                                  solvers=("sde",), choices=tuple(DIFFUSION_FORMS))
     diffusion_norm: float = option(1.0, "SDE diffusion scale (default {default})",
@@ -100,15 +102,16 @@ class SampleSpec:
                                    choices=(*(k for k in LAST_STEPS if k is not None), "None"))
     last_step_size: float = option(0.04, "SDE final step size (default {default})",
                                    solvers=("sde",), type=finite_float)
-    eta: float = option(0.0, "DDIM noise: 0 = deterministic (DiT, default {default}), 1 = DDPM-like",
+    eta: float = option(0.0,
+                        "DDIM noise: 0 = deterministic (DiT, default {default}), 1 = DDPM-like",
                         solvers=("ddim",), type=finite_float)
     cfg_scale: float = option(1.0, "classifier-free guidance scale (default {default:g} = off; < 0 "
                               "needs --allow-negative-cfg)", type=finite_float)
     cfg_channels: int | None = option(None, "guided channels: all (default) or 3 for the SiT/DiT "
                                       "legacy mode behind the published numbers", type=_channels)
     cfg_interval: tuple[float, float] | None = option(
-        None, "guide only for t in [T_LO, T_HI] (t = 0 noise, 1 data; ode / sde)", type=finite_float, nargs=2,
-        metavar=("T_LO", "T_HI"), methods=TRANSPORT_METHODS)
+        None, "guide only for t in [T_LO, T_HI] (t = 0 noise, 1 data; ode / sde)",
+        type=finite_float, nargs=2, metavar=("T_LO", "T_HI"), methods=TRANSPORT_METHODS)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -119,7 +122,8 @@ class SampleSpec:
             if kinds is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, kinds):
-                raise SettingError(f.name, value, ": expected " + ("an int" if kinds is int else "a number"))
+                raise SettingError(f.name, value,
+                                   ": expected " + ("an int" if kinds is int else "a number"))
             if not math.isfinite(value):  # nan / inf: every image would come out non-finite
                 raise SettingError(f.name, value, ": expected a finite number")
         if self.num_steps < MIN_STEPS[self.method]:  # a 1-point time grid integrates nothing
@@ -127,11 +131,13 @@ class SampleSpec:
                                f": method={self.method} needs >= {MIN_STEPS[self.method]}")
         for f in fields(self):  # a setting of another method family (the ODE solver for ddpm, ...)
             if getattr(self, f.name) is not None and self.method not in f.metadata["methods"]:
-                raise SettingError(f.name, getattr(self, f.name), f" applies to {' / '.join(f.metadata['methods'])}, "
+                raise SettingError(f.name, getattr(self, f.name),
+                                   f" applies to {' / '.join(f.metadata['methods'])}, "
                                    f"not method={self.method!r}")
         if self.eta < 0:
             raise SettingError("eta", self.eta, ": must be >= 0")
-        if self.sampling_method is None and self.method in DEFAULT_SAMPLING_METHOD:  # frozen: object.__setattr__
+        # frozen: object.__setattr__
+        if self.sampling_method is None and self.method in DEFAULT_SAMPLING_METHOD:
             object.__setattr__(self, "sampling_method", DEFAULT_SAMPLING_METHOD[self.method])
         if self.last_step in ("none", "None"):  # "None": SiT's sample.py spelling
             object.__setattr__(self, "last_step", None)
@@ -152,23 +158,20 @@ class SampleSpec:
     @classmethod
     def resolve(cls, *layers: Mapping[str, Any], explicit: bool = False) -> SampleSpec:
         """The spec from ``layers`` of settings, highest priority first (e.g. CLI flags, then a
-        checkpoint's ``sample`` section): each field takes its first non-None value, else the
-        default.
-
-        Keys that are not fields (a config section's ``num_images``, ...) are ignored. A layer's
-        ``sampling_method`` is used only with the method it was written for: the layer's own
-        ``method`` if it sets one (so a checkpoint's ODE solver does not leak into an SDE run), else
-        whichever method wins. Under ddpm / ddim a config's or checkpoint's solver (the config default is
-        euler) is unused; with ``explicit`` the first layer was typed by the user (sample.py's flags), and
-        a solver there is refused by the spec's own check.
+        checkpoint's ``sample`` section): each field's first non-None value, else the default;
+        non-field keys are ignored. A layer's ``sampling_method`` is used only with its own
+        ``method`` (if set), else the winning one; under ddpm / ddim it is dropped, except from
+        the first layer with ``explicit`` (typed by the user), where the spec refuses it.
         """
         known = [{k: v for k, v in layer.items() if k in cls.keys() and v is not None}
                  for layer in layers]
         method = next((layer["method"] for layer in known if "method" in layer), cls.method)
-        solver_methods = next(f.metadata["methods"] for f in fields(cls) if f.name == "sampling_method")
-        if method not in solver_methods:  # a config's / checkpoint's solver is unused; a typed one is refused
+        solver_methods = next(f.metadata["methods"] for f in fields(cls)
+                              if f.name == "sampling_method")
+        if method not in solver_methods:  # a stored solver is unused; a typed one is refused
             keep = known[:1] if explicit else []
-            known = keep + [{k: v for k, v in layer.items() if k != "sampling_method"} for layer in known[len(keep):]]
+            known = keep + [{k: v for k, v in layer.items() if k != "sampling_method"}
+                            for layer in known[len(keep):]]
         values: dict[str, Any] = {"method": method}
         for layer in known:
             if layer.get("method", method) != method:
@@ -180,8 +183,7 @@ class SampleSpec:
         return cls(**values)
 
     def options(self) -> dict[str, Any]:
-        """The keywords of this method's sampler builder (``Sampler.sample_ode`` / ``sample_sde``):
-        the fields declared for it, so a new solver option is a field here plus its use."""
+        """The keywords of this method's sampler builder (``sample_ode`` / ``sample_sde``)."""
         return {f.name: getattr(self, f.name) for f in fields(self)
                 if self.method in f.metadata["solvers"]}
 
@@ -194,8 +196,8 @@ class SampleSpec:
 
 
 def add_arguments(group: argparse._ArgumentGroup) -> None:
-    """One flag per spec field (``--num-steps`` = num_steps, its aliases, help, choices, type),
-    each defaulting to None: unset flags fall through to the next layer of :meth:`resolve`."""
+    """One flag per spec field (``--num-steps`` = num_steps), default None: unset flags fall
+    through to the next layer of :meth:`resolve`."""
     for f in fields(SampleSpec):
         meta = dict(f.metadata)
         meta.pop("solvers"), meta.pop("methods")
@@ -217,15 +219,5 @@ def check_cfg_scale(cfg_scale: float, allow_negative: bool = False) -> None:
                            "their class (1 = no guidance, > 1 = stronger); allow it explicitly "
                            "(sample.py --allow-negative-cfg) if that is meant")
 
-__all__ = [
-    "DEFAULT_SAMPLING_METHOD",
-    "METHODS",
-    "SAMPLE_METHODS",
-    "SampleSpec",
-    "add_arguments",
-    "check_cfg_scale",
-    "config_defaults",
-    "finite_float",
-    "option",
-    "positive_int",
-]
+__all__ = ["DEFAULT_SAMPLING_METHOD", "METHODS", "SAMPLE_METHODS", "SampleSpec", "add_arguments",
+           "check_cfg_scale", "config_defaults", "finite_float", "option", "positive_int"]

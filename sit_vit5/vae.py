@@ -1,10 +1,7 @@
-"""SD-VAE (diffusers AutoencoderKL): loading, batched encode to scaled latents, decode back to
-pixels, and the VAE facts the rest of the code asks about (is one configured? its downsampling
-factor).
+"""SD-VAE (diffusers AutoencoderKL): loading, batched encode to scaled latents, decode.
 
-Convention (DiT/SiT): latents = posterior sample × SD_VAE_SCALING_FACTOR; decode divides by it
-first. Images are float tensors in [-1, 1], shape [N, 3, H, W]; SD-VAE latents are [N, 4, H/8, W/8].
-diffusers is imported on first load, so asking the facts costs no heavy import.
+Convention (DiT/SiT): latents = posterior sample × SD_VAE_SCALING_FACTOR. Images: [N, 3, H, W] in
+[-1, 1]; SD-VAE latents: [N, 4, H/8, W/8]. diffusers is imported on first load only.
 """
 
 from __future__ import annotations
@@ -25,7 +22,7 @@ if TYPE_CHECKING:
 
 SD_VAE_SCALING_FACTOR = 0.18215  # the SD-VAE's config value, also hard-coded by DiT/SiT
 SD_VAE_IDS = ("stabilityai/sd-vae-ft-ema", "stabilityai/sd-vae-ft-mse")
-SD_VAE_EMA = SD_VAE_IDS[0]  # the decoder of SiT's sample.py (--vae ema) and of the released numbers
+SD_VAE_EMA = SD_VAE_IDS[0]  # SiT's sample.py decoder (--vae ema), behind the released numbers
 
 
 def vae_enabled(name: str | os.PathLike | None) -> bool:
@@ -40,16 +37,15 @@ def downsampling_factor(vae: AutoencoderKL) -> int:
 
 def decoder(vae: AutoencoderKL, scaling_factor: float = SD_VAE_SCALING_FACTOR
             ) -> Callable[[torch.Tensor], torch.Tensor]:
-    """``decode(latents)`` bound to ``vae`` and ``scaling_factor`` (the sampling pipeline's
-    decoder). Freezes ``vae`` as ``load_vae`` does: for weights that require grad torch's matmul
-    takes another path on the attention's transposed inputs (~3e-6 apart), so a decoder must not
-    depend on how its VAE was loaded (a diffusers ``from_pretrained`` leaves them trainable)."""
+    """``decode(latents)`` bound to ``vae`` and ``scaling_factor``. Freezes ``vae`` as ``load_vae``
+    does (weights requiring grad take another matmul path, ~3e-6 apart)."""
     vae.requires_grad_(False)
     return lambda latents: decode(vae, latents, scaling_factor=scaling_factor)
 
 
 def _is_hub_id(name: str) -> bool:
-    return name.count("/") == 1 and not name.startswith((".", "/", "~")) and not os.path.exists(name)
+    return (name.count("/") == 1 and not name.startswith((".", "/", "~"))
+            and not os.path.exists(name))
 
 
 def _fetch_hint(hub_id: str) -> str:
@@ -60,8 +56,7 @@ def _fetch_hint(hub_id: str) -> str:
 
 @contextlib.contextmanager
 def _quiet_hub() -> Iterator[None]:
-    """Hide the deprecation warning diffusers triggers in huggingface_hub (an argument it still
-    passes) and the hub's retry warnings: noise above the one-line error of a failed download."""
+    """Hide diffusers' huggingface_hub deprecation warning and the hub's retry warnings."""
     with warnings.catch_warnings(), hub_access.quiet_hub_logs():
         warnings.filterwarnings("ignore", message=".*local_dir_use_symlinks", category=UserWarning)
         yield
@@ -71,14 +66,10 @@ def load_vae(name_or_path: str | os.PathLike, device: str | torch.device = "cpu"
              dtype: torch.dtype = torch.float32, *, subfolder: str | None = None,
              local_files_only: bool | None = None,
              cache_dir: str | os.PathLike | None = None, key: str = "vae.name") -> AutoencoderKL:
-    """An AutoencoderKL in eval mode without gradients, from a local diffusers directory
-    (config.json + weights, e.g. written by `save_pretrained`) or a hub id such as
-    "stabilityai/sd-vae-ft-ema".
-
-    A hub id is looked up in the Hugging Face cache (`cache_dir`, default HF_HUB_CACHE) first, then
-    downloaded unless `local_files_only` (default: offline when HF_HUB_OFFLINE is set or the hub
-    cannot be reached, see ``hub_access``). On failure the error names `key` (the setting that gave
-    the name), what was looked for, where, and the command that fetches it.
+    """A frozen AutoencoderKL in eval mode, from a local diffusers directory or a hub id such as
+    "stabilityai/sd-vae-ft-ema": the HF cache (`cache_dir`) first, then a download unless
+    `local_files_only` (default: when offline, ``hub_access``). Errors name `key`, what was looked
+    for, where, and the command that fetches it.
     """
     from diffusers import AutoencoderKL  # heavy: only when a VAE is actually loaded
 
@@ -86,13 +77,15 @@ def load_vae(name_or_path: str | os.PathLike, device: str | torch.device = "cpu"
     if not _is_hub_id(name):
         path = Path(name).expanduser()
         if not path.is_dir():
-            raise FileNotFoundError(f"VAE directory {path} does not exist. Pass a diffusers AutoencoderKL "
-                                    f"directory or a hub id ({', '.join(SD_VAE_IDS)}); "
+            raise FileNotFoundError(f"VAE directory {path} does not exist. Pass a diffusers "
+                                    "AutoencoderKL directory or a hub id "
+                                    f"({', '.join(SD_VAE_IDS)}); "
                                     + _fetch_hint(SD_VAE_IDS[0]))
         folder = path / subfolder if subfolder else path
         if not (folder / "config.json").is_file():
-            raise FileNotFoundError(f"VAE directory {folder} has no config.json: expected a diffusers "
-                                    "AutoencoderKL folder (config.json + diffusion_pytorch_model.*)")
+            raise FileNotFoundError(f"VAE directory {folder} has no config.json: expected a "
+                                    "diffusers AutoencoderKL folder "
+                                    "(config.json + diffusion_pytorch_model.*)")
         try:
             vae = AutoencoderKL.from_pretrained(path, subfolder=subfolder, torch_dtype=dtype)
         except (OSError, ValueError) as err:
@@ -101,7 +94,7 @@ def load_vae(name_or_path: str | os.PathLike, device: str | torch.device = "cpu"
         from huggingface_hub import constants
 
         cache = Path(cache_dir) if cache_dir is not None else Path(constants.HF_HUB_CACHE)
-        # probed before any hub call: unreachable, huggingface_hub is offline before its first request
+        # probed before any hub call (huggingface_hub goes offline before its first request)
         offline = hub_access.is_offline() if local_files_only is None else local_files_only
         try:  # the cache first: no connection is needed for a VAE already fetched
             with _quiet_hub():
@@ -110,15 +103,16 @@ def load_vae(name_or_path: str | os.PathLike, device: str | torch.device = "cpu"
         except (OSError, ValueError) as local_err:
             if offline:
                 why = hub_access.offline_reason()
-                raise OSError(f"{key}={name}: not in the local Hugging Face cache {cache} and {why}; "
-                              + _fetch_hint(name)) from local_err
+                raise OSError(f"{key}={name}: not in the local Hugging Face cache {cache} and "
+                              f"{why}; " + _fetch_hint(name)) from local_err
             try:
                 with _quiet_hub():
                     vae = AutoencoderKL.from_pretrained(name, subfolder=subfolder,
                                                         cache_dir=cache_dir, torch_dtype=dtype)
             except (OSError, ValueError) as err:
-                raise OSError(f"{key}={name}: not in the local Hugging Face cache {cache} and downloading "
-                              f"it failed ({type(err).__name__}: {err}); " + _fetch_hint(name)) from err
+                raise OSError(f"{key}={name}: not in the local Hugging Face cache {cache} and "
+                              f"downloading it failed ({type(err).__name__}: {err}); "
+                              + _fetch_hint(name)) from err
     return vae.to(device=device).eval().requires_grad_(False)
 
 
@@ -131,11 +125,11 @@ def _vae_input(vae: AutoencoderKL, x: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def encode_moments(vae: AutoencoderKL, images: torch.Tensor, scaling_factor: float = SD_VAE_SCALING_FACTOR,
+def encode_moments(vae: AutoencoderKL, images: torch.Tensor,
+                   scaling_factor: float = SD_VAE_SCALING_FACTOR,
                    batch_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Posterior (mean, std) of images [N, 3, H, W] in [-1, 1], both multiplied by `scaling_factor`,
-    so that mean + std·ε is a training latent. float32 on the VAE's device, each [N, C, H/f, W/f].
-    """
+    """Posterior (mean, std) × `scaling_factor` of images [N, 3, H, W] in [-1, 1]: float32 on the
+    VAE's device, each [N, C, H/f, W/f]; mean + std·ε is a training latent."""
     means, stds = [], []
     for chunk in _batches(images, batch_size):
         posterior = vae.encode(_vae_input(vae, chunk)).latent_dist
@@ -158,10 +152,10 @@ def encode(vae: AutoencoderKL, images: torch.Tensor, sample: bool = True,
 
 
 @torch.no_grad()
-def decode(vae: AutoencoderKL, latents: torch.Tensor, scaling_factor: float = SD_VAE_SCALING_FACTOR,
+def decode(vae: AutoencoderKL, latents: torch.Tensor,
+           scaling_factor: float = SD_VAE_SCALING_FACTOR,
            batch_size: int | None = None) -> torch.Tensor:
-    """Images [N, 3, H, W] (float32, nominally [-1, 1], not clamped) from scaled latents [N, C, h,
-    w]."""
+    """Images [N, 3, H, W] (float32, about [-1, 1], unclamped) from scaled latents [N, C, h, w]."""
     out = [vae.decode(_vae_input(vae, chunk) / scaling_factor).sample.float()
            for chunk in _batches(latents, batch_size)]
     return torch.cat(out)

@@ -1,8 +1,5 @@
-"""Checks the command lines make before the heavy imports (torch, diffusers, accelerate, timm take
-several seconds): the torch / torchvision pair, and the checkpoint a command will read.
-
-Each raises :class:`PreflightError` with one line naming the flag, key or file at fault and the fix.
-"""
+"""Checks made before the heavy imports: the torch / torchvision pair and the checkpoint a
+command reads. Each raises :class:`PreflightError` in one line naming the culprit and the fix."""
 
 from __future__ import annotations
 
@@ -26,8 +23,8 @@ class PreflightError(SitVit5Error, ValueError):
 
 
 def torchvision_for(torch_version: str) -> str | None:
-    """The torchvision minor release built against ``torch_version`` (``2.14.1`` -> ``0.29``;
-    torch 2.m pairs with torchvision 0.(m + 15), 1.m with 0.(m + 1)), None when unparsable."""
+    """The torchvision minor release built for ``torch_version`` (2.m -> 0.(m + 15), 1.m ->
+    0.(m + 1)), None when unparsable."""
     match = _RELEASE.match(torch_version)
     if match is None:
         return None
@@ -36,8 +33,8 @@ def torchvision_for(torch_version: str) -> str | None:
 
 
 def torch_pair_problem(torch_version: str, torchvision_version: str) -> str | None:
-    """Why these two builds cannot run together (None when they can): another release pairing, or
-    two local builds (``+cpu`` / ``+cu124``) of different kinds."""
+    """Why these two builds cannot run together (another pairing, or local builds of different
+    kinds), None when they can."""
     expected = torchvision_for(torch_version)
     got = _RELEASE.match(torchvision_version)
     if expected is not None and got is not None and f"{got[1]}.{got[2]}" != expected:
@@ -49,9 +46,8 @@ def torch_pair_problem(torch_version: str, torchvision_version: str) -> str | No
 
 
 def check_torch_pair() -> None:
-    """Raise PreflightError when the installed torch and torchvision do not belong together (they
-    would fail later in a 30-line traceback: "operator torchvision::nms does not exist"). Reads the
-    installed versions only; imports neither."""
+    """Raise PreflightError when the installed torch and torchvision do not belong together
+    (later: "operator torchvision::nms does not exist"). Reads versions only."""
     try:
         versions = metadata.version("torch"), metadata.version("torchvision")
     except metadata.PackageNotFoundError:
@@ -65,10 +61,8 @@ def check_torch_pair() -> None:
 
 
 def check_checkpoint_file(path: str | os.PathLike, what: str, flag: str = "--resume") -> None:
-    """Raise PreflightError when ``path`` is cut short (no zip end record) or, for files up to
-    ``SIDECAR_CHECK_BYTES``, differs from its ``.sha256`` sidecar; ``what`` names the input
-    (``--resume latest``). The error names the complete checkpoint before it, as ``flag FILE``, when
-    its folder holds one."""
+    """Raise PreflightError when ``path`` is cut short or, up to ``SIDECAR_CHECK_BYTES``, differs
+    from its ``.sha256`` sidecar; ``what`` names the input, the error the complete one before it."""
     path = Path(path)
     cut = truncation(path)
     problem = f"truncated or not a checkpoint ({cut})" if cut else None
@@ -85,8 +79,8 @@ def check_checkpoint_file(path: str | os.PathLike, what: str, flag: str = "--res
 
 
 def check_resume(spec: str, out_dir: str | os.PathLike) -> None:
-    """``train.py --resume spec``: the checkpoint it names is whole (see :func:`check_checkpoint_file`);
-    a spec that names no checkpoint is left to the trainer, which says why."""
+    """``train.py --resume spec``: the checkpoint it names is whole (a spec naming none is left to
+    the trainer)."""
     path = resume_file(spec, out_dir)
     if path is not None:
         check_checkpoint_file(path, f"--resume {spec}")

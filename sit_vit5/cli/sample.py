@@ -4,8 +4,9 @@
     torchrun --nproc_per_node 8 sample.py bulk --ckpt SiT-XL-2-256.pt --num-samples 50000 ...
 
 ``--ckpt`` takes a checkpoint file or an official name (SiT-XL-2-256.pt, ...: fetched through the
-Hugging Face cache and SHA-256-checked). ``python sample.py`` in a checkout = ``sit-vit5-sample`` when
-installed; the library behind it is ``sit_vit5.sampling``; see ``sample.py {grid,bulk} --help``.
+Hugging Face cache and SHA-256-checked). ``python sample.py`` in a checkout = ``sit-vit5-sample``
+when installed; the library behind it is ``sit_vit5.sampling``; see
+``sample.py {grid,bulk} --help``.
 
 SiT/DiT habits work too: SiT's mode word (``sample.py ODE|SDE [grid|bulk] ...``) and DiT's bare
 ``sample.py --model DiT-XL/2 --image-size 256 [--ckpt F]`` (without grid/bulk it is bulk when
@@ -48,8 +49,7 @@ if TYPE_CHECKING:
     from sit_vit5.models import LoadedModel
     from sit_vit5.sampling import SamplingPipeline
 
-# The flags, --out and a local --ckpt file are checked before torch, the models and the sampler are
-# imported (seconds; see _preflight): a bad input is reported at once.
+# The flags, --out and a local --ckpt are checked before torch is imported (_preflight).
 SD_VAE_EMA = SD_VAE_IDS[0]
 
 #: SiT/DiT's --vae words -> decoders (their sample.py: stabilityai/sd-vae-ft-{ema,mse})
@@ -103,8 +103,9 @@ def _common_parser() -> argparse.ArgumentParser:
                    help="weights of a training checkpoint (default ema)")
     g.add_argument("--image-size", type=positive_int, help="output side in pixels (default: the "
                    "training size; latent side = image size / VAE factor)")
-    g.add_argument("--vae", help="decoder: hub id, diffusers directory, none, or SiT/DiT's ema | mse "
-                   f"(default: the checkpoint's; official 4-channel models: {SD_VAE_EMA})")
+    g.add_argument("--vae", help="decoder: hub id, diffusers directory, none, or SiT/DiT's "
+                   "ema | mse (default: the checkpoint's; official 4-channel models: "
+                   f"{SD_VAE_EMA})")
     g.add_argument("--path-type", choices=list(PATHS), help="transport path (official checkpoints; "
                    "default Linear). Ours: must match the checkpoint")
     g.add_argument("--prediction", choices=list(PREDICTIONS), help="what the model predicts "
@@ -132,8 +133,8 @@ def _common_parser() -> argparse.ArgumentParser:
                    help="torch.compile the model's forward (inductor): faster batches after a "
                    "one-off compile of each batch shape (seconds on small models, minutes at XL)")
     g.add_argument("--tf32", action=argparse.BooleanOptionalAction, default=None,
-                   help="allow TF32 matmuls/convolutions on Ampere+ GPUs (faster, ~1e-3 relative error; "
-                   "default: PyTorch's own setting)")
+                   help="allow TF32 matmuls/convolutions on Ampere+ GPUs (faster, ~1e-3 relative "
+                   "error; default: PyTorch's own setting)")
     g.add_argument("--no-progress", action="store_true", help="hide progress bars")
     return p
 
@@ -170,9 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def translate_mode_word(argv: list[str]) -> list[str]:
-    """SiT's ``sample.py ODE|SDE [grid|bulk] ...`` and DiT's ``sample.py --ckpt ...`` (no command) as
-    ours: the mode word becomes ``--method``; without a command it is bulk when a bulk-only flag is
-    given (SiT/DiT's sample_ddp.py habit), else grid."""
+    """SiT's ``sample.py ODE|SDE [grid|bulk] ...`` and DiT's ``sample.py --ckpt ...`` as ours: the
+    mode word becomes ``--method``; no command means bulk with a bulk-only flag, else grid."""
     args, method = list(argv), None
     if args[:1] and args[0] in MODE_WORDS:
         method = MODE_WORDS[args.pop(0)]
@@ -216,7 +216,8 @@ def default_checkpoint(model: str | None, image_size: int | None) -> str:
 # ----------------------------------------------------------------------------- resolution
 
 
-def resolve_spec(args: argparse.Namespace, saved: dict, default_method: str = SampleSpec.method) -> SampleSpec:
+def resolve_spec(args: argparse.Namespace, saved: dict,
+                 default_method: str = SampleSpec.method) -> SampleSpec:
     """Flags, else the checkpoint's ``sample`` section ``saved`` (ours), else the objective's
     default method (ddpm: DiT's sampler) and the SampleSpec defaults."""
     flags = {key: getattr(args, key) for key in SampleSpec.keys()}
@@ -224,8 +225,7 @@ def resolve_spec(args: argparse.Namespace, saved: dict, default_method: str = Sa
 
 
 def resolve_transport(args: argparse.Namespace, info: LoadedModel) -> dict:
-    """The objective's config section: the checkpoint's; --path-type/--prediction only for official
-    checkpoints."""
+    """The checkpoint's objective section; --path-type/--prediction only for official files."""
     from sit_vit5.objective import objective_keys
 
     section = dict(info.objective)
@@ -235,8 +235,8 @@ def resolve_transport(args: argparse.Namespace, info: LoadedModel) -> dict:
         if value is None:
             continue
         if key not in objective_keys(info.objective_name):
-            raise UsageError(f"{flag} {value}: {args.ckpt} is a {info.objective_name}-objective model, "
-                             f"which has no {key}")
+            raise UsageError(f"{flag} {value}: {args.ckpt} is a {info.objective_name}-objective "
+                             f"model, which has no {key}")
         trained = section.get(key, {"path_type": "Linear", "prediction": "velocity"}.get(key))
         if info.source == "ours" and key != "sample_eps" and value != trained:
             raise UsageError(f"{flag} {value}: {args.ckpt} was trained with {key}={trained}; the "
@@ -267,8 +267,7 @@ def resolve_vae(args: argparse.Namespace, info: LoadedModel) -> dict:
 
 def build_pipeline(args: argparse.Namespace, device: torch.device
                    ) -> tuple[SamplingPipeline, LoadedModel, int]:
-    """Load the model, transport and decoder named by ``args``; returns (pipeline, loaded, image
-    side)."""
+    """Load the model, objective and decoder ``args`` name: (pipeline, loaded, image side)."""
     from sit_vit5.models import resolve_checkpoint
     from sit_vit5.objective import create_objective
     from sit_vit5.sampling import SamplingPipeline
@@ -291,13 +290,15 @@ def build_pipeline(args: argparse.Namespace, device: torch.device
     try:
         pipe = SamplingPipeline.for_model(
             loaded, spec, objective=objective, vae=resolve_vae(args, loaded)["name"],
-            image_size=args.image_size, device=device, precision=args.precision, compile=args.compile,
-            allow_negative_cfg=args.allow_negative_cfg, source=f"checkpoint {args.ckpt}{which}")
+            image_size=args.image_size, device=device, precision=args.precision,
+            compile=args.compile, allow_negative_cfg=args.allow_negative_cfg,
+            source=f"checkpoint {args.ckpt}{which}")
     except SettingError as err:  # the objective's check, worded with the checkpoint it is about
         if err.key != "method":
             raise
-        raise SettingError(err.key, err.value, f"{err.reason} ({args.ckpt} is a {objective.name}-objective "
-                           "model)") from None
+        raise SettingError(err.key, err.value,
+                           f"{err.reason} ({args.ckpt} is a {objective.name}-objective model)"
+                           ) from None
     return pipe, loaded, pipe.image_size
 
 
@@ -313,8 +314,8 @@ def _describe(info: LoadedModel, pipe: SamplingPipeline, image_size: int, ckpt: 
 
 
 def _size_suffix(info: LoadedModel, pipe: SamplingPipeline) -> str:
-    """``-16px-trained8px`` when the images are not at the model's training size, else ``""``: the
-    default output folder says so."""
+    """``-16px-trained8px`` (for the default output folder) when the images are not at the model's
+    training size, else ``""``."""
     trained = info.input_size * pipe.vae_factor
     return "" if pipe.image_size == trained else f"-{pipe.image_size}px-trained{trained}px"
 
@@ -373,7 +374,8 @@ def _bulk(args: argparse.Namespace) -> int:
                          world_size=state.num_processes, png=args.png, settings=settings,
                          barrier=barrier, progress=not args.no_progress)
     rank = f"[rank {state.process_index}/{state.num_processes}]"
-    rate = (f"NFE per image: {result.nfe}; {result.images_per_second:.2f} images/s" if result.generated
+    rate = (f"NFE per image: {result.nfe}; {result.images_per_second:.2f} images/s"
+            if result.generated
             else f"nothing to do: this process's samples were all in {args.out}")
     print(f"{rank} generated {result.generated}, skipped {result.skipped} (done before); {rate}")
     if result.claimed:

@@ -1,7 +1,7 @@
 """Train a SiT / ViT-5 diffusion model (``python train.py`` in a checkout, ``sit-vit5-train`` when
 installed).
 
-    python train.py                               # the demo: tiny ViT-5 on 8×8 digits, CPU, minutes
+    python train.py                               # the demo: tiny ViT-5 on 8×8 digits, CPU
     python train.py --config configs/X.yaml train.steps=1000 optim.lr=2e-4
     python train.py --config demo-dit             # the demo with DiT's objective (DDPM)
     python train.py --config configs/X.yaml --resume latest  # continue the run in train.out_dir
@@ -76,9 +76,8 @@ HABIT_FLAGS = {
 
 
 def default_config(resume: str | None) -> tuple[Path, list[str]]:
-    """Config file and implied overrides when --config is not given: the demo, or when resuming from
-    a run directory / checkpoint file, that run's saved config.yaml with train.out_dir set to where
-    the run now is."""
+    """Config file and implied overrides without --config: the demo, or when resuming from a run
+    directory / checkpoint, that run's config.yaml with train.out_dir set to where it now is."""
     if resume is None or resume == "latest":
         return configs_dir() / DEMO_CONFIG, []
     path = Path(resume)
@@ -137,15 +136,14 @@ def habit_overrides(args: argparse.Namespace) -> list[str]:
 
 def _message(err: BaseException) -> str:
     hint = " (set data.skip_bad=true to skip unreadable images)"
-    data = sys.modules.get("sit_vit5.image_data")  # imported by then if the error came from the data
+    data = sys.modules.get("sit_vit5.image_data")  # imported if the error came from the data
     unreadable = data is not None and isinstance(err, data.UnreadableImageError)
     return one_line(err) + (hint if unreadable else "")
 
 
 def main(argv: list[str] | None = None,
          train_fn: Callable[[Config, str | None], TrainResult] | None = None) -> int:
-    """Run the command on ``argv``; returns the exit status. ``train_fn(cfg, resume)`` trains
-    (default ``sit_vit5.training.train``; tests pass a stand-in)."""
+    """Run the command on ``argv``; returns the exit status. ``train_fn(cfg, resume)`` trains."""
     args = parser().parse_args(argv)
     statuses: dict[type[BaseException], int] = {}  # filled once the trainer is imported
 
@@ -174,8 +172,7 @@ def main(argv: list[str] | None = None,
 
 def _trainer(train_fn: Callable[[Config, str | None], Any] | None,
              statuses: dict[type[BaseException], int]) -> Callable[[Config, str | None], Any]:
-    """``train_fn``, else the trainer (imported now: torch, accelerate, diffusers); registers the
-    exit status of a loss that became NaN/inf (1)."""
+    """``train_fn``, else the trainer (imported now); registers exit status 1 for a NaN/inf loss."""
     from sit_vit5.training import NonFiniteLossError, train
 
     statuses[NonFiniteLossError] = 1

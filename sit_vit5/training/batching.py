@@ -1,8 +1,5 @@
-"""Data order: which dataset indices each process takes at each optimizer step.
-
-The epoch's order is a permutation from a generator seeded by (seed, epoch), so the order is a pure
-function of ``train.seed`` and the position in training, whatever the process count.
-"""
+"""Data order: which dataset indices each process takes at each optimizer step (a function of
+``train.seed`` and the position in training, whatever the process count)."""
 
 from __future__ import annotations
 
@@ -21,13 +18,10 @@ SALT_DATA = 0xDA7A  # keeps the data-order stream apart from the noise stream of
 class StepBatchSampler(Sampler[list[int]]):
     """Yields, for one process, the dataset indices of each optimizer step of an epoch.
 
-    The epoch's order is ``randperm(len)`` from a generator seeded by (seed, epoch); global batch b
-    is ``perm[b·G:(b+1)·G]``, cut into ``world × accum`` chunks of ``G / (world × accum)``; this
-    process gets chunks ``a·world + rank`` for a = 0..accum−1, concatenated in that order (its
-    ``accum`` micro-batches). The last partial global batch of an epoch is dropped.
-    ``set_epoch(epoch, start_batch)`` skips the first batches, which is how a resumed run continues
-    mid-epoch.
-    """
+    The epoch's order is ``randperm(len)`` seeded by (seed, epoch); global batch b is
+    ``perm[b·G:(b+1)·G]``, cut into ``world × accum`` chunks; this process gets chunks
+    ``a·world + rank`` for a = 0..accum−1 (its micro-batches). The last partial batch is dropped;
+    ``set_epoch(epoch, start_batch)`` skips batches (a resumed run continues mid-epoch)."""
 
     def __init__(self, num_items: int, global_batch: int, world_size: int = 1, rank: int = 0,
                  grad_accum: int = 1, seed: int = 0) -> None:

@@ -1,6 +1,5 @@
-"""Building a training run: the accelerator, data (and VAE), model, EMA, optimizer and logger of a
-config, restored from a checkpoint when resuming, gathered in one :class:`Run` that the loop steps.
-"""
+"""Building a training run (accelerator, data, VAE, model, EMA, optimizer, logger), restored
+from a checkpoint when resuming, in one :class:`Run` that the loop steps."""
 
 from __future__ import annotations
 
@@ -59,9 +58,8 @@ def objective_loss(objective: Objective, model: nn.Module, x: Tensor, y: Tensor)
 
 @dataclass
 class TrainResult:
-    """What ``train`` returns: the run directory, the final step, the last checkpoint and grid
-    written, the (all-process mean) loss of every optimizer step this call ran, and the resolved
-    config (the request with the data-dependent model keys filled in)."""
+    """What ``train`` returns: run directory, final step, last checkpoint and grid, the
+    all-process mean loss of each step this call ran, and the resolved config."""
 
     run_dir: Path
     step: int
@@ -90,13 +88,9 @@ class Position:
 
 @dataclass
 class Run:
-    """Everything a ``train`` call builds; the named steps read it and update
-    ``position``/``result``.
-
-    ``cfg`` is the resolved config; ``model`` the accelerate-prepared (DDP) or FSDP2-sharded model,
-    ``unwrapped`` the bare module behind it (the sharded module itself under FSDP); ``vae`` is None
-    in pixel space (and on processes that neither encode nor sample); ``ema_shards`` holds the EMA's
-    shards under FSDP (``ema`` is then refreshed from them for checkpoints and grids).
+    """Everything a ``train`` call builds; the steps read it and update ``position``/``result``.
+    ``model``: the DDP-prepared or FSDP2-sharded model, ``unwrapped`` the module behind it;
+    ``vae``: None in pixel space or where unused; ``ema_shards``: the EMA's shards under FSDP.
     """
 
     cfg: Config
@@ -149,8 +143,9 @@ def _build_digits(cfg: dict[str, Any]) -> Dataset:
 
 def _build_imagefolder(cfg: dict[str, Any]) -> Dataset:
     return ImageFolderDataset(_require(cfg, "root"), _require(cfg, "image_size"),
-                              random_flip=cfg.get("random_flip", True), skip_bad=cfg.get("skip_bad", False),
-                              seed=cfg.get("seed", 0), min_side=cfg.get("min_image_side", 0))
+                              random_flip=cfg.get("random_flip", True),
+                              skip_bad=cfg.get("skip_bad", False), seed=cfg.get("seed", 0),
+                              min_side=cfg.get("min_image_side", 0))
 
 
 def _build_latents(cfg: dict[str, Any]) -> Dataset:
@@ -166,26 +161,26 @@ def _build_latents(cfg: dict[str, Any]) -> Dataset:
 
 # kind → builder; each reads only its own keys of the data config
 DATASETS: dict[str, Callable[[dict[str, Any]], Dataset]] = {
-    "digits": _build_digits,  # image_size (default 8), split, random_flip (default False), resize_mode, seed
-    "imagefolder": _build_imagefolder,  # root, image_size, random_flip, skip_bad, min_image_side, seed
-    "latents": _build_latents,  # root (the cache dir), random_flip, seed, image_root (images beside)
+    "digits": _build_digits,  # image_size (8), split, random_flip (False), resize_mode, seed
+    "imagefolder": _build_imagefolder,  # root, image_size, random_flip, skip_bad, min_image_side
+    "latents": _build_latents,  # root (the cache dir), random_flip, seed, image_root
 }
 
 
 def _require(cfg: dict[str, Any], key: str) -> Any:
     if key == "root" and cfg.get(key) is None:
-        raise DataRootError(f"data.root is not set: data.kind={cfg.get('kind', cfg.get('name'))!r} reads its "
-                            "images (or latent cache) from there")
+        raise DataRootError(f"data.root is not set: data.kind={cfg.get('kind', cfg.get('name'))!r} "
+                            "reads its images (or latent cache) from there")
     if cfg.get(key) is None:
-        raise KeyError(f"data config for kind {cfg.get('kind', cfg.get('name'))!r} needs key {key!r}")
+        raise KeyError(f"data config for kind {cfg.get('kind', cfg.get('name'))!r} "
+                       f"needs key {key!r}")
     return cfg[key]
 
 
 def build_dataset(cfg: dict[str, Any]) -> Dataset:
     """Dataset from a data config dict: `kind` (or `name`) ∈ DATASETS plus that kind's keys, e.g.
-    {"kind": "imagefolder", "root": "/data/imagenet/train", "image_size": 256, "random_flip": True}.
-    Keys the kind does not use (loader settings, other kinds' options) are ignored: sit_vit5.config
-    validates key names. An unknown kind raises, listing the valid ones."""
+    {"kind": "imagefolder", "root": "/data/imagenet/train", "image_size": 256}; other keys are
+    ignored. An unknown kind raises, listing the valid ones."""
     kind = cfg.get("kind", cfg.get("name"))
     if kind not in DATASETS:
         raise ValueError(f"data kind {kind!r} is not one of: {', '.join(DATASETS)}")
@@ -193,8 +188,7 @@ def build_dataset(cfg: dict[str, Any]) -> Dataset:
 
 
 def build_dataset_from_config(cfg: Config) -> Dataset:
-    """The dataset of the ``data`` section (each kind reads only its own keys), seeded with
-    ``train.seed``."""
+    """The dataset of the ``data`` section, seeded with ``train.seed``."""
     if cfg["data"]["kind"] not in DATASETS:
         raise ConfigError(f"data.kind={cfg['data']['kind']!r}; valid: {', '.join(DATASETS)}")
     data = {**cfg["data"], "seed": cfg["train"]["seed"]}
@@ -232,10 +226,9 @@ def resolve_data_dependent(cfg: Config, dataset: Dataset, vae: nn.Module | None)
 
 
 def _make_accelerator(cfg: Config) -> Accelerator:
-    """accelerate in the launcher's group: gloo when no GPU is visible (or train.cpu), else NCCL; a
-    group that differs from the launcher's WORLD_SIZE is a LaunchError."""
-    # accelerate keeps one process-wide state; forget the previous train() call's precision and
-    # plugins so that several runs with different settings can share a process (tests, notebooks).
+    """accelerate in the launcher's group: gloo without a GPU (or train.cpu), else NCCL; a group
+    other than the launcher's WORLD_SIZE is a LaunchError."""
+    # accelerate's state is process-wide: forget the previous train() call's (tests, notebooks)
     AcceleratorState._reset_state(reset_partial_state=False)
     t = cfg["train"]
     cpu = prepare_launch(t["cpu"])
@@ -248,8 +241,8 @@ def _make_accelerator(cfg: Config) -> Accelerator:
 
 
 def _run_dir(cfg: Config, resume: str | None) -> tuple[Path, Path | None]:
-    """The run directory (checked writable) and the checkpoint to resume from (None: a fresh run,
-    which refuses a directory that already holds checkpoints)."""
+    """The run directory (checked writable) and the checkpoint to resume from (None: fresh run,
+    refused in a directory that holds checkpoints)."""
     t = cfg["train"]
     check_out_dir(cfg)
     run_dir = Path(t["out_dir"])
@@ -263,8 +256,7 @@ def _run_dir(cfg: Config, resume: str | None) -> tuple[Path, Path | None]:
 
 def _data(cfg: Config, accelerator: Accelerator
           ) -> tuple[Config, Dataset, nn.Module | None, StepBatchSampler, DataLoader]:
-    """The resolved config, dataset, VAE (when images are encoded on the fly or grids need
-    decoding), this process's batch sampler and its loader."""
+    """The resolved config, dataset, VAE (if used here), batch sampler and loader."""
     t, device, main = cfg["train"], accelerator.device, accelerator.is_main_process
     dataset = build_dataset_from_config(cfg)
     with_vae = vae_enabled(cfg["vae"]["name"])
@@ -284,17 +276,15 @@ def _data(cfg: Config, accelerator: Accelerator
 
 
 def _seed_global_rngs(seed: int) -> None:
-    """torch's, Python's and NumPy's global RNGs from ``seed``, so that every saved RNG state is a
-    function of the seed and the step (a resumed run's states equal a fresh run's)."""
+    """Seed torch's, Python's and NumPy's global RNGs (saved RNG states: f(seed, step))."""
     torch.manual_seed(seed)
     random.seed(seed)
     np.random.seed(seed % 2**32)  # noqa: NPY002  (the legacy global RNG is what others draw from)
 
 
 def build(cfg: Config, resume: str | None, loss_fn: LossFn = objective_loss) -> Run:
-    """Accelerator, data (and VAE), model, EMA, optimizer and logger for ``cfg``; restores the state
-    of the checkpoint ``resume`` names (model, EMA, optimizer, position, RNG). ``loss_fn`` is the
-    per-sample loss the steps use."""
+    """The :class:`Run` of ``cfg``, restored from the checkpoint ``resume`` names (if any);
+    ``loss_fn``: the per-sample loss the steps use."""
     t, o = cfg["train"], cfg["optim"]
     accelerator = _make_accelerator(cfg)
     device, main = accelerator.device, accelerator.is_main_process
@@ -378,8 +368,7 @@ def build(cfg: Config, resume: str | None, loss_fn: LossFn = objective_loss) -> 
 
 
 def describe(run: Run) -> str:
-    """One line: model size, processes and backend in use, strategy, precision, compile, data, batch
-    split, step range, run directory."""
+    """One line: model size, processes, strategy, precision, data, batch split, steps, run dir."""
     cfg, t, b = run.cfg, run.cfg["train"], run.batches
     n_params = sum(p.numel() for p in run.unwrapped.parameters())  # DTensors count their full size
     strategy = "FSDP2" if run.sharded else ("DDP" if b.world_size > 1 else "one process")

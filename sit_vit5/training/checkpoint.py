@@ -1,24 +1,20 @@
-"""Training checkpoints: atomic single-file writes, SHA-256 sidecars, a latest pointer, rotation, RNG states.
+"""Training checkpoints: atomic writes, SHA-256 sidecars, a latest pointer, rotation, RNG states.
 
-A checkpoint is one ``torch.save`` file holding only tensors and plain containers, so it loads with
-``torch.load(weights_only=True)``. Keys (``model, ema, opt, args`` follow the DiT/SiT layout):
-``model``, ``ema`` (state dicts, DiT key names), ``opt`` (AdamW state dict), ``args`` (the resolved config),
-``step``, ``epoch``, ``batch_in_epoch`` (data position), ``rng`` (python / numpy / torch / cuda states),
-``versions`` (package versions), ``model_name``, ``scaler`` (the fp16 loss scaler's state) in fp16
-runs, and ``repa`` (the REPA projector, its AdamW state and the encoder's SHA-256) in REPA runs.
+A checkpoint is one ``torch.save`` file of tensors and plain containers (loads with
+``weights_only=True``). Keys (``model, ema, opt, args`` as in DiT/SiT): ``model``, ``ema`` (state
+dicts, DiT key names), ``opt`` (AdamW), ``args`` (the resolved config), ``step``, ``epoch``,
+``batch_in_epoch``, ``rng``, ``versions``, ``model_name``, ``payload_sha256`` (checked at every
+load), ``scaler`` (fp16 runs) and ``repa`` (projector, its AdamW state, encoder SHA-256).
 
 Layout of ``<out_dir>/checkpoints``::
 
     0005000.pt              regular checkpoint (the newest ``keep_last`` are kept)
     0100000-milestone.pt    milestone checkpoint (never deleted)
     <file>.sha256           ``sha256sum``-format digest of <file>, verified before unpickling
-    latest.json             {"file": "0005000.pt", "step": 5000}, replaced only once <file> is complete
+    latest.json             {"file": "0005000.pt", "step": 5000}, replaced once <file> is complete
 
-Every file is written to a hidden temporary file in the same directory, fsynced and renamed over the
-target (``os.replace`` is atomic on POSIX), so a crash never leaves a half-written checkpoint or pointer.
-Each checkpoint also stores ``payload_sha256``, a digest of its own content, checked at every load: a
-``.pt`` copied without its sidecar still cannot be resumed from silently when a byte of it changed.
-A full disk stops the run with one line naming the file and the previous (intact) checkpoint.
+Files are written to a temporary, fsynced and renamed, so a crash leaves no half file; a full disk
+stops the run naming the file and the previous (intact) checkpoint.
 """
 
 from __future__ import annotations
@@ -51,12 +47,12 @@ from ..run_files import (
     resume_target,
 )
 
-__all__ = ["CKPT_DIR", "LATEST", "CheckpointError", "CheckpointWriteError", "IncompatibleCheckpointError",
-           "checkpoint_name", "latest_checkpoint", "list_checkpoints", "read_checkpoint", "save_checkpoint",
-           "sha256_file"]
+__all__ = ["CKPT_DIR", "LATEST", "CheckpointError", "CheckpointWriteError",
+           "IncompatibleCheckpointError", "checkpoint_name", "latest_checkpoint",
+           "list_checkpoints", "read_checkpoint", "save_checkpoint", "sha256_file"]
 
 
-#: Config keys that must match to resume (besides these, anything may change: steps, lr, logging, ...).
+#: Config keys that must match to resume (anything else may change: steps, lr, logging, ...).
 RESUME_FIXED = ("model", "transport", "vae", "data.image_size", "data.global_batch_size",
                 "train.seed", "repa.encoder", "repa.weights", "repa.depth", "repa.projector_dim",
                 "repa.resolution", "repa.mean", "repa.std", "repa.interpolation")  # not repa.coeff
@@ -69,15 +65,14 @@ class IncompatibleCheckpointError(CheckpointError):
 
 
 class CheckpointWriteError(CheckpointError):
-    """A checkpoint that could not be written (e.g. the disk is full); the previous one is untouched."""
+    """A checkpoint that could not be written (disk full); the previous one is untouched."""
 
 
 # ----------------------------------------------------------------------------- save / load
 
 
 def _sweep(ckpt_dir: Path) -> None:
-    """Remove what a killed writer leaves: temporary files, and sidecars whose checkpoint was deleted
-    (rotation deletes the data file first)."""
+    """Remove a killed writer's temporaries and sidecars whose checkpoint was deleted."""
     for stale in ckpt_dir.glob(f"{TMP_PREFIX}*"):
         stale.unlink(missing_ok=True)
     for side in ckpt_dir.glob("*.pt.sha256"):
@@ -85,12 +80,11 @@ def _sweep(ckpt_dir: Path) -> None:
             side.unlink(missing_ok=True)
 
 
-def save_checkpoint(state: dict[str, Any], ckpt_dir: str | os.PathLike, step: int, milestone: bool = False,
-                    keep_last: int = 3) -> Path:
-    """Write ``state`` as the checkpoint of ``step`` (adding its ``payload_sha256`` key to ``state`` in place,
-    so the dict equals what a load returns), then its sidecar, then move
-    ``latest.json`` to it, then delete regular checkpoints older than the newest ``keep_last``. Returns the
-    checkpoint path. A full disk raises CheckpointWriteError; the new files are removed, the old ones kept."""
+def save_checkpoint(state: dict[str, Any], ckpt_dir: str | os.PathLike, step: int,
+                    milestone: bool = False, keep_last: int = 3) -> Path:
+    """Write ``state`` (adding ``payload_sha256`` in place) as the checkpoint of ``step``, its
+    sidecar, ``latest.json``, then delete regular checkpoints beyond the newest ``keep_last``.
+    Returns its path. A full disk raises CheckpointWriteError, keeping the old files."""
     ckpt_dir = Path(ckpt_dir)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     _sweep(ckpt_dir)
@@ -102,14 +96,16 @@ def save_checkpoint(state: dict[str, Any], ckpt_dir: str | os.PathLike, step: in
         atomic_write_text(ckpt_dir / LATEST, json.dumps({"file": path.name, "step": step}) + "\n")
     except (OSError, RuntimeError) as err:
         full = find_errno(err, errno.ENOSPC) or find_errno(err, errno.EDQUOT)
-        if path != previous:  # a data file without its sidecar or pointer is not a checkpoint: remove it
+        if path != previous:  # a data file without its sidecar or pointer is not a checkpoint
             path.unlink(missing_ok=True)
             sidecar(path).unlink(missing_ok=True)
         if full is None:
             raise
-        kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint exists"
+        kept = (f"the previous checkpoint {previous} is intact" if previous
+                else "no earlier checkpoint exists")
         raise CheckpointWriteError(f"no space left on device writing {path}; {kept}") from err
-    regular = [p for _, p, is_milestone in list_checkpoints(ckpt_dir) if not is_milestone and p != path]
+    regular = [p for _, p, is_milestone in list_checkpoints(ckpt_dir)
+               if not is_milestone and p != path]
     for old in regular[: max(0, len(regular) - (keep_last - 1))]:
         old.unlink(missing_ok=True)
         sidecar(old).unlink(missing_ok=True)
@@ -117,23 +113,24 @@ def save_checkpoint(state: dict[str, Any], ckpt_dir: str | os.PathLike, step: in
 
 
 def resolve_resume(spec: str, out_dir: str | os.PathLike) -> Path:
-    """``"latest"`` → the latest checkpoint of ``out_dir``; a run directory → its latest; a file → itself."""
+    """``"latest"``: ``out_dir``'s latest checkpoint; a run directory: its latest; a file: it."""
     found = resume_file(spec, out_dir)
     if found is not None:
         return found
     target = resume_target(spec, out_dir)
     if target.is_dir():
         raise CheckpointError(f"--resume {spec}: no checkpoint in {checkpoints_of(target)}")
-    raise CheckpointError(f"--resume {spec}: {target} is neither a checkpoint file nor a run directory")
+    raise CheckpointError(f"--resume {spec}: {target} is neither a checkpoint file nor a run "
+                          "directory")
 
 
 # ----------------------------------------------------------------------------- RNG and versions
 
 
 def rng_state() -> dict[str, Any]:
-    """Python, NumPy, torch (and CUDA, if initialised) global RNG states as tensors and plain containers."""
+    """Python, NumPy, torch (and CUDA, if initialised) global RNG states, as tensors and lists."""
     py_version, py_keys, py_gauss = random.getstate()
-    # the legacy global NumPy RNG is exactly what third-party code draws from, hence what must be saved
+    # the legacy global NumPy RNG is what third-party code draws from
     _, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()  # noqa: NPY002
     state: dict[str, Any] = {
         "python": [py_version, list(py_keys), py_gauss],
@@ -151,8 +148,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
     py_version, py_keys, py_gauss = state["python"]
     random.setstate((py_version, tuple(py_keys), py_gauss))
     np_state = state["numpy"]
-    np.random.set_state(("MT19937", np_state["keys"].numpy().astype(np.uint32), np_state["pos"],  # noqa: NPY002
-                         np_state["has_gauss"], np_state["cached_gaussian"]))
+    np.random.set_state(("MT19937", np_state["keys"].numpy().astype(np.uint32),  # noqa: NPY002
+                         np_state["pos"], np_state["has_gauss"], np_state["cached_gaussian"]))
     torch.set_rng_state(state["torch"])
     cuda = state.get("cuda")
     if cuda is not None and torch.cuda.is_available() and torch.cuda.device_count() == len(cuda):
@@ -174,8 +171,8 @@ def package_versions() -> dict[str, str]:
 
 
 def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """Lines ``key: saved → current`` for every RESUME_FIXED key whose value differs. A key the saved config
-    lacks because it was added to the defaults later counts as its default (e.g. ``transport.objective``)."""
+    """A line per RESUME_FIXED key whose value differs; a key the saved config lacks counts as its
+    default."""
     missing = "<unset>"
     lines = []
     for fixed in RESUME_FIXED:
@@ -191,14 +188,17 @@ def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[s
     return lines
 
 
-def check_compatible(checkpoint: dict[str, Any], cfg: dict[str, Any], path: str | os.PathLike) -> None:
-    """Raise IncompatibleCheckpointError naming every fixed key where the checkpoint's config differs."""
+def check_compatible(checkpoint: dict[str, Any], cfg: dict[str, Any],
+                     path: str | os.PathLike) -> None:
+    """Raise IncompatibleCheckpointError naming every fixed key whose value differs."""
     saved = checkpoint.get("args")
     if not isinstance(saved, dict):
-        raise IncompatibleCheckpointError(f"{path} holds no training config ('args'): not a training checkpoint "
-                                          "of this codebase (load weights with sit_vit5.models.load_checkpoint)")
+        raise IncompatibleCheckpointError(
+            f"{path} holds no training config ('args'): not a training checkpoint of this codebase "
+            "(load weights with sit_vit5.models.load_checkpoint)")
     diffs = config_differences(saved, cfg)
     if diffs:
         raise IncompatibleCheckpointError(
-            f"cannot resume from {path}: it was trained with another model/config:\n  " + "\n  ".join(diffs)
-            + f"\nResume keeps {', '.join(RESUME_FIXED)} fixed; start a new run (another train.out_dir) instead.")
+            f"cannot resume from {path}: it was trained with another model/config:\n  "
+            + "\n  ".join(diffs) + f"\nResume keeps {', '.join(RESUME_FIXED)} fixed; "
+            "start a new run (another train.out_dir) instead.")

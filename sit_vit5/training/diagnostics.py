@@ -1,13 +1,9 @@
-"""Residual-branch diagnostics: how open each block's adaLN gate (times LayerScale) is.
+"""Residual-branch diagnostics: how open each block's adaLN gate (times LayerScale ``γ``) is.
 
-A block adds ``gate · γ · f(x)`` to the residual stream (``γ`` = 1 without LayerScale). If ``|gate · γ|``
-stays small the branches barely contribute and the backbone is handicapped; the spread of the gate across the
-batch measures how much of it depends on the class and time step. :class:`GateMonitor` reads the adaLN output
-of the training forward itself (forward hooks armed for one step), so it costs no extra forward pass.
-
-Under ``torch.compile`` the hooks are registered once, before the first compiled forward, and stay: dynamo
-bakes the hooks it finds at tracing time into the graph and does not guard on hooks added later, so hooks
-armed per logged step would silently never run (and the gate metrics vanish).
+A block adds ``gate · γ · f(x)`` to the residual stream: a small ``|gate · γ|`` means the
+branch barely contributes; its spread across the batch, how much it depends on class and time.
+:class:`GateMonitor` hooks the training forward itself (no extra pass). Under ``torch.compile``
+the hooks stay registered from the start: dynamo ignores hooks added after tracing.
 """
 
 from __future__ import annotations
@@ -20,16 +16,16 @@ from torch import Tensor, nn
 
 from ..models.layers import Block
 
-#: Position of the attention and MLP gates among the six adaLN chunks (shift, scale, gate) × (attn, mlp).
+#: Attention and MLP gates among the six adaLN chunks (shift, scale, gate) × (attn, mlp).
 _GATES = {"attn": (2, "gamma_1"), "mlp": (5, "gamma_2")}
 
 
 class GateMonitor:
     """Per-block gate statistics of the last forward run inside :meth:`capture`.
 
-    ``metrics()`` returns, for block i (two-digit index) and branch b in {attn, mlp}:
-    ``gate/b/i`` = mean over batch and channels of ``|gate · γ|``, and ``gate_spread/b/i`` = the standard
-    deviation of ``gate · γ`` across the batch, averaged over channels; plus ``gate/b/mean`` over blocks.
+    ``metrics()`` returns, for block i (two digits) and branch b in {attn, mlp}: ``gate/b/i`` =
+    mean of ``|gate · γ|``, ``gate_spread/b/i`` = its std across the batch averaged over channels,
+    and ``gate/b/mean`` over blocks.
     """
 
     def __init__(self, model: nn.Module, persistent: bool = False) -> None:
@@ -41,8 +37,7 @@ class GateMonitor:
         self._captured: list[Tensor | None] = []
         self.persistent = persistent
         self._handles = self._register() if persistent else []
-        if persistent:  # dynamo refuses the hooks' store inside activation checkpointing, as the
-            # eager recompute would replay it; the recompute's (equal) outputs are not needed
+        if persistent:  # let dynamo skip the hooks' store in checkpointing's recompute (unneeded)
             torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint = True
 
     @property
@@ -55,8 +50,7 @@ class GateMonitor:
 
     @contextmanager
     def capture(self) -> Iterator[None]:
-        """Record each block's adaLN output (detached) during the forward passes run inside this context
-        (the last one counts); ``metrics()`` reads them."""
+        """Record each block's adaLN output (detached) in the forwards inside (the last counts)."""
         self._outputs[:] = [None] * len(self.blocks)
         handles = [] if self.persistent else self._register()
         try:

@@ -9,7 +9,7 @@ from torch import nn
 
 
 def create_ema(model: nn.Module) -> nn.Module:
-    """An fp32 copy of ``model`` in eval mode without gradients (the EMA starts equal to the weights)."""
+    """An fp32 copy of ``model`` in eval mode without gradients."""
     ema = copy.deepcopy(model).float().eval()
     ema.requires_grad_(False)
     return ema
@@ -17,14 +17,13 @@ def create_ema(model: nn.Module) -> nn.Module:
 
 @torch.no_grad()
 def update_ema(ema: nn.Module, model: nn.Module, decay: float) -> None:
-    """``ema_p ← decay·ema_p + (1 − decay)·p`` for every parameter (frozen ones too, as DiT); buffers copied.
-
-    ``model`` is the unwrapped (not DDP) module; its parameters may be in any float dtype and are read as fp32.
-    """
+    """``ema_p ← decay·ema_p + (1 − decay)·p`` for every parameter (frozen too, as DiT),
+    read as fp32 from the unwrapped ``model``; buffers copied."""
     ema_params = dict(ema.named_parameters())
     params = dict(model.named_parameters())
     if params.keys() != ema_params.keys():
-        raise KeyError(f"EMA and model parameters differ: {sorted(params.keys() ^ ema_params.keys())[:5]}")
+        differ = sorted(params.keys() ^ ema_params.keys())[:5]
+        raise KeyError(f"EMA and model parameters differ: {differ}")
     targets = [ema_params[name] for name in params]
     sources = [p.detach().to(torch.float32) for p in params.values()]
     # same arithmetic as DiT's mul_(decay).add_(p, alpha=1 - decay), grouped into a few kernels

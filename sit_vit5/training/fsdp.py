@@ -1,17 +1,9 @@
 """FSDP for the training loop: PyTorch's FSDP2 (``fully_shard``), on gloo (CPU) as on NCCL.
 
-accelerate's FSDP plugin only engages on accelerators (on a CPU group it is silently ignored and DDP
-runs instead), so the loop shards the model itself: one FSDP unit per transformer block plus the
-root (embedders, final layer). Parameters become DTensors sharded along dim 0; forward and backward
-all-gather one block at a time and reduce-scatter its gradients (averaged, like DDP).
-
-Checkpoints keep the usual layout, so a run resumes under DDP or FSDP and with any process count:
-``model`` and ``ema`` are full state dicts, ``opt`` is ``optimizer.state_dict()``'s integer-keyed
-layout (parameters numbered group by group, as torch does). The EMA is updated as fp32 shards laid
-out like the parameters' (:class:`ShardedEMA`): the same elementwise arithmetic as ``update_ema``,
-hence the same numbers, with no communication per step; the full EMA module is refreshed from the
-shards only for checkpoints and sample grids.
-"""
+accelerate's FSDP plugin is ignored on CPU groups, so the loop shards the model itself: one unit
+per transformer block plus the root. Checkpoints keep the DDP layout (full ``model`` / ``ema``,
+integer-keyed ``opt``), so a run resumes under DDP or FSDP with any process count. The EMA is kept
+as fp32 shards (:class:`ShardedEMA`), gathered only for checkpoints and sample grids."""
 
 from __future__ import annotations
 
@@ -30,8 +22,7 @@ def _full_options(cpu_offload: bool = True):
 
 
 def shard_model(model: nn.Module) -> nn.Module:
-    """Shard ``model`` in place with FSDP2: one unit per block of ``model.blocks``, the rest is the
-    root unit."""
+    """Shard ``model`` in place: one FSDP2 unit per block of ``model.blocks``, the rest the root."""
     from torch.distributed.fsdp import fully_shard
 
     for block in model.blocks:
@@ -54,8 +45,7 @@ def full_model_state(model: nn.Module) -> dict[str, Tensor]:
 
 
 def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """AdamW's full state in ``optimizer.state_dict()``'s integer-keyed layout on rank 0, {}
-    elsewhere. Collective: every rank calls it."""
+    """AdamW's full, integer-keyed state on rank 0, {} elsewhere (collective)."""
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
     optimizer = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper
@@ -71,8 +61,7 @@ def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> 
 
 def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer,
                          state: dict[str, Any]) -> None:
-    """Load a full, integer-keyed optimizer state (of a DDP or FSDP checkpoint) into the sharded
-    optimizer."""
+    """Load a full, integer-keyed optimizer state (DDP or FSDP checkpoint) into the sharded one."""
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
     optimizer = getattr(optimizer, "optimizer", optimizer)
@@ -92,12 +81,9 @@ def clip_grad_norm(model: nn.Module, max_norm: float) -> float:
 
 
 class ShardedEMA:
-    """EMA of a sharded model, as fp32 shards laid out like the parameters' own shards.
-
-    ``update`` applies ``ema ← decay·ema + (1 − decay)·p`` to the local shards (bitwise what
-    ``update_ema`` computes on full tensors); ``gather_into(ema_module)`` writes the full EMA into
-    an ordinary module (collective) for checkpoints and sample grids.
-    """
+    """EMA of a sharded model as fp32 shards laid out like the parameters'. ``update``: ``ema ←
+    decay·ema + (1 − decay)·p`` on the local shards (as ``update_ema``); ``gather_into(module)``
+    writes the full EMA into a module (collective)."""
 
     def __init__(self, model: nn.Module, ema: nn.Module) -> None:
         from torch.distributed.tensor import distribute_tensor

@@ -1,5 +1,5 @@
-"""Sample grids during training: the EMA model's images with the ``sample`` section's settings, the
-same images sample.py makes from the checkpoint (same seed, classes and pipeline)."""
+"""Sample grids during training: the EMA model's images, the same sample.py makes from the
+checkpoint (same seed, classes and pipeline)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,7 @@ SAMPLES_DIR = "samples"  # in the run directory: samples/{step:07d}.png
 
 
 def grid_classes(cfg_sample: dict[str, Any], num_classes: int) -> list[int]:
-    """Class of each grid image: ``sample.classes`` cycled to ``num_images``, or 0, 1, 2, ... mod
-    num_classes."""
+    """Class of each grid image: ``sample.classes`` cycled, or 0, 1, 2, ... mod num_classes."""
     n, classes = cfg_sample["num_images"], cfg_sample["classes"]
     if classes is None:
         return [i % num_classes for i in range(n)]
@@ -30,10 +29,9 @@ def grid_classes(cfg_sample: dict[str, Any], num_classes: int) -> list[int]:
 
 def grid_images(ema: nn.Module, transport: Objective, cfg: Config, device: torch.device,
                 vae: nn.Module | None = None) -> Tensor:
-    """Grid images (N, C, H, W) in [0, 1] (uint8 steps) from the EMA model: samples 0..N-1 of the
-    sampling pipeline with the ``sample`` section's settings, global seed ``sample.seed`` and
-    classes ``grid_classes`` (so image i equals sample.py's image i for the same checkpoint, seed
-    and class). Latent models are decoded with ``vae``."""
+    """Grid images (N, C, H, W) in [0, 1] (uint8 steps) from the EMA model: samples 0..N-1 with the
+    ``sample`` section's settings, seed and ``grid_classes`` (image i = sample.py's image i).
+    Latent models are decoded with ``vae``."""
     s, was_training = cfg["sample"], ema.training
     pipe = SamplingPipeline.for_run(cfg, ema, transport, device, vae)
     labels = grid_classes(s, cfg["model"]["num_classes"])
@@ -44,8 +42,7 @@ def grid_images(ema: nn.Module, transport: Objective, cfg: Config, device: torch
 
 def write_grid(ema: nn.Module, transport: Objective, cfg: Config, device: torch.device,
                vae: nn.Module | None, step: int) -> Path:
-    """Save ``grid_images`` as ``<train.out_dir>/samples/{step:07d}.png`` (``sample.nrow`` per row);
-    returns the path."""
+    """Save ``grid_images`` as ``<train.out_dir>/samples/{step:07d}.png``; returns the path."""
     path = Path(cfg["train"]["out_dir"]) / SAMPLES_DIR / f"{step:07d}.png"
     save_grid(grid_images(ema, transport, cfg, device, vae), path, cfg["sample"]["nrow"])
     return path

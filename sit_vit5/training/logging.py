@@ -1,4 +1,4 @@
-"""Metric logging: JSONL and CSV in the run directory, TensorBoard and wandb when installed and asked for."""
+"""Metric logging: JSONL and CSV in the run directory, TensorBoard and wandb when asked for."""
 
 from __future__ import annotations
 
@@ -43,19 +43,17 @@ def tensorboard_installed() -> bool:
 
 
 class MetricLogger:
-    """Append one row per ``log`` call to ``metrics.jsonl`` and ``metrics.csv`` in ``run_dir`` (main process
-    only: pass ``enabled=False`` elsewhere), mirrored to TensorBoard (``run_dir/tb``) and wandb if asked.
+    """One row per ``log`` call in ``run_dir``'s ``metrics.jsonl`` and ``metrics.csv`` (main process
+    only: ``enabled=False`` elsewhere), mirrored to TensorBoard (``run_dir/tb``) and wandb if asked.
 
-    ``tensorboard``: True (warns when it is not installed), False, or None = on exactly when installed.
-    On resume from ``resume_step``, rows after that step (written by the interrupted run after its last
-    checkpoint) are dropped so that the files read as one uninterrupted run; TensorBoard purges its events
-    after that step (``purge_step``) for the same reason; wandb continues the same run, whose id is kept in
-    ``run_dir/wandb_run_id`` (a fresh start, ``resume_step`` None or 0, begins a new wandb run).
-    ``extra_fields`` are CSV columns after the standard ones (e.g. the per-block gate diagnostics).
+    ``tensorboard``: True (warns if not installed), False, or None = when installed. On resume from
+    ``resume_step``, later rows and TensorBoard events are dropped; wandb continues the run whose id
+    is in ``run_dir/wandb_run_id``. ``extra_fields``: CSV columns after the standard ones.
     """
 
-    def __init__(self, run_dir: str | os.PathLike, enabled: bool = True, tensorboard: bool | None = None,
-                 wandb: bool = False, config: dict[str, Any] | None = None, wandb_project: str = "sit-vit5",
+    def __init__(self, run_dir: str | os.PathLike, enabled: bool = True,
+                 tensorboard: bool | None = None, wandb: bool = False,
+                 config: dict[str, Any] | None = None, wandb_project: str = "sit-vit5",
                  resume_step: int | None = None, extra_fields: tuple[str, ...] = ()) -> None:
         self.enabled = enabled
         self.fields = (*CSV_FIELDS, *extra_fields)
@@ -73,12 +71,13 @@ class MetricLogger:
                 _truncate_csv(self.csv_path, resume_step, self.fields)
         new_csv = not self.csv_path.is_file()
         self.csv_file = open(self.csv_path, "a", newline="")
-        self.csv_writer = csv.DictWriter(self.csv_file, fieldnames=self.fields, extrasaction="ignore")
+        self.csv_writer = csv.DictWriter(self.csv_file, fieldnames=self.fields,
+                                         extrasaction="ignore")
         if new_csv:
             self.csv_writer.writeheader()
         self.jsonl_file = open(self.jsonl_path, "a")
         if tensorboard is None:
-            tensorboard = tensorboard_installed()  # the default: on when available, no warning when not
+            tensorboard = tensorboard_installed()  # default: on when available, no warning
         if tensorboard:
             self._open_tensorboard(resume_step)
         if wandb:
@@ -88,14 +87,15 @@ class MetricLogger:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
-            _warn("train.tensorboard=true but tensorboard is not installed (pip install tensorboard); "
-                  "metrics go to metrics.jsonl/csv only")
+            _warn("train.tensorboard=true but tensorboard is not installed "
+                  "(pip install tensorboard); metrics go to metrics.jsonl/csv only")
             return
-        # events at steps > resume_step come from the interrupted run: purge them, as the JSONL/CSV rows
+        # events after resume_step come from the interrupted run: purge them
         purge = None if resume_step is None else resume_step + 1
         self.tb_writer = SummaryWriter(str(self.run_dir / "tb"), purge_step=purge)
 
-    def _open_wandb(self, config: dict[str, Any] | None, project: str, resume_step: int | None) -> None:
+    def _open_wandb(self, config: dict[str, Any] | None, project: str,
+                    resume_step: int | None) -> None:
         try:
             import wandb as wandb_lib
         except ImportError:
@@ -103,8 +103,7 @@ class MetricLogger:
             return
         id_path = self.run_dir / WANDB_ID_FILE
         run_id = id_path.read_text().strip() if resume_step and id_path.is_file() else None
-        # wandb keeps a run's history monotonic: steps the interrupted run logged after its last
-        # checkpoint are not re-logged (wandb warns and drops them); the local files are the exact record
+        # wandb's history is monotonic: it drops re-logged steps; the local files are the record
         self.wandb_run = wandb_lib.init(project=project, dir=str(self.run_dir), config=config,
                                         name=self.run_dir.name, id=run_id, resume="allow")
         if self.wandb_run is not None and self.wandb_run.id != run_id:
@@ -115,7 +114,8 @@ class MetricLogger:
         if not self.enabled:
             return
         row = {"step": step, **metrics}
-        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
+        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                 for k, v in row.items()}
         self.jsonl_file.write(json.dumps(clean) + "\n")
         self.jsonl_file.flush()
         self.csv_writer.writerow(row)

@@ -1,23 +1,13 @@
-"""The training loop: one function, ``train(cfg, resume)``, that runs unchanged on one CPU, one GPU,
-``accelerate launch`` and ``torchrun`` (DDP by default, FSDP2 as an option: ``training/fsdp.py``).
-Under a multi-process launcher it joins the launcher's group (gloo when no GPU is visible) or stops
-with an error naming the variable. ``build.build`` makes the :class:`Run` (model, data, optimizer,
-restored state); this module steps it: ``train_step``, logging, checkpoints and sample grids.
+"""The training loop: ``train(cfg, resume)``, unchanged on one CPU, one GPU, ``accelerate launch``
+and ``torchrun`` (DDP, or FSDP2: ``training/fsdp.py``). ``build.build`` makes the :class:`Run`;
+this module steps it: ``train_step``, logging, checkpoints and sample grids.
 
-Reproducibility. All randomness is a pure function of ``train.seed`` and the position in training:
-
-* model init: the global RNG seeded with ``seed`` (same on every process);
-* data order: a permutation per epoch from a generator seeded by (seed, epoch)
-  (``batching.StepBatchSampler``); augmentation: per (seed, epoch, item) inside the dataset;
-* noise, t, class dropout, VAE posterior samples: before each micro-batch the global RNG is
-  re-seeded from (seed, step, chunk) with ``chunk = accumulation index × world size + rank``.
-
-So a run resumed at step k continues exactly as the uninterrupted run (bit-identical on CPU), and
-the same global batch cut into the same number of micro-batches gives the same update however those
-are spread over processes and accumulation steps (e.g. 2 processes × 1 = 1 process × 2 accumulation
-steps, up to the order of the gradient sums). The saved RNG states are restored too, for anything
-outside this scheme.
-"""
+All randomness is a function of ``train.seed`` and the position in training: model init (global
+RNG seeded with ``seed``), data order (per (seed, epoch), ``batching.StepBatchSampler``),
+augmentation (per (seed, epoch, item)), and noise, t, class dropout and VAE samples (global RNG
+re-seeded per (seed, step, chunk), ``chunk = accumulation index × world size + rank``). So a
+resumed run continues exactly (bit-identical on CPU), and a global batch gives the same update
+however its micro-batches are spread over processes and accumulation steps."""
 
 from __future__ import annotations
 
@@ -57,7 +47,7 @@ class NonFiniteLossError(SitVit5Error, RuntimeError):
 
 def batches(run: Run) -> Iterator[tuple[Tensor, ...]]:
     """This process's (x, y) of each optimizer step from the current position, epoch after epoch;
-    (x, y, images) when a latent cache is read with its images (``data.image_root``, for REPA)."""
+    (x, y, images) when a latent cache is read with its images (for REPA)."""
     while True:
         run.batches.set_epoch(run.position.epoch, run.position.batch_in_epoch)
         if hasattr(run.dataset, "set_epoch"):
@@ -67,10 +57,9 @@ def batches(run: Run) -> Iterator[tuple[Tensor, ...]]:
 
 def train_step(run: Run, x: Tensor, y: Tensor, lr: float,
                images: Tensor | None = None) -> tuple[float, float]:
-    """One optimizer step on this process's share (x, y) of the global batch; returns the
-    all-process mean loss and the global gradient norm (before clipping). ``images``: the clean
-    images of cached latents ``x`` (B, 3, H, W) in [-1, 1], for REPA's encoder (else it sees ``x``).
-    Raises NonFiniteLossError before stepping."""
+    """One optimizer step on this process's (x, y); returns the all-process mean loss and the
+    global gradient norm before clipping. ``images``: (B, 3, H, W) in [-1, 1] beside cached latents,
+    for REPA's encoder. Raises NonFiniteLossError before stepping."""
     accelerator, model, optimizer = run.accelerator, run.model, run.optimizer
     t, o, step = run.cfg["train"], run.cfg["optim"], run.position.step
     for group in optimizer.param_groups:
@@ -87,7 +76,8 @@ def train_step(run: Run, x: Tensor, y: Tensor, lr: float,
         xs, ys = xs.to(run.device, non_blocking=True), ys.to(run.device, non_blocking=True)
         features = None
         if run.repa is not None:  # the clean images' features (no RNG drawn)
-            features = run.repa.features(xs if ims is None else ims.to(run.device, non_blocking=True))
+            clean = xs if ims is None else ims.to(run.device, non_blocking=True)
+            features = run.repa.features(clean)
         if run.encode_on_the_fly:
             xs = encode(run.vae, xs, scaling_factor=run.cfg["vae"]["scaling_factor"])
         # all-reduce (DDP) or reduce-scatter (FSDP) the gradients once per step, on the last
@@ -141,9 +131,8 @@ def train_step(run: Run, x: Tensor, y: Tensor, lr: float,
 
 
 def clip_gradients(run: Run, max_norm: float) -> float:
-    """Clip the gradients to ``max_norm`` (inf: no clipping); returns their global norm before
-    clipping. With REPA the projector's gradients (averaged over processes first) count in the
-    norm and are clipped with the model's, as in REPA, where the projector is part of the model."""
+    """Clip the gradients to ``max_norm`` (inf: none); returns their global norm before clipping.
+    With REPA the projector's gradients count in the norm, as in REPA."""
     model = run.model
     if run.repa is None:
         return (fsdp.clip_grad_norm(model, max_norm) if run.sharded
@@ -159,8 +148,7 @@ def clip_gradients(run: Run, max_norm: float) -> float:
 
 
 def log(run: Run, window: MetricWindow, lr: float, bar: tqdm) -> None:
-    """Flush the metric window and the gate statistics of the step's forward to the loggers, the
-    progress bar and (main process) the console."""
+    """Flush the metrics and gate statistics to the loggers, progress bar and console."""
     step = run.position.step
     metrics = {**window.flush(run.position.epoch, lr), **run.gates.metrics()}
     run.logger.log(step, metrics)
@@ -212,17 +200,14 @@ def _due(step: int, every: int) -> bool:
 
 def train(cfg: Config, resume: str | None = None, loss_fn: LossFn = objective_loss
           ) -> TrainResult:
-    """Train as ``cfg`` says (a config from ``load_config``; not modified); ``resume`` = "latest" |
-    checkpoint path | run directory restores model, EMA, optimizer, step, data position and RNG
-    states. ``loss_fn(objective, model, x, y)`` gives the per-sample loss (B,) of a micro-batch
-    (tests pass one that fails on cue).
+    """Train as ``cfg`` says (from ``load_config``; not modified); ``resume`` = "latest" |
+    checkpoint path | run directory restores model, EMA, optimizer, step, data position and RNG.
+    ``loss_fn(objective, model, x, y)``: the per-sample loss (B,) of a micro-batch.
 
     Writes ``<train.out_dir>/{config.yaml, checkpoints/, samples/, metrics.jsonl, metrics.csv}``.
     Raises NonFiniteLossError (the last good checkpoint stays ``latest``),
-    IncompatibleCheckpointError (resume from another model/config) or ConfigError.
-    SIGTERM / SIGINT / SIGUSR1 finish the current step, write a checkpoint of it and return with
-    ``result.preempted`` set to the signal's name (see ``preemption.PreemptionGuard``).
-    """
+    IncompatibleCheckpointError or ConfigError. SIGTERM / SIGINT / SIGUSR1 finish the step, write a
+    checkpoint and return with ``result.preempted`` set to the signal's name."""
     run = build(cfg, resume, loss_fn)
     with PreemptionGuard() as guard:  # from the start line on, a signal always ends in a checkpoint
         return _loop(run, guard)

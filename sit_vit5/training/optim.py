@@ -1,12 +1,7 @@
-"""The optimizer's settings: AdamW parameter groups with the official ViT-5 weight-decay rule, and
-the learning-rate schedule (linear warmup, then constant).
-
-Weight-decay rule: with ``weight_decay > 0`` a parameter decays iff it is a weight matrix
-(``ndim >= 2``) other than the absolute position embedding and the register tokens. So LayerScale
-gammas, norm weights and biases (all 1-D), ``pos_embed`` and ``register_tokens`` never decay, as in
-the ViT-5 classification code. With ``weight_decay == 0`` (the SiT/DiT recipe) everything is one
-group, the layout older checkpoints have.
-"""
+"""The optimizer's settings: AdamW parameter groups and the lr schedule (linear warmup, then
+constant). With ``weight_decay > 0`` only weight matrices (``ndim >= 2``) other than
+``pos_embed`` and ``register_tokens`` decay, as in the official ViT-5 code; with 0 (the SiT/DiT
+recipe) everything is one group."""
 
 from __future__ import annotations
 
@@ -19,14 +14,13 @@ NO_DECAY_NAMES = ("pos_embed", "register_tokens")
 
 
 def decays(name: str, param: nn.Parameter) -> bool:
-    """Whether ``param`` (dotted ``name`` from ``named_parameters``) gets weight decay under the
-    rule above."""
+    """Whether ``param`` (dotted ``name``) gets weight decay under the rule above."""
     return param.ndim >= 2 and name.rsplit(".", 1)[-1] not in NO_DECAY_NAMES
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Trainable parameters of ``model`` as AdamW groups ``[{params, weight_decay}, {params, 0.0}]``
-    (one group when ``weight_decay == 0``); order within a group follows ``named_parameters``."""
+    """Trainable parameters as AdamW groups ``[{params, weight_decay}, {params, 0.0}]`` (one group
+    when ``weight_decay == 0``), in ``named_parameters`` order."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if weight_decay == 0:
         return [{"params": [p for _, p in named], "weight_decay": 0.0}]
@@ -37,7 +31,6 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
 
 
 def learning_rate(cfg_optim: dict[str, Any], step: int) -> float:
-    """lr of optimizer step ``step`` (0-based): linear warmup over ``warmup_steps``, then
-    constant."""
+    """lr of optimizer step ``step`` (0-based): linear warmup over ``warmup_steps``, constant."""
     warmup = cfg_optim["warmup_steps"]
     return cfg_optim["lr"] * (min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0)

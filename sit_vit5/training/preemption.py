@@ -1,11 +1,6 @@
-"""Graceful pre-emption: SIGTERM / SIGINT / SIGUSR1 during training finish the current step, write a
-checkpoint, and stop (train.py then exits with its pre-emption status; ``--resume latest`` continues
-bit-identically).
-
-Slurm sends SIGTERM at pre-emption or the time limit (and SIGUSR1 ahead of it with ``--signal=USR1@<s>``);
-Kubernetes and most schedulers send SIGTERM; Ctrl-C is SIGINT. The handler only records the signal: the
-loop looks at the flag between steps, so a step is never cut in half. A second SIGINT raises
-KeyboardInterrupt at once (a user who insists), leaving the last complete checkpoint as it was.
+"""Graceful pre-emption: SIGTERM / SIGINT / SIGUSR1 (Slurm, Kubernetes, Ctrl-C) during training
+finish the current step, write a checkpoint and stop; ``--resume latest`` continues bit-identically.
+The handler only records the signal; a second SIGINT raises KeyboardInterrupt at once.
 """
 
 from __future__ import annotations
@@ -19,10 +14,8 @@ PREEMPTION_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1")
 
 
 class PreemptionGuard:
-    """Context manager that records the first pre-emption signal instead of dying from it.
-
-    ``requested`` is the signal's name (e.g. "SIGTERM") once one arrived, else None. Handlers are
-    installed only in the main thread (Python's rule) and the previous ones are restored on exit.
+    """Context manager that records the first pre-emption signal (``requested``: its name, e.g.
+    "SIGTERM", else None). Handlers go in the main thread only; the previous ones come back on exit.
     """
 
     def __init__(self, signals: tuple[str, ...] = PREEMPTION_SIGNALS) -> None:
@@ -49,8 +42,8 @@ class PreemptionGuard:
         self._previous.clear()
 
     def should_stop(self, accelerator: Any | None = None) -> bool:
-        """Whether any process got a signal (one tiny all-reduce per call when there are several processes,
-        so that all of them stop after the same step and write the checkpoint together)."""
+        """Whether any process got a signal (an all-reduce with several processes, so all stop after
+        the same step)."""
         local = self.requested is not None
         if accelerator is None or accelerator.num_processes == 1:
             return local

@@ -1,51 +1,24 @@
-"""REPA (representation alignment, Yu et al. 2025), all of it: the frozen encoder, the projector,
-the loss and their share of the training step (``RepaTraining``; the ``repa`` config section).
+"""REPA (representation alignment, Yu et al. 2025): the frozen encoder, the projector, the loss
+and their share of the training step (:class:`RepaTraining`; the ``repa`` config section).
 
-A training-only addition to any SiT / ViT-5 backbone: the backbone's hidden state after block
-``repa.depth`` is mapped token by token by a small MLP (the projector) and pulled towards the patch
-features of a frozen pretrained encoder on the clean image; the loss
-``diffusion + repa.coeff * alignment`` trains backbone and projector together. EMA weights, exports
-and the pipeline never carry the projector; checkpoints do (``RepaTraining.state_dict``).
-
-Facts taken from the official code (github.com/sihyun-yu/REPA at 67f7145), each where it is used:
-the projector's shape and init (``models/sit.py``: ``build_mlp``, ``initialize_weights``), the block
-read (``(i + 1) == encoder_depth``), the loss (``loss.py``: per image, the mean over tokens of the
-negative cosine similarity), λ = 0.5 and depth 8 (README, ``train.py``), the DINOv2 preprocessing
-(``train.py``: ``preprocess_raw_image``) and the patch tokens (``x_norm_patchtokens``).
+The backbone's hidden state after block ``repa.depth`` is projected token by token by an MLP and
+pulled towards a frozen encoder's patch features of the clean image; loss = diffusion +
+``repa.coeff`` × alignment. Checkpoints carry the projector; EMA weights and exports do not.
+Facts from the official code (github.com/sihyun-yu/REPA at 67f7145) are cited where used.
 
 Encoders (``repa.encoder``):
 
-* ``digits``: ``fid.digits``' feature network (trained here, deterministic), for the digits proxy:
-  its 64-channel ReLU conv2 map before (8×8) or after (4×4) its last max-pool, whichever is the
-  model's patch grid; it sees the [-1, 1] images as they are;
-* ``timm:NAME`` (or a bare timm name): ``timm.create_model(NAME, pretrained=True)``, weights from
-  the Hugging Face hub (or ``repa.weights``, a local state-dict file, instead); needs timm;
-* ``hub:REPO:ENTRY``: ``torch.hub.load(REPO, ENTRY)`` (REPO = ``owner/name`` or a local checkout),
-  e.g. ``hub:facebookresearch/dinov2:dinov2_vitb14``, REPA's own encoder;
-* a local folder in timm's Hugging Face layout (``config.json`` + ``model.safetensors``, as
-  ``timm.models.save_for_hf`` writes it).
+* ``digits``: ``fid.digits``' feature network (its conv2 map at the model's patch grid), for the
+  digits proxy; it sees the [-1, 1] images unchanged;
+* ``timm:NAME`` (or a bare timm name): pretrained timm weights (or ``repa.weights``, a local
+  state-dict file); needs timm;
+* ``hub:REPO:ENTRY``: ``torch.hub.load(REPO, ENTRY)``, e.g.
+  ``hub:facebookresearch/dinov2:dinov2_vitb14``, REPA's own encoder;
+* a local folder in timm's Hugging Face layout (``config.json`` + ``model.safetensors``).
 
-Shapes: B batch, T patch tokens of the model (= the encoder's), D the backbone width, E the
-encoder's feature width.
-
-In the training loop, :class:`RepaTraining` holds what REPA adds to a run and does its share of
-each optimizer step:
-
-* the frozen encoder (features of each micro-batch's clean images, no gradient), the hook that reads
-  the backbone's hidden state after block ``repa.depth`` from the training forward, and the
-  projector with its own AdamW (the optimizer's settings; AdamW is per parameter, so this equals
-  REPA's single optimizer over both);
-* the loss ``diffusion.mean() + coeff * alignment.mean()`` (REPA's ``loss_mean + proj_loss_mean *
-  proj_coeff``), the two parts kept for the log (``loss_diffusion``, ``loss_repa``);
-* the projector's gradients averaged over processes once per step (it is replicated, under DDP and
-  FSDP alike), clipped together with the model's (REPA clips ``model.parameters()``, which hold its
-  projectors), then stepped;
-* its checkpoint state: projector weights, AdamW state and the encoder weights' SHA-256, so that a
-  resumed run continues exactly and refuses another encoder.
-
-The projector is initialised from its own generator (seeded by ``train.seed``), so the model's init
-and every RNG stream of the run are those of the same run without REPA: with ``repa.coeff=0`` the
-model trains bit for bit as without REPA (tests/test_repa.py).
+Shapes: B batch, T patch tokens, D backbone width, E encoder feature width. The projector has its
+own AdamW and generator (seeded by ``train.seed``), so with ``repa.coeff=0`` the model trains bit
+for bit as without REPA.
 """
 
 from __future__ import annotations
@@ -86,8 +59,8 @@ class RepaError(SitVit5Error, ValueError):
 
 
 class Projector(nn.Sequential):
-    """REPA's projector: Linear(D, P) – SiLU – Linear(P, P) – SiLU – Linear(P, E), applied to each
-    token (B, T, D) -> (B, T, E); P = 2048 in REPA (``build_mlp``)."""
+    """REPA's projector (``build_mlp``): Linear(D, P), SiLU, Linear(P, P), SiLU, Linear(P, E)
+    per token, (B, T, D) -> (B, T, E); P = 2048 in REPA."""
 
     def __init__(self, hidden_size: int, projector_dim: int, feature_dim: int) -> None:
         super().__init__(nn.Linear(hidden_size, projector_dim), nn.SiLU(),
@@ -96,8 +69,7 @@ class Projector(nn.Sequential):
 
     @torch.no_grad()
     def reset_parameters(self, generator: torch.Generator | None = None) -> Projector:
-        """SiT's Linear init, which REPA's ``initialize_weights`` applies to the projector too:
-        xavier-uniform weights, zero biases; from ``generator`` (the global RNG stays untouched)."""
+        """SiT's Linear init (xavier-uniform, zero biases) from ``generator``."""
         for layer in self:
             if isinstance(layer, nn.Linear):
                 nn.init.xavier_uniform_(layer.weight, generator=generator)
@@ -117,12 +89,9 @@ def alignment_loss(projected: Tensor, features: Tensor) -> Tensor:
 
 
 class HiddenCapture:
-    """The patch tokens (B, T, D) of the hidden state after block ``depth`` (1-based, REPA's
-    ``(i + 1) == encoder_depth``), read from the training forward itself by a forward hook: no
-    second pass. Registers and other extra tokens (after the T patch tokens) are dropped.
-
-    Only forwards inside :meth:`armed` are recorded, so the recompute of gradient checkpointing
-    (in the backward pass) and other callers of the model leave no tensor behind.
+    """The patch tokens (B, T, D) after block ``depth`` (1-based, REPA's ``(i + 1) ==
+    encoder_depth``), read by a forward hook from the training forward; extra tokens dropped.
+    Only forwards inside :meth:`armed` are recorded (not gradient checkpointing's recompute).
     """
 
     def __init__(self, model: nn.Module, depth: int) -> None:
@@ -165,9 +134,8 @@ class HiddenCapture:
 
 
 class DigitsTokens(nn.Module):
-    """``fid.digits``' DigitsNet as a patch-token encoder: images (B, 1, R, R) in [-1, 1] ->
-    the ReLU conv2 map (B, 64, h, w), before its last max-pool (``pooled=False``: 8×8) or after
-    it (4×4)."""
+    """``fid.digits``' DigitsNet as a patch-token encoder: images (B, 1, R, R) in [-1, 1] -> its
+    ReLU conv2 map (B, 64, h, w), before (8×8) or after (``pooled``, 4×4) its last max-pool."""
 
     def __init__(self, net: nn.Module, pooled: bool) -> None:
         super().__init__()
@@ -184,12 +152,9 @@ class DigitsTokens(nn.Module):
 
 class FrozenEncoder(nn.Module):
     """A frozen encoder with its preprocessing: images (B, C, H, W) in [-1, 1] -> patch features
-    (B, T, E), without gradients.
-
-    Preprocessing (REPA's for DINOv2, ``preprocess_raw_image``): to [0, 1] (REPA: ``x / 255`` of
-    uint8 images), normalised with ``mean`` / ``std``, then resized to ``resolution`` (bicubic); a
-    gray image is repeated to the encoder's 3 channels. ``unit_range=False`` (the digits network)
-    feeds the [-1, 1] images unchanged. ``prefix_tokens`` (class token, registers) are dropped.
+    (B, T, E), no gradients. Preprocessing (REPA's ``preprocess_raw_image``): to [0, 1],
+    normalised with ``mean`` / ``std``, resized to ``resolution``; gray repeated to 3 channels.
+    ``unit_range=False`` feeds [-1, 1] unchanged; ``prefix_tokens`` are dropped.
     """
 
     def __init__(self, net: nn.Module, name: str, *, resolution: tuple[int, int] | None,
@@ -438,10 +403,9 @@ def _timm_name(spec: str) -> str:
 
 def load_encoder(cfg_repa: dict[str, Any], image_size: int, grid: tuple[int, int],
                  channels: int, device: torch.device | str = "cpu") -> FrozenEncoder:
-    """The frozen encoder ``cfg_repa`` names (see the module doc), its preprocessing set up for
-    images (B, ``channels``, ``image_size``, ``image_size``) and a model patch grid ``grid``
-    (rows, cols); raises RepaError when its token grid differs from ``grid`` (or it cannot be
-    loaded: offline, the message names what to download)."""
+    """The frozen encoder ``cfg_repa`` names, set up for images (B, ``channels``, ``image_size``,
+    ``image_size``) and the model's patch ``grid`` (rows, cols); RepaError when its token grid
+    differs or it cannot be loaded (offline: naming what to download)."""
     spec, weights = cfg_repa["encoder"], cfg_repa.get("weights")
     resolution, mean, std = cfg_repa.get("resolution"), cfg_repa.get("mean"), cfg_repa.get("std")
     interpolation = cfg_repa.get("interpolation") or "bicubic"
@@ -482,7 +446,8 @@ def load_encoder(cfg_repa: dict[str, Any], image_size: int, grid: tuple[int, int
     encoder = encoder.to(device)
     tokens, width, side = encoder.token_grid(channels, (image_size,) * 2, torch.device(device))
     if tokens != grid[0] * grid[1]:
-        at = f" at {encoder.resolution[0]}×{encoder.resolution[1]} px" if encoder.resolution else ""
+        at = (f" at {encoder.resolution[0]}×{encoder.resolution[1]} px" if encoder.resolution
+              else "")
         shape = f"{side}×{side}" if side else "not square"
         fix = (f"; set repa.resolution={encoder.patch_size() * grid[0]}"
                if encoder.patch_size() and spec != DIGITS else "")
@@ -499,8 +464,8 @@ def load_encoder(cfg_repa: dict[str, Any], image_size: int, grid: tuple[int, int
 
 
 class RepaTraining:
-    """REPA's state and step pieces for ``model`` (the bare backbone, before DDP / FSDP wrapping:
-    the hook goes on its block ``repa.depth``); ``channels``: the channels of the data's images."""
+    """REPA's state and step pieces for the bare ``model`` (before DDP / FSDP); ``channels``: the
+    data's image channels. The projector has its own AdamW (equal to REPA's single optimizer)."""
 
     def __init__(self, cfg: Config, model: nn.Module, channels: int, device: torch.device) -> None:
         r, o = cfg["repa"], cfg["optim"]
@@ -525,8 +490,7 @@ class RepaTraining:
                 f"coeff {self.coeff:g}, projector {n / 1e6:.2f}M parameters")
 
     def features(self, images: Tensor) -> Tensor:
-        """The encoder's patch features (B, T, E) of clean images (B, C, H, W) in [-1, 1]: no
-        gradient, under the run's autocast (REPA encodes under ``accelerator.autocast()``)."""
+        """Patch features (B, T, E) of clean images (B, C, H, W) in [-1, 1], under autocast."""
         with torch.no_grad(), autocast(self.device, self.precision):
             return self.encoder(images)
 
@@ -564,10 +528,9 @@ class RepaTraining:
             grad.copy_(synced)
 
     def clip_jointly(self, model_grads: list[Tensor], model_norm: float, max_norm: float) -> float:
-        """Clip the model's gradients (``model_grads``: local tensors, DTensors' shards included)
-        and the projector's to one global norm, ``hypot(model_norm, projector norm)``, with the
-        arithmetic of ``torch.nn.utils.clip_grad_norm_``; returns that norm. With a zero projector
-        gradient it is ``model_norm`` exactly, and the model's update is unchanged."""
+        """Clip the model's (``model_grads``: local shards included) and the projector's gradients
+        to one global norm ``hypot(model_norm, projector norm)``, as ``clip_grad_norm_``; returns
+        it (exactly ``model_norm`` when the projector's gradient is zero)."""
         grads = [p.grad for p in self.parameters() if p.grad is not None]
         own = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
         total = math.sqrt(model_norm * model_norm + own * own)  # float64: sqrt(m*m) == m, fp32 m
@@ -597,8 +560,7 @@ class RepaTraining:
                 "encoder_sha256": self.encoder_sha256}
 
     def load_state_dict(self, state: dict[str, Any] | None, path: Any) -> None:
-        """Restore a checkpoint's ``repa`` entry (IncompatibleCheckpointError: none, or another
-        encoder's)."""
+        """Restore a checkpoint's ``repa`` entry (IncompatibleCheckpointError: none / another)."""
         if state is None:
             raise IncompatibleCheckpointError(f"cannot resume from {path} with repa.encoder set: "
                                               "it holds no REPA projector (trained without REPA)")

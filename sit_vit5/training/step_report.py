@@ -9,10 +9,8 @@ from contextlib import contextmanager
 
 
 class MetricWindow:
-    """Means of loss and grad norm since the last flush, and the throughput with pauses left out.
-
-    ``global_batch``: images per optimizer step (all processes), for ``img_per_s``.
-    """
+    """Means of loss and grad norm since the last flush, and the throughput with pauses left out;
+    ``global_batch``: images per optimizer step (all processes)."""
 
     def __init__(self, global_batch: int) -> None:
         self.global_batch, self.run_start = global_batch, time.perf_counter()
@@ -54,8 +52,7 @@ class MetricWindow:
 
 
 def rate(steps_per_s: float) -> str:
-    """``12.34 steps/s``, or ``s/step`` for slow steps (an XL/2 step on a CPU would read 0.00
-    steps/s)."""
+    """``12.34 steps/s``, or ``s/step`` for slow steps (instead of 0.00 steps/s)."""
     if steps_per_s >= 1:
         return f"{steps_per_s:.2f} steps/s"
     return f"{1 / max(steps_per_s, 1e-9):.1f} s/step"
