@@ -232,8 +232,8 @@ class SamplingPipeline:
                    vae_factor=factor, vae=vae, **kwargs)
 
     def steps(self, scheduler: Any = None) -> Steps:
-        """This pipeline's sampler one step at a time (for :meth:`generate`'s ``steps``): the objective's own
-        steps, or those of a diffusers ``scheduler``, on this pipeline's spec, data range and device."""
+        """The step-wise sampler for :meth:`generate`'s ``steps``: the objective's own steps, or a
+        diffusers ``scheduler``'s, on this pipeline's spec, data range and device."""
         return self.objective.steps(self.spec, pixel_space=self.pixel_space, scheduler=scheduler,
                                     device=self.device)
 
