@@ -242,13 +242,14 @@ class SiTObjective(Objective):
                 raise SettingError("scheduler", type(scheduler).__name__,
                                    ": cannot sample a model trained with the sit objective; use "
                                    "FlowMatchEulerDiscreteScheduler or the SiTScheduler")
-            return FlowSchedulerSteps(Sampler(self.transport), scheduler, spec.num_steps, device)
+            return FlowSchedulerSteps(Sampler(self.transport), scheduler, spec.num_steps, device,
+                                      spec.time_shift)
         if spec.method != "ode" or ode_method(spec.sampling_method) != "euler":
             raise SettingError("method", f"{spec.method}/{spec.sampling_method}",
                                ": step-wise sampling covers ode/euler (and ddpm, ddim); the SDE "
                                "and the other ODE solvers run whole trajectories "
                                "(SiTPipeline.__call__)")
-        return EulerSteps(Sampler(self.transport), spec.num_steps, device)
+        return EulerSteps(Sampler(self.transport), spec.num_steps, device, spec.time_shift)
 
 
 class DDPMObjective(Objective):

@@ -53,6 +53,14 @@ def finite_float(text: str) -> float:
     return value
 
 
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0."""
+    value = finite_float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return value
+
+
 def _channels(text: str) -> int | None:
     """``all`` -> None (every channel), else a positive channel count."""
     if text == "all":
@@ -102,6 +110,10 @@ class SampleSpec:
                                    choices=(*(k for k in LAST_STEPS if k is not None), "None"))
     last_step_size: float = option(0.04, "SDE final step size (default {default})",
                                    solvers=("sde",), type=finite_float)
+    time_shift: float | None = option(
+        None, "ode / sde: SD3 time shift s of the noise level sigma = 1 - t, sigma' = s sigma / "
+        "(1 + (s - 1) sigma); s > 1 spends more steps at high noise (default none = uniform)",
+        solvers=TRANSPORT_METHODS, methods=TRANSPORT_METHODS, type=positive_float)
     eta: float = option(0.0,
                         "DDIM noise: 0 = deterministic (DiT, default {default}), 1 = DDPM-like",
                         solvers=("ddim",), type=finite_float)
@@ -134,6 +146,9 @@ class SampleSpec:
                 raise SettingError(f.name, getattr(self, f.name),
                                    f" applies to {' / '.join(f.metadata['methods'])}, "
                                    f"not method={self.method!r}")
+        shift = self.time_shift
+        if shift is not None and not (math.isfinite(shift) and shift > 0):
+            raise SettingError("time_shift", shift, ": must be a number > 0 (1 = uniform)")
         if self.eta < 0:
             raise SettingError("eta", self.eta, ": must be >= 0")
         # frozen: object.__setattr__

@@ -48,6 +48,16 @@ LAST_STEPS: dict[str | None, LastStep | None] = {
 }
 
 
+def shift_times(t: Tensor, shift: float | None) -> Tensor:
+    """SD3's time shift of the noise level ``sigma = 1 - t`` (our t: 0 = noise): ``sigma' = s sigma
+    / (1 + (s - 1) sigma)``; s > 1 spends more steps at high noise; None or 1 return ``t`` itself.
+    The ends stay put (sigma 0 and 1 are fixed points)."""
+    if shift is None or shift == 1.0:
+        return t
+    sigma = 1.0 - t
+    return 1.0 - shift * sigma / (1.0 + (shift - 1.0) * sigma)
+
+
 def _warn_adaptive(method: str, num_steps: int) -> None:
     warnings.warn(
         f"sampling_method={method!r} is adaptive: num_steps={num_steps} only sets the output grid, "
@@ -74,19 +84,20 @@ class Sampler:
         tr = self.transport
         return lambda x, t: tr.velocity(tr.model_output(model, x, t, **model_kwargs), x, t)
 
-    def ode_grid(self, num_steps: int, like: Tensor, reverse: bool = False) -> Tensor:
+    def ode_grid(self, num_steps: int, like: Tensor, reverse: bool = False,
+                 time_shift: float | None = None) -> Tensor:
         """The probability-flow ODE's time grid: ``num_steps`` points from t0 to t1 (0 = noise; the
-        transport's eps move the ends in), data to noise with ``reverse``; dtype and device of
-        ``like``."""
+        transport's eps move the ends in), data to noise with ``reverse``, shifted by
+        ``time_shift`` (:func:`shift_times`); dtype and device of ``like``."""
         tr = self.transport
         t0, t1 = tr.check_interval(tr.train_eps, tr.sample_eps, sde=False, eval=True,
                                    reverse=reverse)
-        return time_grid(t0, t1, num_steps, like)
+        return shift_times(time_grid(t0, t1, num_steps, like), time_shift)
 
     # ---------------------------------------------------------------- ODE
     def sample_ode(self, *, sampling_method: str = "dopri5", num_steps: int = 50,
-                   atol: float = DEFAULT_ATOL, rtol: float = DEFAULT_RTOL, reverse: bool = False
-                   ) -> Callable[..., Tensor]:
+                   atol: float = DEFAULT_ATOL, rtol: float = DEFAULT_RTOL, reverse: bool = False,
+                   time_shift: float | None = None) -> Callable[..., Tensor]:
         """Probability-flow ODE from noise ``z`` at t0 to data at t1 (``reverse``: data -> noise).
 
         Fixed-grid methods take ``num_steps - 1`` steps (NFE = steps x evaluations per step, e.g.
@@ -101,7 +112,8 @@ class Sampler:
         def _sample(z: Tensor, model_fn: Callable[..., Tensor], *,
                     generator: GeneratorLike = None, **model_kwargs):
             # the ODE is deterministic: generator is accepted only for a uniform API
-            model, grid = CountingModel(model_fn), self.ode_grid(num_steps, z, reverse=reverse)
+            model = CountingModel(model_fn)
+            grid = self.ode_grid(num_steps, z, reverse=reverse, time_shift=time_shift)
             xs = solve_ode(self._velocity_fn(model, model_kwargs), z, grid, method, atol, rtol)
             self.last_nfe = model.nfe
             return xs
@@ -112,7 +124,7 @@ class Sampler:
     def sample_sde(
         self, *, sampling_method: str = "Euler", diffusion_form: str = "SBDM",
         diffusion_norm: float = 1.0, last_step: str | None = "Mean", last_step_size: float = 0.04,
-        num_steps: int = 250, progress: bool = False,
+        num_steps: int = 250, time_shift: float | None = None, progress: bool = False,
     ) -> Callable[..., list[Tensor]]:
         """SDE ``dX = [v + D s] dt + sqrt(2 D) dW`` on ``linspace(t0, t1, num_steps)`` then a last
         step.
@@ -136,8 +148,11 @@ class Sampler:
         if num_steps < 2:
             raise ValueError(
                 f"num_steps must be >= 2 (grid points including both ends), got {num_steps}")
-        times = torch.linspace(t0, t1, num_steps, dtype=torch.float64).tolist()  # on cpu: floats
-        dt = times[1] - times[0]
+        grid = torch.linspace(t0, t1, num_steps, dtype=torch.float64)  # on cpu: host floats
+        times = shift_times(grid, time_shift).tolist()
+        # uniform: SiT's one dt; shifted: each step its own
+        dts = [times[1] - times[0]] * (num_steps - 1) if time_shift in (None, 1.0) else \
+            [b - a for a, b in zip(times[:-1], times[1:])]
 
         def _sample(z: Tensor, model_fn: Callable[..., Tensor], *,
                     generator: GeneratorLike = None, **model_kwargs):
@@ -157,7 +172,8 @@ class Sampler:
 
             xs, x = [], z
             with torch.no_grad():
-                for t in tqdm(times[:-1], disable=not progress, leave=False, desc="SDE"):
+                for t, dt in tqdm(list(zip(times[:-1], dts)), disable=not progress, leave=False,
+                                  desc="SDE"):
                     x = step(x, t, dt, randn_like(x, gen), drift, diffusion)
                     xs.append(x)
                 if last is not None:
@@ -234,10 +250,11 @@ class EulerSteps:
 
     init_noise_sigma = 1.0
 
-    def __init__(self, sampler: Sampler, num_steps: int,
-                 device: torch.device | str | None = None) -> None:
+    def __init__(self, sampler: Sampler, num_steps: int, device: torch.device | str | None = None,
+                 time_shift: float | None = None) -> None:
         self.transport = sampler.transport
-        self.grid = sampler.ode_grid(num_steps, torch.empty(0, device=device))
+        like = torch.empty(0, device=device)
+        self.grid = sampler.ode_grid(num_steps, like, time_shift=time_shift)
         self.timesteps = self.grid[:-1]
 
     def model_input(self, x: Tensor, t: Tensor) -> Tensor:
@@ -259,9 +276,10 @@ class FlowSchedulerSteps:
     its sigma is 1 - t and its flow points from data to noise (= -velocity)."""
 
     def __init__(self, sampler: Sampler, scheduler: Any, num_steps: int,
-                 device: torch.device | str | None = None) -> None:
+                 device: torch.device | str | None = None, time_shift: float | None = None) -> None:
         self.transport, self.scheduler = sampler.transport, scheduler
-        grid = sampler.ode_grid(num_steps, torch.empty(0))  # on cpu: sigmas go out as numpy
+        # on cpu: sigmas go out as numpy
+        grid = sampler.ode_grid(num_steps, torch.empty(0), time_shift=time_shift)
         if float(grid[-1]) != 1.0:
             raise SettingError("scheduler", type(scheduler).__name__,
                                f": ends at sigma 0 (t = 1), but this transport integrates to "
