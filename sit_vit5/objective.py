@@ -33,7 +33,7 @@ from .models import name_objective_conflict
 from .sample_spec import SAMPLE_METHODS, SampleSpec
 from .transport import TRANSPORT_KEYS, Sampler, Transport, create_transport
 from .transport.integrators import FIXED_STEP_NFE, SDE_STEP_NFE, ode_method
-from .transport.sampler import EulerSteps, FlowSchedulerSteps
+from .transport.sampler import EulerSteps, FlowSchedulerSteps, is_flow_scheduler
 
 OBJECTIVES = ("sit", "ddpm")
 #: transport-section keys the ddpm objective reads
@@ -238,10 +238,12 @@ class SiTObjective(Objective):
 
     def _steps(self, spec: SampleSpec, pixel_space: bool, scheduler: Any, device: Any) -> Steps:
         if scheduler is not None:
-            if not type(scheduler).__name__.startswith("FlowMatch"):
+            if not is_flow_scheduler(scheduler):
                 raise SettingError("scheduler", type(scheduler).__name__,
                                    ": cannot sample a model trained with the sit objective; use "
-                                   "FlowMatchEulerDiscreteScheduler or the SiTScheduler")
+                                   "FlowMatchEulerDiscreteScheduler, a multistep scheduler with "
+                                   "use_flow_sigmas=True and prediction_type='flow_prediction', "
+                                   "or the SiTScheduler")
             return FlowSchedulerSteps(Sampler(self.transport), scheduler, spec.num_steps, device,
                                       spec.time_shift)
         if spec.method != "ode" or ode_method(spec.sampling_method) != "euler":

@@ -271,20 +271,38 @@ class EulerSteps:
         return x + (t_next - t) * self.transport.velocity(out, x, batch_time(t, x))
 
 
+def is_flow_scheduler(scheduler: Any) -> bool:
+    """Whether a diffusers ``scheduler`` steps a flow on sigma = 1 - t: ``FlowMatch*``, or a
+    multistep solver (UniPC, DPM-Solver++, DEIS) with ``use_flow_sigmas`` and
+    ``prediction_type="flow_prediction"``."""
+    config = scheduler.config
+    return type(scheduler).__name__.startswith("FlowMatch") or (
+        bool(config.get("use_flow_sigmas")) and config.get("prediction_type") == "flow_prediction")
+
+
 class FlowSchedulerSteps:
-    """diffusers' flow-matching ``scheduler`` (``FlowMatch*``) stepping our model on our ODE grid:
-    its sigma is 1 - t and its flow points from data to noise (= -velocity)."""
+    """diffusers' flow ``scheduler`` (:func:`is_flow_scheduler`) stepping our model: its sigma is
+    1 - t and its flow points from data to noise (= -velocity). ``FlowMatch*`` steps on our ODE grid
+    (``num_steps`` points, shifted by ``time_shift``); the multistep solvers on their own sigmas,
+    ``num_steps - 1`` of them (their ``flow_shift`` is the shift: ``time_shift`` is refused)."""
 
     def __init__(self, sampler: Sampler, scheduler: Any, num_steps: int,
                  device: torch.device | str | None = None, time_shift: float | None = None) -> None:
         self.transport, self.scheduler = sampler.transport, scheduler
         # on cpu: sigmas go out as numpy
         grid = sampler.ode_grid(num_steps, torch.empty(0), time_shift=time_shift)
+        name = type(scheduler).__name__
         if float(grid[-1]) != 1.0:
-            raise SettingError("scheduler", type(scheduler).__name__,
+            raise SettingError("scheduler", name,
                                f": ends at sigma 0 (t = 1), but this transport integrates to "
                                f"t = {float(grid[-1])} ({self.transport!r}); keep the SiTScheduler")
-        scheduler.set_timesteps(sigmas=(1.0 - grid[:-1].double()).numpy(), device=device)
+        if name.startswith("FlowMatch"):
+            scheduler.set_timesteps(sigmas=(1.0 - grid[:-1].double()).numpy(), device=device)
+        elif time_shift not in (None, 1.0):
+            raise SettingError("time_shift", time_shift, f": {name} spaces its own sigmas; set its "
+                               "flow_shift instead")
+        else:
+            scheduler.set_timesteps(num_steps - 1, device=device)
         self.timesteps = scheduler.timesteps
         self.init_noise_sigma = getattr(scheduler, "init_noise_sigma", 1.0)
 
