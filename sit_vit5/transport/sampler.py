@@ -289,8 +289,8 @@ class FlowSchedulerSteps:
     def __init__(self, sampler: Sampler, scheduler: Any, num_steps: int,
                  device: torch.device | str | None = None, time_shift: float | None = None) -> None:
         self.transport, self.scheduler = sampler.transport, scheduler
-        # on cpu: sigmas go out as numpy
-        grid = sampler.ode_grid(num_steps, torch.empty(0), time_shift=time_shift)
+        cpu = torch.empty(0)  # on cpu: the sigmas go out as numpy
+        grid = sampler.ode_grid(num_steps, cpu, time_shift=time_shift)
         name = type(scheduler).__name__
         if float(grid[-1]) != 1.0:
             raise SettingError("scheduler", name,
