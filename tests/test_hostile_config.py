@@ -10,6 +10,7 @@ import pytest
 
 from sit_vit5.config import ConfigError, load_config
 from sit_vit5.errors import SitVit5Error
+from tests.helpers import assert_names
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,9 +26,9 @@ ROOT = Path(__file__).resolve().parents[1]
         (
             "train:\n  steps: 3\n   x: 4\n",
             "line 3, column 5",
-            "mapping values are not allowed here",
+            "mapping values",  # PyYAML's words
         ),  # scanner
-        ("train:\n\tsteps: 3\n", "line 2, column 1", "found character '\\t'"),
+        ("train:\n\tsteps: 3\n", "line 2, column 1", "'\\t'"),
     ],
 )
 def test_malformed_yaml_names_file_and_line(tmp_path, text, where, problem):
@@ -36,7 +37,8 @@ def test_malformed_yaml_names_file_and_line(tmp_path, text, where, problem):
     with pytest.raises(ConfigError) as info:
         load_config(path)
     message = str(info.value)
-    assert message.startswith(f"{path}, {where}: not valid YAML (") and problem in message
+    assert message.startswith(f"{path}, {where}: ")
+    assert_names(message, problem)
     assert "\n" not in message and isinstance(info.value, SitVit5Error)
 
 

@@ -119,7 +119,7 @@ def test_sde_noise_is_used_and_labels_matter():
     assert np.abs(ode.generate([0, 1, 2], 0, labels).pixels - sde.generate([0, 1, 2], 0, labels).pixels).mean() > 0.1
     a, b = sde.generate([0, 1], 0, [0, 0]), sde.generate([0, 1], 0, [7, 7])
     assert (a.pixels - b.pixels).abs().mean() > 1e-3
-    with pytest.raises(ValueError, match=r"labels must lie in \[0, 10\)"):
+    with pytest.raises(ValueError, match=naming("labels", "[0, 10)", "[10]")):
         sde.generate([0], 0, [10])
 
 
@@ -132,7 +132,7 @@ def test_guidance_is_wired_through_the_shared_helper():
     with pytest.raises(ValueError, match="class_dropout_prob=0"):
         SamplingPipeline(tiny_model(class_dropout_prob=0.0), create_transport(),
                          SampleSpec(cfg_scale=2.0), (1, 8, 8), 10)
-    with pytest.raises(ValueError, match="cfg_channels=3 but the model has 1 channels"):
+    with pytest.raises(ValueError, match=naming("cfg_channels=3", "1")):
         pipeline(SampleSpec(cfg_scale=2.0, cfg_channels=3))
 
 
@@ -273,7 +273,7 @@ def test_bulk_refuses_to_mix_settings(tmp_path):
         sample_bulk(pipeline(SDE), 2, tmp_path, global_seed=1, batch_size=2, progress=False, settings={"ckpt": "a"})
     with pytest.raises(ValueError, match="rank"):
         sample_bulk(pipeline(ODE), 2, tmp_path, rank=2, world_size=2)
-    with pytest.raises(ValueError, match="2 of 4 samples are missing"):
+    with pytest.raises(ValueError, match=naming(tmp_path, "2 of 4")):
         merge_parts(tmp_path, 4)
 
 
@@ -306,7 +306,7 @@ def test_load_our_checkpoint(tmp_path):
     assert info.sample["sampling_method"] == "euler"
     raw = load_model(path, which="model").model
     assert all(torch.equal(raw.state_dict()[k], v) for k, v in model.state_dict().items())
-    with pytest.raises(ValueError, match="trained as 'SiT-S/2', not 'SiT-B/2'"):
+    with pytest.raises(ValueError, match=naming(path, "'SiT-S/2'", "'SiT-B/2'")):
         load_model(path, "SiT-B/2")
 
 
@@ -322,9 +322,10 @@ def test_load_official_bare_state_dict(tmp_path):
     assert loaded.learn_sigma and (info.source, info.input_size, info.in_channels, info.num_classes) == (
         "official", 8, 4, 10)
     assert info.objective == {"objective": "sit"} and info.vae["name"] == "stabilityai/sd-vae-ft-ema"
-    with pytest.raises(ValueError, match="bare state dict without a config.*SiT-XL/2"):
+    with pytest.raises(ValueError, match=naming(path, "--model", "SiT-XL/2")):
         load_model(path)
-    with pytest.raises(RuntimeError, match="does not fit"):  # CheckpointError naming the mismatched shapes
+    # a CheckpointError naming the file and the mismatched hidden size
+    with pytest.raises(RuntimeError, match=naming(path, "hidden_size=32", "64")):
         load_model(path, "SiT-S/2", overrides={**arch, "hidden_size": 64})
     # an official DiT/SiT training checkpoint: argparse args name the model, VAE and transport
     args = argparse.Namespace(model="SiT-S/2", vae="mse", path_type="VP", prediction="velocity", loss_weight=None)
@@ -333,7 +334,7 @@ def test_load_official_bare_state_dict(tmp_path):
     info = load_model(train_ckpt, overrides=arch)
     assert info.name == "SiT-S/2" and info.vae["name"] == "stabilityai/sd-vae-ft-mse"
     assert info.objective == {"objective": "sit", "path_type": "VP", "prediction": "velocity"}
-    with pytest.raises(RuntimeError, match="has no 'model' weights"):
+    with pytest.raises(RuntimeError, match=naming(train_ckpt, "'model'")):
         load_model(train_ckpt, which="model", overrides=arch)
 
 
@@ -397,7 +398,7 @@ def test_truncated_part_is_removed_and_remade(tmp_path):
     sample_bulk(pipe(), 6, run, batch_size=3, progress=False)
     part = run / "parts" / "0000003-0000005.npz"
     part.write_bytes(part.read_bytes()[:100])
-    with pytest.warns(UserWarning, match="removed unreadable part"):
+    with pytest.warns(UserWarning, match=naming("removed", part)):
         result = sample_bulk(pipe(), 6, run, batch_size=3, progress=False)
     assert result.generated == 3 and result.skipped == 3
     with np.load(result.npz) as a, np.load(reference) as b:

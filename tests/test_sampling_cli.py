@@ -18,7 +18,7 @@ from sit_vit5.sampling import SampleSpec
 from sit_vit5.training import checkpoint as ck
 from sit_vit5.training import save_checkpoint, train
 from sit_vit5.training.grids import grid_images
-from tests.helpers import TRAIN_ARGV, load_sample_cli, load_train_cli, one_sample_error
+from tests.helpers import TRAIN_ARGV, assert_names, load_sample_cli, load_train_cli, one_sample_error
 
 TINY = dict(depth=1, hidden_size=32, num_heads=2, input_size=8, num_classes=10, learn_sigma=False)
 
@@ -127,21 +127,22 @@ def test_official_bare_state_dict_needs_model_flag(tmp_path, vae_dir, capsys):
 
 
 @pytest.mark.parametrize(
-    "extra, message",
+    "extra, names",
     [
-        (["--model", "SiT-B/2"], "trained as 'SiT-S/2', not 'SiT-B/2'"),
-        (["--path-type", "GVP"], "--path-type GVP"),
-        (["--vae", "stabilityai/sd-vae-ft-ema"], "pixel space"),
-        (["--classes", "3", "10"], r"--classes [10]"),
-        (["--sampling-method", "rk45"], "rk45"),
-        (["--image-size", "7"], "--image-size 7: must be a multiple of 2"),
-        (["--cfg-scale", "2", "--cfg-channels", "3"], "cfg_channels=3 but the model has 1 channels"),
+        (["--model", "SiT-B/2"], ("'SiT-S/2'", "'SiT-B/2'", "0000007.pt")),
+        (["--path-type", "GVP"], ("--path-type", "GVP", "path_type=Linear")),
+        (["--vae", "stabilityai/sd-vae-ft-ema"], ("--vae", "stabilityai/sd-vae-ft-ema",
+                                                  "vae.name=none")),
+        (["--classes", "3", "10"], ("--classes", "[10]", "[0, 10)")),
+        (["--sampling-method", "rk45"], ("sampling_method", "'rk45'", "'dopri5'")),
+        (["--image-size", "7"], ("--image-size", "7", "2")),
+        (["--cfg-scale", "2", "--cfg-channels", "3"], ("cfg_channels=3", "1")),
     ],
 )
-def test_bad_flags_exit_2_naming_them(pixel_ckpt, tmp_path, capsys, extra, message):
+def test_bad_flags_exit_2_naming_them(pixel_ckpt, tmp_path, capsys, extra, names):
     argv = ["grid", "--ckpt", pixel_ckpt, "--num-steps", "2", "--out", str(tmp_path), "--no-progress", *extra]
     assert sample.main(argv) == 2
-    assert message in capsys.readouterr().err
+    assert_names(one_sample_error(capsys, "grid"), *names)
 
 
 def test_bad_files_exit_2(pixel_ckpt, latent_ckpt, tmp_path, capsys):

@@ -11,12 +11,14 @@ import torch
 import sample
 from sit_vit5.config import load_config
 from sit_vit5.diffusion import create_diffusion
+from sit_vit5.errors import SettingError
 from sit_vit5.models import LoadedModel, create_model, load_model
 from sit_vit5.objective import SiTObjective, create_objective
 from sit_vit5.sampling import SampleSpec, SamplingPipeline
 from sit_vit5.training import save_checkpoint
 from sit_vit5.transport import create_transport
 from sit_vit5.transport.rng import sample_seed
+from tests.helpers import assert_names, naming, one_sample_error
 
 DEPTH, WIDTH, HEADS, PATCH, C, SIDE, CLASSES = 2, 32, 2, 2, 4, 8, 10
 ARCH = dict(depth=DEPTH, hidden_size=WIDTH, num_heads=HEADS)
@@ -146,11 +148,11 @@ def test_the_objective_of_a_bare_file_is_told_never_guessed(dit_file):
 
 
 def test_spec_modes_belong_to_their_objective():
-    with pytest.raises(ValueError, match="applies to ode / sde"):
+    with pytest.raises(SettingError, match=naming("sampling_method='euler'", "method='ddpm'")):
         SampleSpec(method="ddpm", sampling_method="euler")
     with pytest.raises(ValueError, match="cfg_interval"):
         SampleSpec(method="ddim", cfg_interval=(0.2, 0.8))
-    with pytest.raises(ValueError, match="sit objective"):
+    with pytest.raises(SettingError, match=naming("method='ddpm'", "sit", "ode", "sde")):
         SiTObjective(create_transport()).sampler(SampleSpec(method="ddpm"))
     assert SampleSpec(method="ddpm").sampling_method is None
 
@@ -256,15 +258,15 @@ def test_cli_samples_our_ddpm_checkpoint_grid_equals_bulk(ddpm_ckpt, tmp_path, c
 
 
 @pytest.mark.parametrize(
-    "extra, message",
+    "extra, names",
     [
-        (["--method", "ode"], "--method ode"),
-        (["--objective", "sit"], "transport.objective=ddpm"),
-        (["--prediction", "noise"], "--prediction noise"),
-        (["--sampling-method", "euler"], "--sampling-method euler"),
+        (["--method", "ode"], ("--method", "ode", "ddpm", "ddim", "0000003.pt")),
+        (["--objective", "sit"], ("transport.objective=ddpm", "0000003.pt")),
+        (["--prediction", "noise"], ("--prediction", "noise", "0000003.pt")),
+        (["--sampling-method", "euler"], ("--sampling-method", "euler", "method='ddpm'")),
     ],
 )
-def test_cli_refuses_transport_flags_on_ddpm_models(ddpm_ckpt, tmp_path, capsys, extra, message):
+def test_cli_refuses_transport_flags_on_ddpm_models(ddpm_ckpt, tmp_path, capsys, extra, names):
     argv = [
         "grid",
         "--ckpt",
@@ -277,7 +279,7 @@ def test_cli_refuses_transport_flags_on_ddpm_models(ddpm_ckpt, tmp_path, capsys,
         *extra,
     ]
     assert sample.main(argv) == 2
-    assert message in capsys.readouterr().err
+    assert_names(one_sample_error(capsys, "grid"), *names)
 
 
 def test_dit_protocol_flags_parse():

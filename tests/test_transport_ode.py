@@ -122,7 +122,7 @@ def test_method_names_alias_and_errors():
     a = sampler.sample_ode(sampling_method="heun", num_steps=5)(z, field)
     b = sampler.sample_ode(sampling_method="heun2", num_steps=5)(z, field)
     assert torch.equal(a, b)
-    with pytest.raises(ValueError, match="unknown ODE sampling_method 'heun5'.*'dopri5'.*'heun2'.*'rk4'"):
+    with pytest.raises(ValueError, match=naming("ODE", "sampling_method", "'heun5'", "'dopri5'", "'heun2'", "'rk4'")):
         sampler.sample_ode(sampling_method="heun5")
 
 
@@ -169,7 +169,7 @@ def test_method_tables_match_torchdiffeq_behaviour(method):
 
 def test_method_tables_cover_torchdiffeq():
     """Every method torchdiffeq accepts (as its public error message lists them) is in one table."""
-    with pytest.raises(ValueError, match="Invalid method") as err:
+    with pytest.raises(ValueError, match=naming('"rk45"')) as err:
         odeint(lambda t, y: -y, torch.ones(1), torch.linspace(0, 1, 3), method="rk45")
     listed = set(re.findall(r'"(\w+)"', str(err.value))) - {"rk45"}
     assert listed - {"scipy_solver"} == set(FIXED_STEP_METHODS) | set(ADAPTIVE_METHODS)
