@@ -148,13 +148,16 @@ class BuiltSampler:
 
 
 class Steps(Protocol):
-    """Sampling one step at a time (diffusers' loop): from ``x = z * init_noise_sigma``, for each
-    ``t`` of ``timesteps``: ``out = model(model_input(x, t), model_time(t, x), y)``, then
-    ``x = step(out, t, x, generator)`` (``generator``: one per image for stochastic steps)."""
+    """Sampling one step at a time (diffusers' loop): ``restart()``, then from ``x = z *
+    init_noise_sigma``, for each ``t`` of ``timesteps``: ``out = model(model_input(x, t),
+    model_time(t, x), y)``, then ``x = step(out, t, x, generator)`` (``generator``: one per image
+    for stochastic steps). ``restart`` readies a diffusers scheduler, which keeps state along a
+    trajectory."""
 
     timesteps: Tensor
     init_noise_sigma: float
 
+    def restart(self) -> None: ...
     def model_input(self, x: Tensor, t: Tensor) -> Tensor: ...
     def model_time(self, t: Tensor, x: Tensor) -> Tensor: ...
     def step(self, model_output: Tensor, t: Tensor, x: Tensor, generator: Any = None) -> Tensor: ...

@@ -79,6 +79,9 @@ class DiffusionSteps:
         self._step = kind
         self.timesteps = torch.tensor(self.spaced.timestep_map[::-1], device=device)
 
+    def restart(self) -> None:
+        """Nothing to reset: these steps keep no state between trajectories."""
+
     def model_input(self, x: Tensor, t: Tensor) -> Tensor:
         return x
 
@@ -105,11 +108,15 @@ class SchedulerSteps:
             raise SettingError("scheduler", type(scheduler).__name__, f" with prediction_type="
                                f"{prediction!r}: our ddpm-objective models predict epsilon")
         self.scheduler = scheduler
-        scheduler.set_timesteps(num_steps, device=device)
+        self._setup = lambda: scheduler.set_timesteps(num_steps, device=device)
+        self._setup()
         self.timesteps = scheduler.timesteps
         self.init_noise_sigma = getattr(scheduler, "init_noise_sigma", 1.0)
         self.learned = scheduler.config.get("variance_type") in ("learned", "learned_range")
         self.stochastic = "generator" in inspect.signature(scheduler.step).parameters  # DDPM: noise
+
+    def restart(self) -> None:
+        self._setup()
 
     def model_input(self, x: Tensor, t: Tensor) -> Tensor:
         scale = getattr(self.scheduler, "scale_model_input", None)

@@ -1,5 +1,5 @@
-"""``python -m sit_vit5.experiments imagenet ...`` (see its ``--help``). The digits study lives
-beside its results: ``python results/digits/study`` (results/digits/study/__main__.py)."""
+"""``python -m sit_vit5.experiments imagenet | nfe ...`` (see their ``--help``). The digits study
+lives beside its results: ``python results/digits/study`` (results/digits/study/__main__.py)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,16 @@ def main(argv: list[str] | None = None) -> int:
     from .imagenet import add_arguments
 
     add_arguments(i)
+    n = sub.add_parser("nfe", help="FID against NFE for every solver on digits checkpoints")
+    from .nfe import add_arguments as add_nfe_arguments
+
+    add_nfe_arguments(n)
     args = parser.parse_args(argv)
     command = "python -m sit_vit5.experiments " + shlex.join(argv)
+    if args.command == "nfe":
+        from .nfe import run as run_nfe
+
+        return run_cli("python -m sit_vit5.experiments nfe", lambda: run_nfe(args))
     from .imagenet import run
 
     # sampling resumes per checkpoint (bulk parts): a rerun continues after Ctrl-C / SIGTERM

@@ -304,6 +304,7 @@ class SamplingPipeline:
         """The one step-wise loop (diffusers' API): from noise ``z`` ``(B, C, H, W)`` with labels
         ``y`` ``(B,)`` to the final sample, one ``model_fn`` call and one ``steps.step`` per
         timestep."""
+        steps.restart()
         x = z * steps.init_noise_sigma
         for t in steps.timesteps:
             out = model_fn(steps.model_input(x, t), steps.model_time(t, x), y)

@@ -257,6 +257,9 @@ class EulerSteps:
         self.grid = sampler.ode_grid(num_steps, like, time_shift=time_shift)
         self.timesteps = self.grid[:-1]
 
+    def restart(self) -> None:
+        """Nothing to reset: these steps keep no state between trajectories."""
+
     def model_input(self, x: Tensor, t: Tensor) -> Tensor:
         return x
 
@@ -297,14 +300,19 @@ class FlowSchedulerSteps:
                                f": ends at sigma 0 (t = 1), but this transport integrates to "
                                f"t = {float(grid[-1])} ({self.transport!r}); keep the SiTScheduler")
         if name.startswith("FlowMatch"):
-            scheduler.set_timesteps(sigmas=(1.0 - grid[:-1].double()).numpy(), device=device)
+            sigmas = (1.0 - grid[:-1].double()).numpy()
+            self._setup = lambda: scheduler.set_timesteps(sigmas=sigmas, device=device)
         elif time_shift not in (None, 1.0):
             raise SettingError("time_shift", time_shift, f": {name} spaces its own sigmas; set its "
                                "flow_shift instead")
         else:
-            scheduler.set_timesteps(num_steps - 1, device=device)
+            self._setup = lambda: scheduler.set_timesteps(num_steps - 1, device=device)
+        self._setup()
         self.timesteps = scheduler.timesteps
         self.init_noise_sigma = getattr(scheduler, "init_noise_sigma", 1.0)
+
+    def restart(self) -> None:
+        self._setup()
 
     def model_input(self, x: Tensor, t: Tensor) -> Tensor:
         return x

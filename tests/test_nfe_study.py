@@ -1,0 +1,57 @@
+"""The NFE study (``python -m sit_vit5.experiments nfe``): rows per solver at honest NFE counts, cached
+and resumed, a table and a plot; diffusers' schedulers restart per batch (issue 39's groundwork)."""
+
+import json
+
+import torch
+
+from sit_vit5.config import load_config
+from sit_vit5.experiments import nfe
+from sit_vit5.experiments.__main__ import main as experiments_main
+from sit_vit5.models import create_model
+from sit_vit5.training import save_checkpoint
+
+
+def tiny_checkpoint(tmp_path) -> str:
+    """Our checkpoint of a tiny random 8×8 pixel model (the digits shape)."""
+    arch = dict(depth=1, hidden_size=32, num_heads=2, input_size=8, in_channels=1, num_classes=10)
+    cfg = load_config("configs/demo.yaml", [f"model.{k}={v}" for k, v in arch.items()]
+                      + ["model.name=SiT-S/2", "vae.name=none"])
+    torch.manual_seed(0)
+    model = create_model("SiT-S/2", **arch, learn_sigma=cfg["model"]["learn_sigma"])
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    state = {"model": model.state_dict(), "ema": model.state_dict(), "opt": {}, "args": cfg, "step": 1}
+    return str(save_checkpoint(state, tmp_path / "run" / "checkpoints", step=1))
+
+
+def test_rows_count_nfe_honestly_and_resume_from_the_cache(tmp_path, monkeypatch, capsys):
+    ckpt, out = tiny_checkpoint(tmp_path), tmp_path / "nfe"
+    argv = ["nfe", ckpt, "--out", str(out), "--solvers", "ode-euler", "ode-heun", "unipc",
+            "sde-euler-mean", "--nfe", "3", "4", "--num-samples", "12", "--batch-size", "5"]
+    assert experiments_main(argv) == 0
+    rows = json.loads((out / "run-0000001.json").read_text())
+    by_key = {(r["solver"], r["target"]): r for r in rows.values()}
+    assert ("ode-heun", 3) not in by_key  # an odd NFE is not reachable with 2 evaluations a step
+    for (solver, target), row in by_key.items():
+        assert row["nfe"] == target and row["fid"] > 0 and 0 <= row["accuracy"] <= 1, (solver, row)
+    assert (out / "run-0000001.md").is_file() and (out / "run-0000001.png").is_file()
+    assert "best" in capsys.readouterr().out
+    calls = []
+    monkeypatch.setattr(nfe, "run_row", lambda *args: calls.append(args) or {})
+    assert experiments_main(argv) == 0 and calls == []  # every row came from the cache
+
+
+def test_a_diffusers_scheduler_restarts_for_every_batch(tmp_path):
+    """Image i does not depend on how the images are batched, with a stateful multistep scheduler."""
+    from sit_vit5.models import load_model
+    from sit_vit5.sampling import SampleSpec, SamplingPipeline
+
+    pipe = SamplingPipeline.for_model(load_model(tiny_checkpoint(tmp_path)),
+                                      SampleSpec(method="ode", sampling_method="euler", num_steps=5))
+    steps = pipe.steps(nfe.SOLVERS["dpm++2m"].scheduler())
+    one = pipe.generate(range(4), 0, labels=[1, 2, 3, 4], steps=steps).pixels
+    two = [pipe.generate(range(lo, lo + 2), 0, labels=[1 + lo, 2 + lo], steps=steps).pixels
+           for lo in (0, 2)]
+    assert torch.allclose(one, torch.cat(two), atol=1e-6)
