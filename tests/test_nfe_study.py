@@ -31,12 +31,14 @@ def test_rows_count_nfe_honestly_and_resume_from_the_cache(tmp_path, monkeypatch
     argv = ["nfe", ckpt, "--out", str(out), "--solvers", "ode-euler", "ode-heun", "unipc",
             "sde-euler-mean", "--nfe", "3", "4", "--num-samples", "12", "--batch-size", "5"]
     assert experiments_main(argv) == 0
-    rows = json.loads((out / "run-0000001.json").read_text())
+    name = nfe.checkpoint_name(ckpt)
+    assert name.endswith("run-0000001")
+    rows = json.loads((out / f"{name}.json").read_text())
     by_key = {(r["solver"], r["target"]): r for r in rows.values()}
     assert ("ode-heun", 3) not in by_key  # an odd NFE is not reachable with 2 evaluations a step
     for (solver, target), row in by_key.items():
         assert row["nfe"] == target and row["fid"] > 0 and 0 <= row["accuracy"] <= 1, (solver, row)
-    assert (out / "run-0000001.md").is_file() and (out / "run-0000001.png").is_file()
+    assert (out / f"{name}.md").is_file() and (out / f"{name}.png").is_file()
     assert "best" in capsys.readouterr().out
     calls = []
     monkeypatch.setattr(nfe, "run_row", lambda *args: calls.append(args) or {})

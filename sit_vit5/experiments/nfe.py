@@ -148,6 +148,15 @@ def run_row(
     return {"nfe": max(nfe), **score(torch.cat(images), torch.cat(labels))}
 
 
+def checkpoint_name(path: str | Path) -> str:
+    """A file name for a checkpoint's rows: ``dataset-variant-seed3-0002000`` for a run's
+    ``.../dataset/variant/seed3/checkpoints/0002000.pt`` (three folders above), else the stem."""
+    path = Path(path)
+    if path.parent.name != "checkpoints":
+        return path.stem
+    return "-".join([*path.parent.parent.parts[-3:], path.stem])
+
+
 def study(
     path: str | Path,
     solvers: Sequence[str],
@@ -160,11 +169,7 @@ def study(
     """Every row of one checkpoint, computed or read from ``OUT/<name>.json``; writes the table and
     the plot."""
     loaded = load_model(path)
-    name = (
-        Path(path).parent.parent.name + "-" + Path(path).stem
-        if Path(path).parent.name == "checkpoints"
-        else Path(path).stem
-    )
+    name = checkpoint_name(path)
     cache = Path(out) / f"{name}.json"
     rows: dict[str, dict[str, Any]] = json.loads(cache.read_text()) if cache.is_file() else {}
     for solver_name in solvers:
