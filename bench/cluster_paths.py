@@ -120,7 +120,7 @@ def make_vae(path: Path, arch: str = "sd-arch") -> Path:
     from diffusers import AutoencoderKL
 
     from bench.common import BUILT_VAES
-    from sit_vit5.vae import SD_VAE_SCALING_FACTOR
+    from sit_vit5.names import SD_VAE_SCALING_FACTOR
 
     torch.manual_seed(0)
     AutoencoderKL(**BUILT_VAES[arch], scaling_factor=SD_VAE_SCALING_FACTOR).save_pretrained(path)

@@ -1,4 +1,4 @@
-"""Encode an image folder once into a sharded, memory-mappable cache of SD-VAE posterior moments.
+"""Encode an image folder once into a sharded, memory-mappable cache of VAE posterior moments.
 
     python -m sit_vit5.cache_latents --data-dir /data/imagenet/train --out /data/latents/in256 \
         --vae stabilityai/sd-vae-ft-ema --image-size 256 --batch-size 64 --shard-size 10000
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import sys
 from pathlib import Path
@@ -27,7 +28,7 @@ from sit_vit5.latent_cache import (
     WriteOptions,
     verify_cache,
 )
-from sit_vit5.vae import SD_VAE_SCALING_FACTOR
+from sit_vit5.names import SD_VAE_SCALING_FACTOR
 
 PROG = "python -m sit_vit5.cache_latents"
 # a shorter image side is refused (or skipped with --skip-bad): upscaling it invents the picture
@@ -50,7 +51,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=64,
                    help="images per VAE call (each also flipped)")
     p.add_argument("--shard-size", type=int, default=10000, help="images per shard file")
-    p.add_argument("--scaling-factor", type=float, default=SD_VAE_SCALING_FACTOR)
+    p.add_argument("--scaling-factor", type=float, default=SD_VAE_SCALING_FACTOR,
+                   help="stored moments = (posterior − shift) × this (default SD-VAE's 0.18215; "
+                   "SD3 1.5305, FLUX 0.3611)")
+    p.add_argument("--shift-factor", type=float, default=None,
+                   help="the shift (default none; SD3 0.0609, FLUX 0.1159). Per-channel "
+                   "statistics are always recorded in the manifest (vae.latent_stats: cache)")
     p.add_argument("--dtype", choices=STORAGE_DTYPES, default="float16",
                    help="storage dtype of mean and std")
     p.add_argument("--vae-dtype", choices=VAE_DTYPES, default="float32",
@@ -70,6 +76,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("image_size", "batch_size", "shard_size"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if not args.scaling_factor > 0 or not math.isfinite(args.scaling_factor):
+        p.error(f"--scaling-factor must be a positive number, got {args.scaling_factor}")
+    if args.shift_factor is not None and not math.isfinite(args.shift_factor):
+        p.error(f"--shift-factor must be a finite number, got {args.shift_factor}")
     if args.min_image_side < 0:
         p.error(f"--min-image-side must be >= 0, got {args.min_image_side}")
     return args

@@ -21,6 +21,7 @@ import yaml
 
 from .atomic_files import unwritable_dir_reason
 from .errors import SettingError, SitVit5Error
+from .latent_norm import LatentNorm, LatentNormError
 from .names import (
     DDPM_DEFAULTS,
     INTERPOLATIONS,
@@ -74,7 +75,12 @@ DEFAULTS: Config = {
     },
     "vae": {
         "name": "stabilityai/sd-vae-ft-ema",  # none (pixel space) | hub id | local diffusers dir
-        "scaling_factor": SD_VAE_SCALING_FACTOR,  # latents = posterior sample × this (SD-VAE)
+        # latents = (posterior − shift_factor) × scaling_factor: each a number or one per channel
+        "scaling_factor": SD_VAE_SCALING_FACTOR,  # SD-VAE's; SD3 1.5305, FLUX 0.3611
+        "shift_factor": None,  # None = 0 (SD-VAE); SD3 0.0609, FLUX 0.1159
+        # cache = per-channel mean / std of the latent cache's posterior means (VA-VAE): fills
+        # scaling_factor = 1 / std and shift_factor = mean per channel when the run starts
+        "latent_stats": None,
     },
     "optim": {
         "lr": 1e-4,  # AdamW learning rate (constant after warmup)
@@ -168,6 +174,11 @@ def _type_ok(default: Any, value: Any) -> bool:
     return isinstance(value, type(default))
 
 
+#: keys that also take a list (one value per latent channel)
+PER_CHANNEL_KEYS = ("vae.scaling_factor", "vae.shift_factor")
+LATENT_STATS = (None, "cache")
+
+
 def merge(base: Config, update: dict[str, Any], source: str) -> Config:
     """A copy of ``base`` with ``update`` (section → key) merged in; ``source`` names the file or
     "command line" in errors. Unknown sections/keys and type changes raise ConfigError."""
@@ -187,7 +198,9 @@ def merge(base: Config, update: dict[str, Any], source: str) -> Config:
             if key not in out[section] and section not in OPEN_SECTIONS:
                 raise ConfigError(f"{source}: unknown key {dotted!r}; valid keys of {section!r}: "
                                   f"{', '.join(out[section])}")
-            if key in DEFAULTS[section] and not _type_ok(DEFAULTS[section][key], value):
+            per_channel = dotted in PER_CHANNEL_KEYS and isinstance(value, list)
+            if key in DEFAULTS[section] and not per_channel and not _type_ok(
+                    DEFAULTS[section][key], value):
                 expected = type(DEFAULTS[section][key]).__name__
                 raise ConfigError(f"{source}: {dotted}={value!r} ({type(value).__name__}); "
                                   f"expected {expected}")
@@ -259,7 +272,6 @@ RANGES: dict[str, Range] = {
     "data.global_batch_size": _COUNT,
     "data.num_workers": _COUNT0,
     "data.min_image_side": _COUNT0,
-    "vae.scaling_factor": _POSITIVE,
     "train.steps": _COUNT,
     "train.seed": _COUNT0,
     "train.grad_accum": _COUNT,
@@ -443,6 +455,15 @@ def validate_settings(cfg: Config) -> None:
     if not all(BETA_RANGE.holds(b) for b in betas):
         raise ConfigError(f"optim.betas={betas!r}; each must be {BETA_RANGE.describe()}")
     validate_repa(cfg)
+    try:
+        LatentNorm.from_section(cfg["vae"])
+    except LatentNormError as err:
+        raise ConfigError(str(err)) from None
+    if cfg["vae"]["latent_stats"] not in LATENT_STATS:
+        raise ConfigError(f"vae.latent_stats={cfg['vae']['latent_stats']!r}; valid: null, cache")
+    if cfg["vae"]["latent_stats"] == "cache" and cfg["data"]["kind"] != "latents":
+        raise ConfigError("vae.latent_stats=cache needs data.kind=latents: the statistics come "
+                          "from the latent cache (python -m sit_vit5.cache_latents)")
     try:  # the sampler keys: the spec checks its fields; a negative CFG only by sample.py's flag
         check_cfg_scale(SampleSpec.resolve(cfg["sample"]).cfg_scale)
     except SettingError as err:

@@ -8,7 +8,8 @@ as ``SiT-XL-2-256.pt``. OUT_DIR receives what ``SiTPipeline.from_pretrained`` ne
 
     model_index.json
     transformer/   config.json + diffusion_pytorch_model.safetensors (the EMA weights by default)
-    scheduler/     scheduler_config.json: transport, default sampler settings, the VAE's id/scale
+    scheduler/     scheduler_config.json: transport, default sampler settings, the VAE's id and
+                   latent normalisation (scaling_factor, shift_factor: numbers or per channel)
     vae/           the decoder (an AutoencoderKL; absent for pixel-space models)
 
 ``--format dit`` (a DiT-objective model) writes diffusers' own DiTPipeline layout instead.
@@ -28,6 +29,7 @@ from typing import Any
 from .atomic_files import unwritable_dir_reason
 from .errors import KNOWN_ERRORS, SitVit5Error, one_line, run_cli
 from .hub import SiTPipeline, read_id2label, scheduler_from
+from .latent_norm import LatentNorm
 from .models import CheckpointError, LoadedModel, load_model, resolve_checkpoint
 from .models.diffusers_dit import dit_folder, dit_pipeline
 from .models.official import OfficialWeights
@@ -35,7 +37,7 @@ from .objective import create_objective, ddpm_settings
 from .precision import PRECISIONS, check_precision
 from .sample_spec import SampleSpec
 from .training.checkpoint import latest_checkpoint
-from .vae import SD_VAE_SCALING_FACTOR, load_vae, vae_enabled
+from .vae import load_vae, vae_enabled
 
 PROG = "python -m sit_vit5.export"
 
@@ -74,11 +76,9 @@ def bundled_vae(loaded: LoadedModel, vae_name: str | None = None) -> tuple[Any, 
     vae = None
     if vae_enabled(vae_cfg.get("name")):
         vae = load_vae(vae_cfg["name"])
-        # diffusers pipelines read the latent scale from the VAE's config: record the one the model
-        # used
-        vae.register_to_config(
-            scaling_factor=float(vae_cfg.get("scaling_factor", SD_VAE_SCALING_FACTOR))
-        )
+        # diffusers pipelines read the normalisation from the VAE's config: record the run's (the
+        # scheduler's vae section keeps it exactly)
+        vae.register_to_config(**LatentNorm.from_section(vae_cfg).vae_config())
     return vae, vae_cfg
 
 

@@ -1,13 +1,14 @@
-"""The latent cache: SD-VAE posterior moments of an image folder in memory-mappable shards: its
+"""The latent cache: VAE posterior moments of an image folder in memory-mappable shards: its
 format, writer (``CacheWriter``), reader (``LatentCacheDataset``) and ``verify_cache``; the
 command line is ``python -m sit_vit5.cache_latents``.
 
 Layout (in ``cache_dir``):
-    manifest.json         settings, classes, latent shape, scaling factor, VAE id, shard ranges
+    manifest.json         settings, classes, latent shape, normalisation, VAE id, shard ranges,
+                          latent_stats (per-channel mean / std of the posterior means, both flips)
     labels.npy            int64 [num_images], class index of each image
     files.txt             one image path per line (relative to the data dir), index order
     file_sizes.npy        int64 [num_images], byte size of each image when it was encoded
-    shard_NNNNN.mean.npy  [n, 2, C, h, w] posterior mean × scaling factor; [:, 1] = flipped image
+    shard_NNNNN.mean.npy  [n, 2, C, h, w] posterior mean, normalised; [:, 1] = flipped image
     shard_NNNNN.std.npy   [n, 2, C, h, w] posterior std × scaling factor
     shard_NNNNN.done      JSON marker with the arrays' SHA-256 (resume skips these shards)
 
@@ -46,6 +47,7 @@ from .image_data import (
     item_generator,
     read_image,
 )
+from .latent_norm import LatentNorm, LatentNormError
 from .vae import downsampling_factor, encode_moments, load_vae
 
 # ----------------------------------------------------------------------------- format
@@ -62,8 +64,11 @@ VAE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": to
 # manifest keys that must agree between an existing partial cache and a rerun (with the inputs'
 # digests); --skip-bad and --min-image-side may change on a rerun: they only choose what is skipped
 SETTINGS_KEYS = ("num_images", "files_sha256", "file_sizes_sha256", "classes", "image_size", "vae",
-                 "vae_config_sha256", "vae_weights_sha256", "vae_dtype", "scaling_factor", "dtype",
-                 "shard_size")
+                 "vae_config_sha256", "vae_weights_sha256", "vae_dtype", "scaling_factor",
+                 "shift_factor", "dtype", "shard_size")
+#: how the writer's messages name the normalisation (its command line's flags)
+CLI_KEYS = {"scaling_factor": "--scaling-factor", "shift_factor": "--shift-factor",
+            "latent_stats": "vae.latent_stats"}
 
 
 class IncompleteCacheError(DataRootError, RuntimeError):
@@ -188,6 +193,8 @@ class LatentCacheDataset(EpochDataset):
         self.classes: list[str] = manifest["classes"]
         self.latent_shape = tuple(manifest["latent_shape"])
         self.scaling_factor = float(manifest["scaling_factor"])
+        # how the stored moments are normalised, and how this reader returns them
+        self.norm = self.target_norm = LatentNorm(self.scaling_factor, manifest.get("shift_factor"))
         self.vae = manifest["vae"]
         self.image_size = int(manifest["image_size"])
         self.random_flip = random_flip
@@ -263,6 +270,23 @@ class LatentCacheDataset(EpochDataset):
     def _sample_shape(self) -> tuple[int, int, int]:
         return self.latent_shape
 
+    def normalize_to(self, norm: LatentNorm) -> None:
+        """Return latents normalised by ``norm`` (the run's) instead of the stored normalisation:
+        an exact affine map per item; nothing changes when they are equal."""
+        norm.check_channels(self.latent_shape[0], f"the latent cache {self.cache_dir}")
+        self.target_norm = norm
+
+    def latent_stats(self) -> LatentNorm:
+        """Per-channel standardisation from the manifest's ``latent_stats`` (the posterior means'
+        mean and std, before any normalisation); LatentNormError when the cache has none."""
+        stats = self.manifest.get("latent_stats")
+        if not isinstance(stats, dict):
+            raise LatentNormError(
+                f"vae.latent_stats=cache, but the latent cache {self.cache_dir} records no "
+                "latent_stats (written by an older version): rerun `python -m "
+                f"sit_vit5.cache_latents` with its arguments (--out {self.cache_dir}) to add them")
+        return LatentNorm.from_stats(stats["mean"], stats["std"])
+
     def __len__(self) -> int:
         return len(self._indices)
 
@@ -309,7 +333,8 @@ class LatentCacheDataset(EpochDataset):
                     f"{self.cache_dir / info[key]}: row {row} (image {i}, {self._image_name(i)}) "
                     f"holds NaN or inf: the cache is corrupt; "
                     f"{reencode_hint(self.cache_dir, info['name'])}")
-        return torch.from_numpy(values["mean"]), torch.from_numpy(values["std"])
+        return self.norm.convert(torch.from_numpy(values["mean"]), torch.from_numpy(values["std"]),
+                                 self.target_norm)
 
     def __getitem__(self, index: int
                     ) -> tuple[torch.Tensor, int] | tuple[torch.Tensor, int, torch.Tensor]:
@@ -386,12 +411,18 @@ class WriteOptions:
     image_size: int
     batch_size: int  # images per VAE call (each also flipped)
     shard_size: int  # images per shard file
-    scaling_factor: float
+    scaling_factor: float  # stored moments: (posterior − shift_factor) × scaling_factor
     dtype: str  # storage dtype of mean and std: a key of STORAGE_DTYPES
     vae_dtype: str  # precision the VAE runs in: a key of VAE_DTYPES
     num_workers: int  # image decoders
     skip_bad: bool  # skip unreadable or too small images (listed in the manifest)
     min_image_side: int  # refuse images whose short side is below this many pixels
+    shift_factor: float | None = None  # None = 0 (SD-VAE)
+
+    @property
+    def norm(self) -> LatentNorm:
+        """The normalisation of the stored moments."""
+        return LatentNorm(self.scaling_factor, self.shift_factor)
 
 
 class _CropItems(Dataset):
@@ -538,6 +569,7 @@ class CacheWriter:
         self.vae = load_vae(options.vae, device=state.device, dtype=VAE_DTYPES[options.vae_dtype],
                             key="--vae")
         self.latent_shape = latent_shape_of(self.vae, options.image_size)
+        options.norm.check_vae(self.vae.config, options.vae, CLI_KEYS)
         vae_id = options.vae if not os.path.isdir(options.vae) else str(Path(options.vae).resolve())
         self.settings = {
             "format": CACHE_FORMAT,
@@ -551,6 +583,7 @@ class CacheWriter:
             **vae_digests(self.vae),
             "vae_dtype": options.vae_dtype,
             "scaling_factor": options.scaling_factor,
+            "shift_factor": options.shift_factor,
             "dtype": options.dtype,
             "shard_size": options.shard_size,
             "data_dir": str(Path(data_dir).resolve()),
@@ -611,7 +644,7 @@ class CacheWriter:
                     reasons.append(msg)
                 if x is not None:
                     both = torch.cat([x, x.flip(-1)])  # original and mirrored in one VAE call
-                    mean, std = encode_moments(self.vae, both, options.scaling_factor)
+                    mean, std = encode_moments(self.vae, both, options.norm)
                     rows = (index - start).numpy()
                     for key, value in (("mean", mean), ("std", std)):
                         # [B, 2, C, h, w]
@@ -644,6 +677,32 @@ class CacheWriter:
         return manifest
 
 
+def cache_stats(out: Path, manifest: dict[str, Any], chunk_rows: int = 1024) -> dict[str, Any]:
+    """Per-channel mean and std (float64 sums, population std) of the stored posterior means of
+    every image the cache kept, both flips, in the VAE's own units (normalisation undone)."""
+    norm = LatentNorm(float(manifest["scaling_factor"]), manifest.get("shift_factor"))
+    if norm.per_channel:
+        raise LatentNormError(f"{out}: per-channel stored normalisation is not supported")
+    bad = set(manifest.get("bad_indices", []))
+    channels = manifest["latent_shape"][0]
+    total, squares, count = np.zeros(channels), np.zeros(channels), 0
+    for info in manifest["shards"]:
+        mean = np.load(out / info["mean"], mmap_mode="r")
+        keep = [r for r in range(len(mean)) if info["start"] + r not in bad]
+        for lo in range(0, len(keep), chunk_rows):
+            block = np.asarray(mean[keep[lo : lo + chunk_rows]], dtype=np.float64)
+            values = block.transpose(2, 0, 1, 3, 4).reshape(channels, -1)  # [C, rows·2·h·w]
+            total, squares = total + values.sum(1), squares + (values**2).sum(1)
+            count += values.shape[1]
+    if count == 0:
+        return {"mean": [0.0] * channels, "std": [1.0] * channels, "values": 0}
+    mean = total / count
+    std = np.sqrt(np.maximum(squares / count - mean**2, 0.0))
+    shift = norm.shift or 0.0
+    return {"mean": (mean / norm.scale + shift).tolist(), "std": (std / norm.scale).tolist(),
+            "values": count, "of": "posterior means, both flips, before normalisation"}
+
+
 def _complete(out: Path, entries: list[dict[str, Any]]) -> dict[str, Any]:
     """Mark the manifest complete, with the skipped images and each shard's digests."""
     manifest = read_manifest(out)
@@ -657,6 +716,7 @@ def _complete(out: Path, entries: list[dict[str, Any]]) -> dict[str, Any]:
     manifest["bad_files"] = [reason for d in done for reason in d.get("bad_reasons", [])]
     for entry, marker in zip(manifest["shards"], done, strict=True):
         entry["sha256"] = marker.get("sha256", {})
+    manifest["latent_stats"] = cache_stats(out, manifest)
     manifest["complete"] = True
     _write_json(out / MANIFEST_NAME, manifest)
     return manifest

@@ -1,7 +1,8 @@
-"""SD-VAE (diffusers AutoencoderKL): loading, batched encode to scaled latents, decode.
+"""A diffusers AutoencoderKL: loading, batched encode to normalised latents, decode.
 
-Convention (DiT/SiT): latents = posterior sample × SD_VAE_SCALING_FACTOR. Images: [N, 3, H, W] in
-[-1, 1]; SD-VAE latents: [N, 4, H/8, W/8]. diffusers is imported on first load only.
+Latents are the posterior normalised by a ``LatentNorm`` (default SD-VAE's, as DiT/SiT: × 0.18215).
+Images: [N, 3, H, W] in [-1, 1]; latents [N, C, H/f, W/f] (SD-VAE: C 4, f 8; FLUX: 16, 8; VA-VAE:
+32, 16). diffusers is imported on first load only.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from . import hub_access
+from .latent_norm import LatentNorm
 
 if TYPE_CHECKING:
     from diffusers import AutoencoderKL
 
-SD_VAE_SCALING_FACTOR = 0.18215  # the SD-VAE's config value, also hard-coded by DiT/SiT
+SD_VAE_NORM = LatentNorm()  # DiT / SiT: × 0.18215, no shift
 SD_VAE_IDS = ("stabilityai/sd-vae-ft-ema", "stabilityai/sd-vae-ft-mse")
 SD_VAE_EMA = SD_VAE_IDS[0]  # SiT's sample.py decoder (--vae ema), behind the released numbers
 
@@ -35,12 +37,12 @@ def downsampling_factor(vae: AutoencoderKL) -> int:
     return 2 ** (len(vae.config.block_out_channels) - 1)
 
 
-def decoder(vae: AutoencoderKL, scaling_factor: float = SD_VAE_SCALING_FACTOR
+def decoder(vae: AutoencoderKL, norm: LatentNorm = SD_VAE_NORM
             ) -> Callable[[torch.Tensor], torch.Tensor]:
-    """``decode(latents)`` bound to ``vae`` and ``scaling_factor``. Freezes ``vae`` as ``load_vae``
-    does (weights requiring grad take another matmul path, ~3e-6 apart)."""
+    """``decode(latents)`` bound to ``vae`` and ``norm``. Freezes ``vae`` as ``load_vae`` does
+    (weights requiring grad take another matmul path, ~3e-6 apart)."""
     vae.requires_grad_(False)
-    return lambda latents: decode(vae, latents, scaling_factor=scaling_factor)
+    return lambda latents: decode(vae, latents, norm)
 
 
 def _is_hub_id(name: str) -> bool:
@@ -125,37 +127,35 @@ def _vae_input(vae: AutoencoderKL, x: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def encode_moments(vae: AutoencoderKL, images: torch.Tensor,
-                   scaling_factor: float = SD_VAE_SCALING_FACTOR,
+def encode_moments(vae: AutoencoderKL, images: torch.Tensor, norm: LatentNorm = SD_VAE_NORM,
                    batch_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Posterior (mean, std) × `scaling_factor` of images [N, 3, H, W] in [-1, 1]: float32 on the
-    VAE's device, each [N, C, H/f, W/f]; mean + std·ε is a training latent."""
+    """Posterior (mean, std) of images [N, 3, H, W] in [-1, 1], normalised by ``norm``: float32 on
+    the VAE's device, each [N, C, H/f, W/f]; mean + std·ε is a training latent."""
     means, stds = [], []
     for chunk in _batches(images, batch_size):
         posterior = vae.encode(_vae_input(vae, chunk)).latent_dist
-        means.append(posterior.mean.float() * scaling_factor)
-        stds.append(posterior.std.float() * scaling_factor)
+        means.append(norm.normalize(posterior.mean.float()))
+        stds.append(norm.scale_std(posterior.std.float()))
     return torch.cat(means), torch.cat(stds)
 
 
 @torch.no_grad()
 def encode(vae: AutoencoderKL, images: torch.Tensor, sample: bool = True,
-           generator: torch.Generator | None = None, scaling_factor: float = SD_VAE_SCALING_FACTOR,
+           generator: torch.Generator | None = None, norm: LatentNorm = SD_VAE_NORM,
            batch_size: int | None = None) -> torch.Tensor:
-    """Training latents [N, C, H/f, W/f] (float32) of images [N, 3, H, W] in [-1, 1]: (mean +
-    std·ε)·scaling_factor if `sample` (ε from `generator`, which must live on the VAE's device),
-    else mean·scaling_factor."""
-    mean, std = encode_moments(vae, images, scaling_factor, batch_size)
+    """Training latents [N, C, H/f, W/f] (float32) of images [N, 3, H, W] in [-1, 1]: the
+    normalised posterior mean + std·ε if `sample` (ε from `generator`, which must live on the VAE's
+    device), else the normalised mean."""
+    mean, std = encode_moments(vae, images, norm, batch_size)
     if not sample:
         return mean
     return mean + std * torch.randn(mean.shape, generator=generator, device=mean.device)
 
 
 @torch.no_grad()
-def decode(vae: AutoencoderKL, latents: torch.Tensor,
-           scaling_factor: float = SD_VAE_SCALING_FACTOR,
+def decode(vae: AutoencoderKL, latents: torch.Tensor, norm: LatentNorm = SD_VAE_NORM,
            batch_size: int | None = None) -> torch.Tensor:
-    """Images [N, 3, H, W] (float32, about [-1, 1], unclamped) from scaled latents [N, C, h, w]."""
-    out = [vae.decode(_vae_input(vae, chunk) / scaling_factor).sample.float()
+    """Images [N, 3, H, W] (float32, about [-1, 1], unclamped) from latents [N, C, h, w]."""
+    out = [vae.decode(norm.denormalize(_vae_input(vae, chunk))).sample.float()
            for chunk in _batches(latents, batch_size)]
     return torch.cat(out)

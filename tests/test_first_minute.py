@@ -251,7 +251,7 @@ def test_the_name_copies_equal_their_sources():
     assert names.PATHS == tuple(PATHS) and names.PREDICTIONS == tuple(PREDICTIONS)
     assert names.OBJECTIVES == objective.OBJECTIVES and names.DDPM_DEFAULTS == objective.DDPM_DEFAULTS
     assert names.PRECISIONS == tuple(precision.PRECISIONS)
-    assert (names.SD_VAE_IDS, names.SD_VAE_SCALING_FACTOR) == (vae.SD_VAE_IDS, vae.SD_VAE_SCALING_FACTOR)
+    assert (names.SD_VAE_IDS, names.SD_VAE_SCALING_FACTOR) == (vae.SD_VAE_IDS, vae.SD_VAE_NORM.scale)
     assert names.INTERPOLATIONS == repa.INTERPOLATIONS
     assert names.OFFICIAL_NAMES == (*OFFICIAL_WEIGHTS, *ALIASES)
     assert list(names.MODEL_NAMES) == list_models()

@@ -4,7 +4,9 @@ import pytest
 import torch
 from diffusers import AutoencoderKL
 
-from sit_vit5.vae import SD_VAE_SCALING_FACTOR, decode, encode, encode_moments, load_vae
+from sit_vit5.latent_norm import LatentNorm
+from sit_vit5.names import SD_VAE_SCALING_FACTOR
+from sit_vit5.vae import decode, encode, encode_moments, load_vae
 
 
 def test_load_local_dir_roundtrips_weights(vae_dir):
@@ -25,7 +27,7 @@ def test_encode_moments_are_scaled_posterior(vae_dir):
     torch.testing.assert_close(mean, posterior.mean * SD_VAE_SCALING_FACTOR, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(std, torch.exp(0.5 * posterior.logvar) * SD_VAE_SCALING_FACTOR,
                                rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(encode(vae, x, sample=False, scaling_factor=0.5), posterior.mean * 0.5,
+    torch.testing.assert_close(encode(vae, x, sample=False, norm=LatentNorm(0.5)), posterior.mean * 0.5,
                                rtol=1e-5, atol=1e-6)
 
 

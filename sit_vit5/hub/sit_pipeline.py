@@ -33,6 +33,7 @@ from diffusers import AutoencoderKL, DiffusionPipeline, ImagePipelineOutput
 from PIL import Image
 from torch import Tensor
 
+from ..latent_norm import LatentNorm
 from ..models import SiT
 from ..objective import create_objective
 from ..sampling import SampleSpec, SamplingPipeline
@@ -132,9 +133,11 @@ class SiTPipeline(DiffusionPipeline):
         settings = self.sampling_settings()
         overrides = {"num_steps": num_inference_steps, "cfg_scale": guidance_scale}
         spec = SampleSpec.resolve(overrides, settings["sampler"] or {})
+        vae_section = settings["vae"] or {}  # the run's normalisation, exact (else the VAE's)
+        norm = LatentNorm.from_section(vae_section) if "scaling_factor" in vae_section else None
         return SamplingPipeline.for_components(
             self.transformer, create_objective(settings["transport"] or {}), spec, self.vae,
-            self._execution_device)
+            self._execution_device, norm)
 
     @torch.no_grad()
     def __call__(

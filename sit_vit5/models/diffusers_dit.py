@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from ..vae import SD_VAE_EMA, SD_VAE_SCALING_FACTOR
+from ..names import SD_VAE_SCALING_FACTOR
+from ..vae import SD_VAE_EMA
 from .checkpoint_files import CheckpointError, LoadedModel, check_state_dict
 from .layers import sincos_pos_embed_2d
 from .registry import SIZES

@@ -16,8 +16,9 @@ from typing import Any
 
 from torch import Tensor
 
+from ..names import SD_VAE_SCALING_FACTOR
 from ..transport import TRANSPORT_KEYS
-from ..vae import SD_VAE_EMA, SD_VAE_SCALING_FACTOR
+from ..vae import SD_VAE_EMA
 from .checkpoint_files import (
     CheckpointError,
     LoadedModel,

@@ -20,6 +20,7 @@ from ..diffusion import DiffusionSampler, GaussianDiffusion
 from ..errors import SettingError, SitVit5Error
 from ..guidance import ClassifierFreeGuidance
 from ..images import to_uint8
+from ..latent_norm import LatentNorm, LatentNormError
 from ..models import LoadedModel
 from ..objective import Objective, Steps, as_objective, create_objective
 from ..precision import PRECISION_OF_DTYPE, autocast, check_precision
@@ -28,7 +29,6 @@ from ..transport import Sampler, Transport
 from ..transport.rng import sample_seed
 from ..vae import (
     SD_VAE_EMA,
-    SD_VAE_SCALING_FACTOR,
     decoder,
     downsampling_factor,
     load_vae,
@@ -167,7 +167,7 @@ class SamplingPipeline:
 
         ``vae``: None = no decoding (the model's outputs, at its training size); a decoder (hub
         id, folder or module; "none" for a pixel model) decodes at ``image_size`` pixels (default:
-        the training size), with the checkpoint's scaling factor. ``kwargs``: ``device``,
+        the training size), with the checkpoint's latent normalisation. ``kwargs``: ``device``,
         ``precision``, ``compile``, ``source``, ``allow_negative_cfg``."""
         kwargs.setdefault("pixel_space", not vae_enabled(loaded.vae.get("name", "none")))
         objective = objective or create_objective(loaded.objective)
@@ -178,34 +178,35 @@ class SamplingPipeline:
         if isinstance(vae, (str, os.PathLike)):
             vae = load_vae(vae, device=kwargs.get("device", "cpu")) if vae_enabled(vae) else None
         return cls._decoding(loaded.model, objective, spec, loaded.num_classes, vae,
-                             loaded.vae.get("scaling_factor"), image_size, **kwargs)
+                             _norm(loaded.vae, "the checkpoint's vae"), image_size, **kwargs)
 
     @classmethod
     def for_run(cls, cfg: Mapping[str, Any], ema: nn.Module, objective: Objective,
                 device: torch.device | str, vae: AutoencoderKL | None = None) -> SamplingPipeline:
         """The pipeline of a training run: its EMA model, objective and ``sample`` section, decoded
-        with the run's VAE (``vae``: None = a pixel-space run) and scaling factor."""
+        with the run's VAE (``vae``: None = a pixel-space run) and latent normalisation."""
         spec = SampleSpec.resolve(cfg["sample"])
         return cls._decoding(ema, objective, spec, cfg["model"]["num_classes"], vae,
-                             cfg["vae"]["scaling_factor"], None, device=device,
+                             _norm(cfg["vae"], "vae"), None, device=device,
                              pixel_space=not vae_enabled(cfg["vae"]["name"]),
                              source=f"the EMA of the run in {cfg['train']['out_dir']}")
 
     @classmethod
     def for_components(cls, model: nn.Module, objective: Objective, spec: SampleSpec,
-                       vae: AutoencoderKL | None, device: torch.device | str
-                       ) -> SamplingPipeline:
+                       vae: AutoencoderKL | None, device: torch.device | str,
+                       norm: LatentNorm | None = None) -> SamplingPipeline:
         """The pipeline of a diffusers ``SiTPipeline``'s parts (``vae`` None: pixel space), at the
-        model's training size, with the VAE config's scaling factor."""
-        return cls._decoding(model, objective, spec, model.num_classes, vae, None, None,
+        model's training size, with ``norm`` (None: what the VAE's config says)."""
+        return cls._decoding(model, objective, spec, model.num_classes, vae, norm, None,
                              device=device)
 
     @classmethod
     def _decoding(cls, model: nn.Module, objective: Objective, spec: SampleSpec,
-                  num_classes: int, vae: AutoencoderKL | None, scaling_factor: float | None,
+                  num_classes: int, vae: AutoencoderKL | None, norm: LatentNorm | None,
                   image_size: int | None, **kwargs: Any) -> SamplingPipeline:
-        """``model`` with ``vae``'s decoder (None: pixel space): the latent shape from the image
-        size, checked against the VAE factor, the patch size and the VAE's latent channels."""
+        """``model`` with ``vae``'s decoder (None: pixel space) and latent normalisation ``norm``
+        (None: the VAE config's): the latent shape from the image size, checked against the VAE
+        factor, the patch size and the VAE's latent channels."""
         channels, trained_side, patch = model.in_channels, model.input_size, model.patch_size
         decode, factor = None, 1
         if vae is not None:
@@ -214,8 +215,16 @@ class SamplingPipeline:
                 raise SettingError("vae", vae.config.get("_name_or_path") or "the decoder",
                                    f": {vae.config.latent_channels}-channel latents, but the "
                                    f"model works on {channels} channels")
-            decode = decoder(vae, scaling_factor or vae.config.get("scaling_factor",
-                                                                   SD_VAE_SCALING_FACTOR))
+            name = vae.config.get("_name_or_path") or "the decoder"
+            try:
+                if norm is None:
+                    norm = LatentNorm.from_vae_config(vae.config)
+                else:
+                    norm.check_vae(vae.config, name)
+                norm.check_channels(channels, "the model's latents")
+            except LatentNormError as err:
+                raise SettingError("vae", name, f": {err}") from None
+            decode = decoder(vae, norm)
         elif channels not in (1, 3):
             raise SettingError("vae", "none", f": the model makes {channels}-channel latents; "
                                f"name a decoder (e.g. {SD_VAE_EMA})")
@@ -310,6 +319,14 @@ class SamplingPipeline:
             out = model_fn(steps.model_input(x, t), steps.model_time(t, x), y)
             x = steps.step(out, t, x, generator=gens)
         return x
+
+
+def _norm(section: Mapping[str, Any], where: str) -> LatentNorm:
+    """A ``vae`` section's normalisation (SettingError naming the key when it is unusable)."""
+    try:
+        return LatentNorm.from_section(section)
+    except LatentNormError as err:
+        raise SettingError(where, dict(section).get("name"), f": {err}") from None
 
 
 class _Ticking:

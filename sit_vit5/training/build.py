@@ -4,7 +4,6 @@ from a checkpoint when resuming, in one :class:`Run` that the loop steps."""
 from __future__ import annotations
 
 import copy
-import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from ..cpu_threads import set_cpu_threads
 from ..distributed import check_group, describe_group, prepare_launch
 from ..image_data import DataRootError, DigitsDataset, ImageFolderDataset
 from ..latent_cache import MANIFEST_NAME, CacheMismatchError, LatentCacheDataset
+from ..latent_norm import LatentNorm, LatentNormError
 from ..models import count_params, model_from_config
 from ..objective import Objective, create_objective
 from ..precision import grad_scaler
@@ -197,9 +197,40 @@ def build_dataset_from_config(cfg: Config) -> Dataset:
     return build_dataset(data)
 
 
+def resolve_latent_norm(cfg: Config, dataset: Dataset, vae: nn.Module | None,
+                        channels: int) -> LatentNorm:
+    """The run's latent normalisation: the ``vae`` section's, or with ``latent_stats: cache`` the
+    cache's per-channel statistics (per-channel values already in the section must equal them: a
+    resumed run). A latent cache is set to return it. ConfigError naming the key otherwise."""
+    section, kind = cfg["vae"], cfg["data"]["kind"]
+    try:
+        norm = LatentNorm.from_section(section)
+        if section["latent_stats"] == "cache":
+            stats = dataset.latent_stats()
+            if norm.per_channel and norm != stats:
+                raise LatentNormError(
+                    f"vae.scaling_factor / vae.shift_factor hold per-channel values other than the "
+                    f"statistics of the latent cache {cfg['data']['root']}: this run's were made "
+                    "from another cache; point data.root at that cache, or start a new run")
+            if not norm.per_channel and section["shift_factor"] is not None:
+                raise LatentNormError(f"vae.shift_factor={section['shift_factor']} with "
+                                      "vae.latent_stats=cache: the statistics give the shift; "
+                                      "drop one of them")
+            norm = stats
+        norm.check_channels(channels)
+        if vae is not None:
+            norm.check_vae(vae.config, section["name"])
+        if kind == "latents":
+            dataset.normalize_to(norm)
+    except LatentNormError as err:
+        raise ConfigError(str(err)) from None
+    return norm
+
+
 def resolve_data_dependent(cfg: Config, dataset: Dataset, vae: nn.Module | None) -> Config:
-    """A copy of ``cfg`` with ``model.input_size / in_channels / num_classes`` filled from the data;
-    values already given are checked against it (ConfigError)."""
+    """A copy of ``cfg`` with ``model.input_size / in_channels / num_classes`` filled from the data
+    and the ``vae`` normalisation resolved (``resolve_latent_norm``); values already given are
+    checked against it (ConfigError)."""
     channels, height, _ = dataset.sample_shape
     kind, vae_name = cfg["data"]["kind"], cfg["vae"]["name"]
     if vae is not None and kind != "latents":  # images encoded on the fly
@@ -207,11 +238,12 @@ def resolve_data_dependent(cfg: Config, dataset: Dataset, vae: nn.Module | None)
             raise ConfigError(f"vae.name={vae_name!r} encodes RGB images, but data.kind={kind!r} "
                               f"gives {channels}-channel images; set vae.name=none")
         channels, height = vae.config.latent_channels, height // downsampling_factor(vae)
-    if kind == "latents" and vae_enabled(vae_name):
-        if not math.isclose(dataset.scaling_factor, cfg["vae"]["scaling_factor"], rel_tol=1e-6):
-            raise ConfigError(f"vae.scaling_factor={cfg['vae']['scaling_factor']} but the latent "
-                              f"cache was made with {dataset.scaling_factor}")
+    if kind == "latents" and vae is not None and vae.config.latent_channels != channels:
+        raise ConfigError(f"vae.name={vae_name!r} makes {vae.config.latent_channels}-channel "
+                          f"latents, but the latent cache {cfg['data']['root']} holds {channels}")
     resolved = copy.deepcopy(cfg)
+    if vae is not None or kind == "latents":
+        resolved["vae"].update(resolve_latent_norm(cfg, dataset, vae, channels).section())
     derived = {"input_size": height, "in_channels": channels, "num_classes": dataset.num_classes}
     for key, value in derived.items():
         given = cfg["model"].get(key)

@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 
 from ..config import Config
 from ..errors import SitVit5Error
+from ..latent_norm import LatentNorm
 from ..precision import autocast
 from ..transport.rng import mix_seed
 from ..vae import encode
@@ -79,7 +80,7 @@ def train_step(run: Run, x: Tensor, y: Tensor, lr: float,
             clean = xs if ims is None else ims.to(run.device, non_blocking=True)
             features = run.repa.features(clean)
         if run.encode_on_the_fly:
-            xs = encode(run.vae, xs, scaling_factor=run.cfg["vae"]["scaling_factor"])
+            xs = encode(run.vae, xs, norm=LatentNorm.from_section(run.cfg["vae"]))
         # all-reduce (DDP) or reduce-scatter (FSDP) the gradients once per step, on the last
         # micro-batch; FSDP's model is not accelerate-prepared, so autocast is applied here
         last = a == accum - 1
