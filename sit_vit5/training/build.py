@@ -220,7 +220,10 @@ def resolve_latent_norm(cfg: Config, dataset: Dataset, vae: nn.Module | None,
         norm.check_channels(channels)
         if vae is not None:
             norm.check_vae(vae.config, section["name"])
-        if kind == "latents":
+        if kind == "latents":  # the cache records the VAE's normalisation as it was written
+            stored = {"shift_factor": dataset.norm.shift, "scaling_factor": dataset.norm.scale}
+            norm.check_vae(stored, f"{dataset.vae} (as the latent cache {dataset.cache_dir} "
+                           "stores it)")
             dataset.normalize_to(norm)
     except LatentNormError as err:
         raise ConfigError(str(err)) from None
