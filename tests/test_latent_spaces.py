@@ -4,6 +4,7 @@ normalised by the cache's per-channel statistics; cache → train → sample →
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -52,6 +53,18 @@ def spaces(tmp_path_factory):
             "sd": _vae(root / "sd", 4, 2)}
 
 
+FLUX_FLAGS = ("--scaling-factor", str(FLUX_SCALE), "--shift-factor", str(FLUX_SHIFT))
+
+
+@pytest.fixture(scope="module")
+def caches(spaces, tmp_path_factory):
+    """Latent caches of the images: {"flux": with FLUX's normalisation, "vavae": unscaled}."""
+    root = tmp_path_factory.mktemp("caches")
+    _cache(spaces, spaces["flux"], root / "flux", *FLUX_FLAGS)
+    _cache(spaces, spaces["vavae"], root / "vavae", "--scaling-factor", "1")
+    return {"flux": root / "flux", "vavae": root / "vavae"}
+
+
 def _cache(spaces, vae: str, out, *flags: str) -> None:
     assert cache_latents.main(["--data-dir", str(spaces["images"]), "--out", str(out), "--vae", vae,
                                "--image-size", str(SIDE), "--batch-size", "4", "--dtype",
@@ -97,10 +110,8 @@ def _round_trip(tmp_path, ckpt) -> tuple[np.ndarray, SiTPipeline]:
     return expected, pipe
 
 
-def test_flux_like_16_channel_vae_with_a_shift_end_to_end(tmp_path, spaces, capsys):
-    cache = tmp_path / "cache"
-    _cache(spaces, spaces["flux"], cache, "--scaling-factor", str(FLUX_SCALE), "--shift-factor",
-           str(FLUX_SHIFT))
+def test_flux_like_16_channel_vae_with_a_shift_end_to_end(tmp_path, spaces, caches, capsys):
+    cache = caches["flux"]
     manifest = json.loads((cache / "manifest.json").read_text())
     assert manifest["latent_shape"] == [16, 4, 4] and manifest["shift_factor"] == FLUX_SHIFT
     means = _posterior_means(spaces, spaces["flux"])  # stored: (mean − shift) · scale
@@ -126,9 +137,8 @@ def test_flux_like_16_channel_vae_with_a_shift_end_to_end(tmp_path, spaces, caps
     assert expected.std() > 0
 
 
-def test_vavae_like_32_channel_vae_with_the_cache_statistics(tmp_path, spaces, capsys):
-    cache = tmp_path / "cache"
-    _cache(spaces, spaces["vavae"], cache, "--scaling-factor", "1")
+def test_vavae_like_32_channel_vae_with_the_cache_statistics(tmp_path, spaces, caches, capsys):
+    cache = caches["vavae"]
     stats = json.loads((cache / "manifest.json").read_text())["latent_stats"]
     means = _posterior_means(spaces, spaces["vavae"])  # [2N, 32, 2, 2]
     per_channel = means.transpose(0, 1).reshape(32, -1)
@@ -194,8 +204,7 @@ def test_latent_norm_round_trips_and_refuses_what_it_cannot_use():
 
 def test_bad_latent_settings_are_one_line_and_write_nothing(tmp_path, spaces, capsys):
     cache = tmp_path / "cache"
-    _cache(spaces, spaces["flux"], cache, "--scaling-factor", str(FLUX_SCALE), "--shift-factor",
-           str(FLUX_SHIFT))
+    _cache(spaces, spaces["flux"], cache, *FLUX_FLAGS)
     run = tmp_path / "run"
     # stats of the wrong length
     status, line = run_train(_train(tmp_path, cache, spaces["flux"],
@@ -227,6 +236,54 @@ def test_bad_latent_settings_are_one_line_and_write_nothing(tmp_path, spaces, ca
                              capsys)
     assert status == 2 and not run.exists()
     assert_names(line, "latent_stats", "sit_vit5.cache_latents", str(cache))
-    _cache(spaces, spaces["flux"], cache, "--scaling-factor", str(FLUX_SCALE), "--shift-factor",
-           str(FLUX_SHIFT))  # the rerun adds them
+    _cache(spaces, spaces["flux"], cache, *FLUX_FLAGS)  # the rerun adds them
     assert "latent_stats" in json.loads((cache / "manifest.json").read_text())
+
+
+def test_the_latent_space_configs_train_with_tiny_autoencoders_of_their_shape(tmp_path, spaces,
+                                                                             caches, capsys):
+    """Each ready config, at reduced size, on the tiny autoencoder with its latent channels: its
+    vae section and model keys work as written (in_channels checked against the VAE's)."""
+    configs = sorted(Path("configs/latents").glob("*.yaml"))
+    assert len(configs) >= 2
+    by_channels = {16: "flux", 32: "vavae"}
+    for config in configs:
+        cfg = yaml.safe_load(config.read_text())
+        space = by_channels[cfg["model"]["in_channels"]]
+        out = tmp_path / config.stem
+        argv = ["--config", str(config), f"train.out_dir={out}", "model.depth=1",
+                "model.hidden_size=32", "model.num_heads=2", "model.input_size=null",
+                f"data.root={caches[space]}", f"data.image_size={SIDE}", "data.num_workers=0",
+                "data.global_batch_size=2", f"vae.name={spaces[space]}", "train.steps=1",
+                "train.sample_every=0", "train.tensorboard=false", "train.milestone_every=0"]
+        status, line = run_train(argv, capsys)
+        assert status == 0, (config, line)
+        saved = yaml.safe_load((out / "config.yaml").read_text())
+        assert saved["model"]["in_channels"] == cfg["model"]["in_channels"]
+        assert LatentNorm.from_section(saved["vae"]).channels in (None, saved["model"]["in_channels"])
+
+
+def test_a_checkpoint_without_the_new_keys_decodes_as_before(tmp_path, vae_dir):
+    """A checkpoint written before shift_factor / latent_stats existed: sample.py's pixels are the
+    latents of the same samples decoded by hand as DiT / SiT do, vae.decode(z / 0.18215)."""
+    from sit_vit5.images import to_uint8
+    from sit_vit5.models import load_model
+    from sit_vit5.sample_spec import SampleSpec
+    from sit_vit5.sampling import SamplingPipeline
+    from tests.test_pipeline import checkpoint
+
+    ckpt = checkpoint(tmp_path / "run", 4, str(vae_dir))
+    state = torch.load(ckpt, weights_only=True)
+    state["args"]["vae"] = {"name": str(vae_dir), "scaling_factor": 0.18215}  # the old section
+    del state["payload_sha256"]
+    from sit_vit5.training import save_checkpoint
+
+    old = save_checkpoint(state, tmp_path / "old" / "checkpoints", step=3)
+    images = _grid(old, tmp_path / "grid", [1, 2])
+    loaded = load_model(old)
+    pipe = SamplingPipeline.for_model(loaded, SampleSpec.resolve(loaded.sample))  # no decoding
+    latents = pipe.generate([0, 1], 3, [1, 2]).pixels
+    vae = AutoencoderKL.from_pretrained(vae_dir).eval().requires_grad_(False)
+    with torch.no_grad():
+        by_hand = to_uint8(vae.decode(latents / 0.18215).sample.float())
+    assert np.array_equal(images, by_hand)

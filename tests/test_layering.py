@@ -17,6 +17,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("errors", "names"),
     ("checksums",),  # file and checkpoint digests: below atomic_files, which writes their sidecars
     ("launcher", "hub_access"),  # read before torch: the launcher's environment, whether the hub answers
+    ("latent_norm",),  # latent normalisation: plain numbers for the config checks, tensors for vae
     ("atomic_files", "guidance", "precision", "vae", "distributed", "cpu_threads"),
     ("images", "transport", "run_files"),
     ("models", "diffusion"),
