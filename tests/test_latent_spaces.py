@@ -134,6 +134,7 @@ def test_flux_like_16_channel_vae_with_a_shift_end_to_end(tmp_path, spaces, cach
                                    "--seed", "3", "--out", str(tmp_path / "g2"), "--no-progress",
                                    "--vae", spaces["sd"]]) == 2
     assert_names(one_sample_error(capsys, "grid"), "16", "4")  # channels of model and VAE
+    assert not (tmp_path / "g2").exists()
     assert expected.std() > 0
 
 
@@ -173,10 +174,12 @@ def test_vavae_like_32_channel_vae_with_the_cache_statistics(tmp_path, spaces, c
     other = tmp_path / "other"  # other images (the statistics do not depend on the stored scale)
     _cache({"images": make_image_folder(tmp_path / "images", {"a": 3, "b": 3}, seed=1)},
            spaces["vavae"], other, "--scaling-factor", "0.5")
+    before = sorted((tmp_path / "run" / "checkpoints").iterdir())
     status, line = run_train(_train(tmp_path, other, spaces["vavae"], "vae.latent_stats=cache",
                                     "model.patch_size=1", "train.steps=3") + ["--resume",
                                                                              "latest"], capsys)
     assert status == 2 and "vae.scaling_factor" in line
+    assert sorted((tmp_path / "run" / "checkpoints").iterdir()) == before
 
 
 def test_latent_norm_round_trips_and_refuses_what_it_cannot_use():

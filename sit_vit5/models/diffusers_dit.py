@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from ..latent_norm import LatentNorm
 from ..names import SD_VAE_SCALING_FACTOR
 from ..vae import SD_VAE_EMA
 from .checkpoint_files import CheckpointError, LoadedModel, check_state_dict
@@ -231,8 +232,8 @@ def load_dit_folder(path: str | os.PathLike, model_name: str | None = None,
            "scaling_factor": SD_VAE_SCALING_FACTOR}
     vae_config = Path(path) / "vae" / "config.json"
     if vae_config.is_file():
-        scale = json.loads(vae_config.read_text()).get("scaling_factor", SD_VAE_SCALING_FACTOR)
-        vae = {"name": str(vae_config.parent), "scaling_factor": scale}
+        norm = LatentNorm.from_vae_config(json.loads(vae_config.read_text()))
+        vae = {"name": str(vae_config.parent), **norm.section()}
     variance = "learned" if model.learn_sigma else "fixed_large"
     objective = {"objective": "ddpm", "ddpm_variance": variance, **folder_schedule(path)}
     return LoadedModel(model, name, "diffusers", model.input_size, model.in_channels,
