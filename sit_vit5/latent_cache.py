@@ -8,7 +8,7 @@ Layout (in ``cache_dir``):
     labels.npy            int64 [num_images], class index of each image
     files.txt             one image path per line (relative to the data dir), index order
     file_sizes.npy        int64 [num_images], byte size of each image when it was encoded
-    shard_NNNNN.mean.npy  [n, 2, C, h, w] posterior mean, normalised; [:, 1] = flipped image
+    shard_NNNNN.mean.npy  [n, 2, C, h, w] (posterior mean − shift) × scale; [:, 1] = flipped image
     shard_NNNNN.std.npy   [n, 2, C, h, w] posterior std × scaling factor
     shard_NNNNN.done      JSON marker with the arrays' SHA-256 (resume skips these shards)
 
@@ -680,9 +680,7 @@ class CacheWriter:
 def cache_stats(out: Path, manifest: dict[str, Any], chunk_rows: int = 1024) -> dict[str, Any]:
     """Per-channel mean and std (float64 sums, population std) of the stored posterior means of
     every image the cache kept, both flips, in the VAE's own units (normalisation undone)."""
-    norm = LatentNorm(float(manifest["scaling_factor"]), manifest.get("shift_factor"))
-    if norm.per_channel:
-        raise LatentNormError(f"{out}: per-channel stored normalisation is not supported")
+    scale, shift = float(manifest["scaling_factor"]), manifest.get("shift_factor") or 0.0
     bad = set(manifest.get("bad_indices", []))
     channels = manifest["latent_shape"][0]
     total, squares, count = np.zeros(channels), np.zeros(channels), 0
@@ -698,8 +696,7 @@ def cache_stats(out: Path, manifest: dict[str, Any], chunk_rows: int = 1024) -> 
         return {"mean": [0.0] * channels, "std": [1.0] * channels, "values": 0}
     mean = total / count
     std = np.sqrt(np.maximum(squares / count - mean**2, 0.0))
-    shift = norm.shift or 0.0
-    return {"mean": (mean / norm.scale + shift).tolist(), "std": (std / norm.scale).tolist(),
+    return {"mean": (mean / scale + shift).tolist(), "std": (std / scale).tolist(),
             "values": count, "of": "posterior means, both flips, before normalisation"}
 
 
