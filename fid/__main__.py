@@ -7,9 +7,13 @@
 SAMPLES: an .npz (`arr_0`, uint8 [N, H, W, 3], as DiT/SiT/ADM write it), an .npy, or a folder of images.
 REFERENCE: an ADM reference batch (.npz with mu, sigma, mu_s, sigma_s, arr_0, e.g.
 VIRTUAL_imagenet256_labeled.npz), any image set (statistics computed from it), or the word `digits`.
-Prints a table and writes the results as JSON (default: next to SAMPLES, `<name>.metrics.json`).
+Prints a table and writes the results as JSON (default: next to SAMPLES, `<name>.metrics.json`), with how the
+samples were made (label sampling, class histogram, sampler, NFE, CFG, precision, checkpoint SHA-256: from the
+`metadata_json` that sample.py bulk writes into its npz, null / "unknown" without it), the reference file's SHA-256
+and the number of samples.
 SAMPLES must have the reference's image size (digits: 8×8, gray as 1 or 3 equal channels) unless
---resize-samples is given: a number across sizes is not comparable to the reference's.
+--resize-samples is given: a number across sizes is not comparable to the reference's. A reference whose labels
+(`arr_1`) or recorded sample count do not fit the samples is refused (fid/provenance.py says the rule).
 
 Exit status: 0 done; 2 bad input, one line `python -m fid: error: ...` naming the file and what is
 wrong; 130 interrupted (nothing is written until the end). SIT_VIT5_DEBUG=1 shows the traceback.
@@ -32,6 +36,14 @@ import numpy as np
 
 from fid.image_sets import InputError, load_plain_array, npz_keys, open_images
 from fid.metric_names import METRICS, check_metrics
+from fid.provenance import (
+    check_reference_match,
+    check_samples_metadata,
+    file_sha256,
+    provenance,
+    read_class_labels,
+    read_metadata,
+)
 
 # The arguments, the samples file (header, size, count, labels) and the reference's existence are
 # checked before torch and the networks are imported (seconds): a bad input is reported at once.
@@ -159,6 +171,13 @@ def reference_parser() -> argparse.ArgumentParser:
         help=f"images kept as arr_0 for precision/recall (default {PR_IMAGES})",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the arr_0 subset (default 0)")
+    p.add_argument(
+        "--num-samples",
+        type=int,
+        default=None,
+        help="the sample count this reference is meant for (e.g. 50000), recorded in its metadata_json: "
+        "python -m fid then refuses another count (default: none recorded, any count)",
+    )
     _common_args(p)
     return p
 
@@ -213,7 +232,8 @@ def _evaluate(args: argparse.Namespace) -> int:
         check_output(out)
     start = time.time()
     if args.reference == "digits":
-        results, weights = _evaluate_digits(args), None
+        results, prov = _evaluate_digits(args)
+        weights = None
     else:
         metrics = check_metrics([m.strip() for m in args.metrics.split(",") if m.strip()])
         samples = open_images(args.samples, args.samples_key)
@@ -226,8 +246,16 @@ def _evaluate(args: argparse.Namespace) -> int:
         reference = read_reference(args.reference)
         check_sample_size(samples, reference, args.resize_samples)
         n = len(samples) if args.num_samples is None else args.num_samples
+        prov = None
         if n <= len(samples):  # more than it holds: evaluate names the file
             check_sample_count(samples.name, n, metrics, PROTOCOL_SAMPLES, "published numbers")
+            metadata, labels = _samples_record(args.samples, len(samples))
+            check_reference_match(samples.name, reference.path, None if labels is None else labels[:n], metadata,
+                                  reference.labels, reference.metadata, n)
+            _note_subset(args.samples, metadata, n, len(samples))
+            ref_file = Path(args.reference)
+            digest = file_sha256(ref_file) if ref_file.is_file() and not args.no_json else None
+            prov = provenance(metadata, labels, n, len(samples), digest)
         device = _device(args.device)
         extractor = load_inception(args.inception_weights, args.weights_sha256, device)
         results = evaluate(samples, reference, extractor, metrics, args.batch_size, device, args.num_samples)
@@ -243,6 +271,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         record = {
             "samples": str(args.samples),
             "reference": args.reference,
+            **(prov or {}),
             "metrics": results,
             "inception_weights": weights,
             "seconds": round(time.time() - start, 1),
@@ -259,7 +288,25 @@ def _evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _evaluate_digits(args: argparse.Namespace) -> dict[str, float]:
+def _samples_record(path: Path, num_images: int) -> tuple[dict[str, Any] | None, np.ndarray | None]:
+    """The samples npz's metadata_json and class labels (all of them, int64 [N]; LABELS_KEYS), checked against the
+    file's ``num_images`` (InputError naming the file and key)."""
+    metadata = read_metadata(path)
+    labels = read_class_labels(path, LABELS_KEYS)
+    if labels is not None and len(labels) != num_images:
+        raise InputError(f"{path}: {len(labels)} class labels for {num_images} images; one label per image expected")
+    check_samples_metadata(str(path), metadata, num_images, labels)
+    return metadata, labels
+
+
+def _note_subset(path: Path, metadata: dict[str, Any] | None, n: int, num_images: int) -> None:
+    """One stderr note when only the first ``n`` of ``num_images`` equal-label samples are evaluated."""
+    if n < num_images and (metadata or {}).get("label_sampling") == "equal":
+        print(f"note: {path} has equal class counts over all {num_images} samples; its first {n} do not "
+              "(the JSON's class_histogram counts the evaluated ones)", file=sys.stderr)
+
+
+def _evaluate_digits(args: argparse.Namespace) -> tuple[dict[str, float], dict[str, Any]]:
     samples = open_images(args.samples, args.samples_key, channels=(1, 3))
     n = len(samples) if args.num_samples is None else args.num_samples
     if n > len(samples):
@@ -280,12 +327,19 @@ def _evaluate_digits(args: argparse.Namespace) -> dict[str, float]:
         )
     check_sample_count(samples.name, n, ["digits"], DIGITS_REFERENCE_IMAGES,
                        "the digits reference and its numbers")
+    metadata, all_labels = (None, None)
+    if args.samples.suffix == ".npz":
+        metadata, all_labels = _samples_record(args.samples, len(samples))
+    check_reference_match(samples.name, "digits", labels, metadata, None, None, n, DIGITS_CLASSES)
+    _note_subset(args.samples, metadata, n, len(samples))
+    prov = provenance(metadata, all_labels, n, len(samples), None)
     import torch
 
     from fid.digits import digits_metrics, uint8_to_digits_input
 
     images = uint8_to_digits_input(array)
-    return digits_metrics(images, None if labels is None else torch.from_numpy(labels.astype(np.int64)))
+    results = digits_metrics(images, None if labels is None else torch.from_numpy(labels.astype(np.int64)))
+    return results, prov
 
 
 def check_gray(name: str, images: np.ndarray) -> None:
@@ -343,6 +397,7 @@ def check_output(path: Path) -> None:
 def _make_reference(args: argparse.Namespace) -> int:
     _check_positive("--batch-size", args.batch_size)
     _check_positive("--pr-images", args.pr_images)
+    _check_positive("--num-samples", args.num_samples)
     images = open_images(args.images)
     if len(images) < 2:
         raise InputError(f"{images.name}: statistics need at least 2 images, got {len(images)}")
@@ -350,7 +405,9 @@ def _make_reference(args: argparse.Namespace) -> int:
 
     device = _device(args.device)
     extractor = load_inception(args.inception_weights, args.weights_sha256, device)
-    stats, kept = make_reference(images, extractor, args.out, args.pr_images, args.batch_size, device, args.seed)
+    stats, kept = make_reference(
+        images, extractor, args.out, args.pr_images, args.batch_size, device, args.seed, args.num_samples
+    )
     print(f"wrote {args.out}: statistics of {len(images)} images, {len(kept)} images as arr_0", file=sys.stderr)
     return 0
 

@@ -77,14 +77,16 @@ def evaluate(
 def check_sample_size(samples: ImageSource, reference: Reference, resize: bool = False) -> None:
     """Raise InputError unless the samples have the reference images' size and channels [H, W, C]
     (or ``resize``): Inception resizes both to 299x299, so a 16x16 set against a 256x256 reference
-    gives a number, but not one that means anything. A reference of statistics only cannot be
-    checked: noted on stderr."""
-    if reference.images is None:
+    gives a number, but not one that means anything. A reference of statistics only is checked
+    against the image shape its metadata_json records; with none it cannot be: noted on stderr."""
+    recorded = (reference.metadata or {}).get("image_shape")
+    if reference.images is None and recorded is None:
         print(f"note: {reference.path} holds statistics only; the samples' size "
               f"{samples.shape[2]}x{samples.shape[1]} is not checked against it", file=sys.stderr)
         return
-    if samples.shape[1:] != reference.images.shape[1:] and not resize:
-        (_, h, w, c), (_, rh, rw, rc) = samples.shape, reference.images.shape
+    shape = reference.images.shape[1:] if reference.images is not None else tuple(recorded)
+    if tuple(samples.shape[1:]) != tuple(shape) and not resize:
+        (_, h, w, c), (rh, rw, rc) = samples.shape, shape
         raise InputError(f"{samples.name}: images are {w}x{h}x{c}, the reference {reference.path} "
                          f"holds {rw}x{rh}x{rc}; sample at the reference's size, or pass "
                          "--resize-samples to evaluate anyway (the number is then not comparable)")

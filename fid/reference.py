@@ -4,7 +4,9 @@ ships 10,000 of them, used for precision/recall). E.g. ADM's VIRTUAL_imagenet256
 
 A reference may lack the statistics (then they are computed from `arr_0`, as ADM does) or `arr_0` (then
 precision/recall is unavailable). A folder of images, or an npz with only `arr_0`, becomes a reference with
-make_reference().
+make_reference(). Optional members: `arr_1`, class labels of the images (ADM's *_labeled batches), and
+`metadata_json` (make_reference: image count and shape, the sample count it is meant for); see fid.provenance for
+how they are checked against the samples.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import numpy as np
 from fid.image_sets import ImageSource, InputError, npz_keys, open_images
 from fid.inception import InceptionFeatures, extract_features
 from fid.metrics import feature_statistics
+from fid.provenance import METADATA_KEY, read_class_labels, read_metadata, reference_metadata
 
 STAT_KEYS = ("mu", "sigma", "mu_s", "sigma_s")
 PR_IMAGES = 10_000  # ADM's reference batches hold 10K images for precision/recall
@@ -42,11 +45,14 @@ class FeatureStats:
 
 @dataclass
 class Reference:
-    """stats: precomputed moments or None; images: the reference images (for PR, or stats) or None."""
+    """stats: precomputed moments or None; images: the reference images (for PR, or stats) or None; labels: class
+    labels `arr_1` (int64 [M]) or None; metadata: its `metadata_json` object or None."""
 
     path: str
     stats: FeatureStats | None
     images: ImageSource | None
+    labels: np.ndarray | None = None
+    metadata: dict | None = None
 
 
 def read_reference(path: str | os.PathLike) -> Reference:
@@ -72,15 +78,20 @@ def read_reference(path: str | os.PathLike) -> Reference:
             stats = FeatureStats(*(f[k].astype(np.float64) for k in STAT_KEYS))
         _check_stats(str(path), stats)
     images = open_images(path, "arr_0") if "arr_0" in keys else None
-    return Reference(str(path), stats, images)
+    return Reference(str(path), stats, images, read_class_labels(path), read_metadata(path))
 
 
-def save_reference(path: str | os.PathLike, stats: FeatureStats, images: np.ndarray | None = None) -> None:
-    """Write the ADM format: mu, sigma, mu_s, sigma_s (float64) and, if given, arr_0 (uint8 NHWC)."""
+def save_reference(
+    path: str | os.PathLike, stats: FeatureStats, images: np.ndarray | None = None, metadata: str | None = None
+) -> None:
+    """Write the ADM format: mu, sigma, mu_s, sigma_s (float64) and, if given, arr_0 (uint8 NHWC) and metadata_json
+    (``metadata``: JSON text, stored as a 0-d string array)."""
     _check_stats(str(path), stats)
     arrays = {k: np.asarray(getattr(stats, k), np.float64) for k in STAT_KEYS}
     if images is not None:
         arrays["arr_0"] = np.asarray(images, np.uint8)
+    if metadata is not None:
+        arrays[METADATA_KEY] = np.array(metadata)
     path = Path(path)
     tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
     try:  # renamed into place: a crash or a full disk never leaves half a reference
@@ -100,11 +111,14 @@ def make_reference(
     batch_size: int = 64,
     device: str = "cpu",
     seed: int = 0,
+    num_samples: int | None = None,
 ) -> tuple[FeatureStats, np.ndarray]:
     """Statistics over all `images`, plus a subset of `pr_images` of them kept as arr_0 for precision/recall
     (all images when there are fewer; otherwise a seeded uniform subset, in original order).
 
-    Writes the ADM-format npz to out_path when given. Returns (stats, kept images uint8 [M, H, W, 3]).
+    Writes the ADM-format npz to out_path when given, with metadata_json recording the image count and shape and
+    ``num_samples``, the sample count the reference is meant for (None: any; ``python -m fid`` refuses another).
+    Returns (stats, kept images uint8 [M, H, W, 3]).
     """
     n = len(images)
     keep = np.arange(n) if n <= pr_images else np.sort(np.random.default_rng(seed).choice(n, pr_images, False))
@@ -122,7 +136,7 @@ def make_reference(
     stats = FeatureStats.from_features(features)
     arr_0 = np.concatenate(kept)
     if out_path is not None:
-        save_reference(out_path, stats, arr_0)
+        save_reference(out_path, stats, arr_0, reference_metadata(n, tuple(images.shape[1:]), num_samples))
     return stats, arr_0
 
 

@@ -200,7 +200,8 @@ def test_bulk_is_independent_of_world_size_and_batch_size(tmp_path):
     assert second.generated == 6 and second.npz is not None  # no barrier: the process that completes merges
     images1, labels1, keys = _read(one.npz)
     images2, labels2, _ = _read(second.npz)
-    assert keys == ["arr_0", "arr_1", "settings"]  # ADM's two arrays, and what they were made with
+    # ADM's two arrays, what they were made with, and the metadata a FID line is traced by
+    assert keys == ["arr_0", "arr_1", "metadata_json", "settings"]
     assert images1.dtype == np.uint8 and images1.shape == (n, 8, 8, 3)
     assert np.array_equal(images1[..., 0], images1[..., 2])  # gray replicated to RGB
     assert labels1.dtype == np.int64 and np.array_equal(labels1, random_labels(range(n), 2, 10))

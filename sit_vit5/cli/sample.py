@@ -56,7 +56,9 @@ SD_VAE_EMA = SD_VAE_IDS[0]
 VAE_WORDS = {"ema": SD_VAE_IDS[0], "mse": SD_VAE_IDS[1]}
 #: SiT's positional mode word (sample.py ODE|SDE) -> --method
 MODE_WORDS = {"ODE": "ode", "SDE": "sde"}
-BULK_ONLY_FLAGS = ("--num-samples", "--num-fid-samples", "--png")
+BULK_ONLY_FLAGS = ("--num-samples", "--num-fid-samples", "--png", "--label-sampling")
+#: bulk --label-sampling choices (sit_vit5.sampling.labels.LABEL_SAMPLINGS, checked in a test)
+LABEL_SAMPLINGS = ("random", "equal")
 
 PROTOCOL = """\
 Published SiT-XL/2 protocol (FID 2.06 at 256x256): SDE, Euler-Maruyama, diffusion form sigma,
@@ -158,8 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
                       "samples/grid-<size>px-trained<size>px at another --image-size than the "
                       "model's)")
     bulk = sub.add_parser("bulk", parents=[common], epilog=PROTOCOL, formatter_class=fmt,
-                          help="N samples with uniform labels -> samples_NxHxWx3.npz (sharded, "
-                          "resumable)")
+                          help="N samples with random or equal labels -> samples_NxHxWx3.npz "
+                          "(sharded, resumable)")
     bulk.add_argument("--num-samples", "--num-fid-samples", type=positive_int, default=50_000,
                       help="samples (default 50000)")
     bulk.add_argument("--out", "--sample-dir",
@@ -167,6 +169,10 @@ def build_parser() -> argparse.ArgumentParser:
                       "samples/<ckpt>-<method>-<steps>-cfg<scale>-seed<seed>, as DiT names it "
                       "(+ -<size>px-trained<size>px at another --image-size than the model's)")
     bulk.add_argument("--png", action="store_true", help="also write out/images/{index:06d}.png")
+    bulk.add_argument("--label-sampling", choices=LABEL_SAMPLINGS, default="random",
+                      help="class labels: random = uniform at random per sample (DiT/SiT's "
+                      "sample_ddp, default); equal = exactly N / num_classes per class in a seeded "
+                      "order (ADM / REPA-E; N must be a multiple of the classes)")
     return parser
 
 
@@ -348,14 +354,17 @@ def _grid(args: argparse.Namespace) -> int:
 def _bulk(args: argparse.Namespace) -> int:
     import torch
 
+    from sit_vit5.checksums import sha256_file
     from sit_vit5.distributed import describe_group, join_launcher_group
     from sit_vit5.sampling import sample_bulk
+    from sit_vit5.sampling.labels import check_label_sampling
 
     # the launcher's group (gloo without a GPU): else every process would draw every sample
     on_cpu = args.device is not None and torch.device(args.device).type == "cpu"
     state = join_launcher_group(cpu=on_cpu)
     device = torch.device(args.device) if args.device else state.device
     pipe, info, image_size = build_pipeline(args, device)
+    check_label_sampling(args.label_sampling, args.num_samples, pipe.num_classes)  # before hashing
     spec = pipe.spec
     args.out = args.out or (f"samples/{Path(args.ckpt).stem}-{spec.method}-{spec.num_steps}-"
                             f"cfg{spec.cfg_scale:g}-seed{args.seed}{_size_suffix(info, pipe)}")
@@ -367,12 +376,14 @@ def _bulk(args: argparse.Namespace) -> int:
                 "trained_image_size": info.input_size * pipe.vae_factor,
                 "vae": args.vae or info.vae.get("name"),
                 "precision": args.precision, "transport": repr(pipe.objective),
-                "objective": info.objective_name, **pipe.input_digests()}
+                "objective": info.objective_name,
+                "checkpoint_sha256": sha256_file(args.ckpt_path), **pipe.input_digests()}
     barrier = state.wait_for_everyone if state.num_processes > 1 else None
     result = sample_bulk(pipe, args.num_samples, args.out, global_seed=args.seed,
                          batch_size=args.batch_size, rank=state.process_index,
                          world_size=state.num_processes, png=args.png, settings=settings,
-                         barrier=barrier, progress=not args.no_progress)
+                         barrier=barrier, progress=not args.no_progress,
+                         label_sampling=args.label_sampling)
     rank = f"[rank {state.process_index}/{state.num_processes}]"
     rate = (f"NFE per image: {result.nfe}; {result.images_per_second:.2f} images/s"
             if result.generated

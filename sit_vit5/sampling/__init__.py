@@ -3,7 +3,8 @@
 are :class:`~sit_vit5.sample_spec.SampleSpec`.
 
 Determinism: sample ``i`` of a run with global seed ``s`` draws its initial noise, its SDE noise and
-(when labels are random) its label from its own generators, seeded by ``sample_seed(s, i, stream)``.
+(when labels are random) its label from its own generators, seeded by ``sample_seed(s, i, stream)``;
+with ``equal`` labels (``labels``), its label is entry i of a seeded balanced order of all N labels.
 Its image therefore does not depend on which process made it, on the batch it was in, or on what was
 sampled before; bulk sampling can be sharded over any number of processes, batched at any size, and
 resumed. Two caveats: (1) a model's float numerics can differ by ~1e-7 between batch sizes (CPU and
@@ -14,8 +15,17 @@ solvers and all SDE samplers have no such coupling.
 """
 
 from ..sample_spec import DEFAULT_SAMPLING_METHOD, METHODS, SampleSpec
-from .bulk import BulkResult, ResumeError, merge_parts, sample_bulk, scan_parts
+from .bulk import (
+    METADATA_KEY,
+    BulkResult,
+    ResumeError,
+    merge_parts,
+    sample_bulk,
+    sample_metadata,
+    scan_parts,
+)
 from .grid import GridResult, generate_first, sample_grid
+from .labels import LABEL_SAMPLINGS, class_histogram, equal_labels, sample_labels
 from .sampling_pipeline import (
     LABEL_STREAM,
     NOISE_STREAM,
@@ -26,7 +36,9 @@ from .sampling_pipeline import (
 )
 
 __all__ = [
-    "DEFAULT_SAMPLING_METHOD", "LABEL_STREAM", "NOISE_STREAM", "METHODS", "BulkResult", "Generated",
-    "GridResult", "NonFiniteSampleError", "ResumeError", "SampleSpec", "SamplingPipeline",
-    "generate_first", "merge_parts", "random_labels", "sample_bulk", "sample_grid", "scan_parts",
+    "DEFAULT_SAMPLING_METHOD", "LABEL_SAMPLINGS", "LABEL_STREAM", "METADATA_KEY", "NOISE_STREAM",
+    "METHODS", "BulkResult", "Generated", "GridResult", "NonFiniteSampleError", "ResumeError",
+    "SampleSpec", "SamplingPipeline", "class_histogram", "equal_labels", "generate_first",
+    "merge_parts", "random_labels", "sample_bulk", "sample_grid", "sample_labels",
+    "sample_metadata", "scan_parts",
 ]
