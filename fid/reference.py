@@ -12,6 +12,7 @@ how they are checked against the samples.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,7 +79,17 @@ def read_reference(path: str | os.PathLike) -> Reference:
             stats = FeatureStats(*(f[k].astype(np.float64) for k in STAT_KEYS))
         _check_stats(str(path), stats)
     images = open_images(path, "arr_0") if "arr_0" in keys else None
-    return Reference(str(path), stats, images, read_class_labels(path), read_metadata(path))
+    return Reference(str(path), stats, images, _reference_labels(path), read_metadata(path))
+
+
+def _reference_labels(path: Path) -> np.ndarray | None:
+    """The reference's class labels `arr_1`, or None. A member that is not class labels is not ours to refuse (the
+    reference batch format does not define it): one stderr note, and the classes go unchecked."""
+    try:
+        return read_class_labels(path)
+    except InputError as e:
+        print(f"note: {e}; the sample classes are not checked against this reference", file=sys.stderr)
+        return None
 
 
 def save_reference(

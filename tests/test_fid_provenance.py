@@ -201,3 +201,11 @@ def test_the_metadata_key_copy_equals_its_source():
     from sit_vit5.sampling import bulk
 
     assert provenance.METADATA_KEY == bulk.METADATA_KEY == METADATA_KEY
+
+
+def test_a_reference_arr_1_that_is_not_labels_is_noted_not_refused(tmp_path, fake_network, capsys):
+    np.savez(tmp_path / "ref.npz", arr_0=images(30), arr_1=np.zeros((30, 2)) + 0.5)
+    np.savez(tmp_path / "s.npz", arr_0=images(24, 1), arr_1=np.arange(24) % 8)
+    assert evaluate(tmp_path / "s.npz", tmp_path / "ref.npz")["class_histogram"] == [3] * 8
+    notes = [line for line in capsys.readouterr().err.splitlines() if "not checked" in line]
+    assert len(notes) == 1 and "ref.npz[arr_1]" in notes[0]
