@@ -12,7 +12,10 @@ none of theirs):
 * open: ``LatentCacheDataset(cache)`` (manifest, and the header / size check of every file), per file;
 * item: ``dataset.moments(i, flip)`` over ``--items`` random items (finite check included), and the
   check alone (``np.isfinite(row).all()`` on the item's mean and std rows);
-* verify: ``verify_cache`` (SHA-256 of each shard file, then every value for NaN / inf), per GB.
+* verify: ``verify_cache`` (SHA-256 of each shard file, then every value for NaN / inf), per GB;
+* per-channel normalisation: an item read through ``normalize_to`` (the stored scale converted to
+  per-channel statistics, as ``vae.latent_stats: cache`` trains), against the plain read; and
+  ``cache_stats`` (the statistics cache_latents records: one pass over the means), per GB of means.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from sit_vit5.latent_cache import CACHE_FORMAT, LatentCacheDataset, verify_cache
+from sit_vit5.latent_cache import CACHE_FORMAT, LatentCacheDataset, cache_stats, verify_cache
+from sit_vit5.latent_norm import LatentNorm
 
 
 def write_cache(root: Path, images: int, shards: int, image_size: int) -> Path:
@@ -90,6 +94,13 @@ def main(argv: list[str] | None = None) -> int:
                 dataset.moments(i, f)
 
         checked = cpu_seconds(read_all, repeat=3)
+        manifest = json.loads((cache / "manifest.json").read_text())
+        stats = cache_stats(cache, manifest)
+        mean_gb = sum(f.stat().st_size for f in cache.glob("shard_*.mean.npy")) / 1e9
+        stats_s = cpu_seconds(lambda: cache_stats(cache, manifest))
+        dataset.normalize_to(LatentNorm.from_stats(stats["mean"], stats["std"]))
+        converted = cpu_seconds(read_all, repeat=3)
+        dataset.normalize_to(dataset.norm)
         rows = [np.asarray(dataset.moments(i, f)[0]) for i, f in picks[:2]]
 
         def finite_checks() -> None:  # the check alone: two rows (mean, std) per item
@@ -107,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
         "item_us": 1e6 * checked / args.items,
         "finite_check_us_per_item": 1e6 * check / args.items,
         "verify_s_per_gb": verify_s / (size / 1e9), "cache_gb": size / 1e9,
+        "item_per_channel_us": 1e6 * converted / args.items,
+        "per_channel_vs_plain_item": converted / checked,
+        "stats_s_per_gb_of_means": stats_s / mean_gb,
     }
     for key, value in result.items():
         print(f"{key:<26} {value:.3f}" if isinstance(value, float) else f"{key:<26} {value}")

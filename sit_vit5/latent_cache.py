@@ -195,6 +195,7 @@ class LatentCacheDataset(EpochDataset):
         self.scaling_factor = float(manifest["scaling_factor"])
         # how the stored moments are normalised, and how this reader returns them
         self.norm = self.target_norm = LatentNorm(self.scaling_factor, manifest.get("shift_factor"))
+        self._affine: tuple[torch.Tensor, torch.Tensor] | None = None  # stored → target
         self.vae = manifest["vae"]
         self.image_size = int(manifest["image_size"])
         self.random_flip = random_flip
@@ -275,6 +276,8 @@ class LatentCacheDataset(EpochDataset):
         an exact affine map per item; nothing changes when they are equal."""
         norm.check_channels(self.latent_shape[0], f"the latent cache {self.cache_dir}")
         self.target_norm = norm
+        self._affine = None if norm == self.norm else self.norm.affine_to(norm,
+                                                                          self.latent_shape[0])
 
     def latent_stats(self) -> LatentNorm:
         """Per-channel standardisation from the manifest's ``latent_stats`` (the posterior means'
@@ -333,8 +336,11 @@ class LatentCacheDataset(EpochDataset):
                     f"{self.cache_dir / info[key]}: row {row} (image {i}, {self._image_name(i)}) "
                     f"holds NaN or inf: the cache is corrupt; "
                     f"{reencode_hint(self.cache_dir, info['name'])}")
-        return self.norm.convert(torch.from_numpy(values["mean"]), torch.from_numpy(values["std"]),
-                                 self.target_norm)
+        mean, std = torch.from_numpy(values["mean"]), torch.from_numpy(values["std"])
+        if self._affine is None:
+            return mean, std
+        gain, offset = self._affine
+        return mean * gain + offset, std * gain
 
     def __getitem__(self, index: int
                     ) -> tuple[torch.Tensor, int] | tuple[torch.Tensor, int, torch.Tensor]:

@@ -169,8 +169,15 @@ class LatentNorm:
         """A posterior std ``[..., C, h, w]`` in latent units (the shift does not move it)."""
         return std * self._like(self.scale, std)
 
-    def convert(self, mean: Tensor, std: Tensor, to: LatentNorm) -> tuple[Tensor, Tensor]:
-        """Moments normalised with this norm, re-normalised with ``to`` (itself when equal)."""
-        if to == self:
-            return mean, std
-        return to.normalize(self.denormalize(mean)), to.scale_std(std / self._like(self.scale, std))
+    def affine_to(self, to: LatentNorm, channels: int) -> tuple[Tensor, Tensor]:
+        """``(gain, offset)``, float32 ``[C, 1, 1]``: latents normalised by this norm map to
+        ``to``'s as ``z·gain + offset`` (a std as ``std·gain``); computed in float64."""
+        import torch
+
+        s_from, s_to = _per_channel(self.scale, channels), _per_channel(to.scale, channels)
+        h_from = _per_channel(self.shift or 0.0, channels)
+        h_to = _per_channel(to.shift or 0.0, channels)
+        gain = [b / a for a, b in zip(s_from, s_to, strict=True)]
+        offset = [(hf - ht) * st for hf, ht, st in zip(h_from, h_to, s_to, strict=True)]
+        return (torch.tensor(gain, dtype=torch.float32).view(-1, 1, 1),
+                torch.tensor(offset, dtype=torch.float32).view(-1, 1, 1))

@@ -190,10 +190,11 @@ def test_latent_norm_round_trips_and_refuses_what_it_cannot_use():
     assert LatentNorm.from_section(json.loads(json.dumps(norm.section()))) == norm
     mean, std = torch.randn(3, 4, 4), torch.rand(3, 4, 4)
     flux = LatentNorm(FLUX_SCALE, FLUX_SHIFT)
-    to_mean, to_std = flux.convert(mean, std, norm)  # stored one way, read the other
-    torch.testing.assert_close(to_mean, norm.normalize(flux.denormalize(mean)))
-    torch.testing.assert_close(to_std, std / FLUX_SCALE * torch.tensor([0.5, 4.0, 1.0]).view(-1, 1, 1))
-    assert flux.convert(mean, std, LatentNorm(FLUX_SCALE, FLUX_SHIFT))[0] is mean  # equal: as is
+    gain, offset = flux.affine_to(norm, 3)  # stored one way, read the other
+    torch.testing.assert_close(mean * gain + offset, norm.normalize(flux.denormalize(mean)))
+    torch.testing.assert_close(std * gain, std / FLUX_SCALE * torch.tensor([0.5, 4.0, 1.0]).view(-1, 1, 1))
+    same = flux.affine_to(LatentNorm(FLUX_SCALE, FLUX_SHIFT), 3)
+    assert torch.equal(same[0], torch.ones(3, 1, 1)) and torch.equal(same[1], torch.zeros(3, 1, 1))
     sd = torch.randn(2, 4, 3, 3)
     assert torch.equal(LatentNorm().denormalize(sd), sd / 0.18215)  # SD-VAE: bit for bit as before
     for section, key in (({"scaling_factor": [1.0, 0.0]}, "vae.scaling_factor"),
