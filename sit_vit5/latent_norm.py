@@ -179,5 +179,6 @@ class LatentNorm:
         h_to = _per_channel(to.shift or 0.0, channels)
         gain = [b / a for a, b in zip(s_from, s_to, strict=True)]
         offset = [(hf - ht) * st for hf, ht, st in zip(h_from, h_to, s_to, strict=True)]
-        return (torch.tensor(gain, dtype=torch.float32).view(-1, 1, 1),
-                torch.tensor(offset, dtype=torch.float32).view(-1, 1, 1))
+        gain_t = torch.tensor(gain, dtype=torch.float32)  # on cpu: used in loader workers
+        offset_t = torch.tensor(offset, dtype=torch.float32)  # on cpu: used in loader workers
+        return gain_t.view(-1, 1, 1), offset_t.view(-1, 1, 1)
