@@ -6,6 +6,8 @@ written."""
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import warnings
 
 import numpy as np
@@ -31,7 +33,7 @@ from sit_vit5.sample_spec import (
     sampling_methods,
 )
 from tests.gaussian_target import GaussianTarget
-from tests.helpers import assert_names, one_error_line, one_sample_error
+from tests.helpers import ROOT, assert_names, one_error_line, one_sample_error
 from tests.test_nfe_study import tiny_checkpoint
 from tests.test_pipeline import checkpoint, grid_images
 from tests.test_pipeline_conventions import ddpm_checkpoint
@@ -114,6 +116,29 @@ def test_sample_py_nfe_is_the_same_images_as_the_steps_it_stands_for(pixel_ckpt,
     euler = grid_images(pixel_ckpt, tmp_path / "euler", labels, 5, "--nfe", "8")
     assert all(np.array_equal(a, b) for a, b in zip(few, steps, strict=True))
     assert not all(np.array_equal(a, b) for a, b in zip(few, euler, strict=True))  # another solver
+
+
+def readme_few_step_lines() -> list[list[str]]:
+    """The ``python sample.py ...`` lines of the README's few-step section (its bash block)."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Few-step sampling"):]
+    block = re.search(r"```bash\n(.*?)```", section, re.S)
+    assert block, "the few-step section has no bash block"
+    lines = [shlex.split(line) for line in block.group(1).splitlines()
+             if line.startswith("python sample.py")]
+    assert len(lines) >= 2
+    return lines
+
+
+def test_the_readme_few_step_lines_run_at_the_nfe_they_state(pixel_ckpt, tmp_path, capsys):
+    for i, words in enumerate(readme_few_step_lines()):
+        argv = words[2:]
+        argv[argv.index("--ckpt") + 1] = pixel_ckpt  # a tiny checkpoint for the README's run
+        out = tmp_path / str(i)
+        assert sample.main([*argv, "--num-images", "2", "--out", str(out), "--no-progress"]) == 0
+        nfe = argv[argv.index("--nfe") + 1]
+        assert f"NFE per image: {nfe}" in capsys.readouterr().out
+        assert (out / "grid.png").is_file()
 
 
 @pytest.mark.parametrize("flags, names", [
