@@ -16,6 +16,8 @@ Stages (each catches its own failure, so one error does not lose the others):
   fsdp         XL/2 bf16 eager, batch 32, FSDP2-sharded in a 1-process group: SiT, ViT5
   sample       XL/2 bf16, 250-step Euler-Maruyama SDE with CFG 4.0, 32 images: img/s
   sample_nocfg the same without guidance (one model call per step instead of a doubled batch)
+  sample_fewstep  SiT-XL/2 bf16, CFG 4.0, 32 images: SiT's 250-step SDE against the few-step settings of
+               results/nfe (UniPC at 8 and 16 NFE), side by side: img/s and the speedup (issue 39)
   pipeline     SiTPipeline (ViT5-XL/2 + the SD-VAE architecture) in fp32, bf16 and fp16: img/s and the
                pixel error against fp32
   data_path    SD-VAE architecture (random weights: no download) vs latent cache, yardstick SiT-XL/2 bf16
@@ -44,6 +46,8 @@ STAGES = {
                             "--batch-size 32 --rounds 2"),
     "sample_nocfg": (sample_speed.main, "--sizes XL --precisions bf16 --samplers sde --num-steps 250 --cfg-scale 1.0 "
                                   "--batch-size 32 --rounds 2"),
+    "sample_fewstep": (sample_speed.main, "--models SiT --sizes XL --precisions bf16 --cfg-scale 4.0 --batch-size 32 "
+                                          "--rounds 2 --settings " + " ".join(sample_speed.FEW_STEP_SETTINGS)),
     "pipeline": (pipeline_speed.main, "--size XL --precisions fp32 bf16 fp16 --num-images 16 --num-steps 50 "
                                       "--rounds 2"),
     "data_path": (data_path.main, "--model SiT-XL/2 --precision bf16 --batch-size 32 --num-images 128"),

@@ -10,6 +10,8 @@ as ``SiT-XL-2-256.pt``. OUT_DIR receives what ``SiTPipeline.from_pretrained`` ne
     transformer/   config.json + diffusion_pytorch_model.safetensors (the EMA weights by default)
     scheduler/     scheduler_config.json: transport, default sampler settings, the VAE's id and
                    latent normalisation (scaling_factor, shift_factor: numbers or per channel)
+    scheduler_fewstep/  results/nfe's few-step setting (UniPC, flow sigmas, 8 NFE), diffusers'
+                   UniPCMultistepScheduler to swap in (SiT objective, a path that ends at t = 1)
     vae/           the decoder (an AutoencoderKL; absent for pixel-space models)
 
 ``--format dit`` (a DiT-objective model) writes diffusers' own DiTPipeline layout instead.
@@ -19,6 +21,7 @@ into place: a crash leaves no half-written export."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shutil
 import sys
@@ -27,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from .atomic_files import unwritable_dir_reason
-from .errors import KNOWN_ERRORS, SitVit5Error, one_line, run_cli
+from .errors import KNOWN_ERRORS, SettingError, SitVit5Error, one_line, run_cli
 from .hub import SiTPipeline, read_id2label, scheduler_from
 from .latent_norm import LatentNorm
 from .models import CheckpointError, LoadedModel, load_model, resolve_checkpoint
@@ -35,7 +38,7 @@ from .models.diffusers_dit import dit_folder, dit_pipeline
 from .models.official import OfficialWeights
 from .objective import create_objective, ddpm_settings
 from .precision import PRECISIONS, check_precision
-from .sample_spec import SampleSpec
+from .sample_spec import FEW_STEP, SampleSpec
 from .training.checkpoint import latest_checkpoint
 from .vae import load_vae, vae_enabled
 
@@ -96,6 +99,31 @@ def build_pipeline(run_or_ckpt: str | os.PathLike, which: str = "ema",
     return SiTPipeline(transformer=loaded.model, scheduler=scheduler, vae=vae, id2label=id2label)
 
 
+#: the subfolder of the few-step scheduler (:func:`save_few_step_scheduler`)
+FEW_STEP_FOLDER = "scheduler_fewstep"
+
+
+def save_few_step_scheduler(pipe: SiTPipeline, folder: str | os.PathLike) -> Path | None:
+    """Write the few-step setting (``FEW_STEP``: diffusers' UniPC with flow sigmas, 9 grid points =
+    8 NFE) into ``folder/scheduler_fewstep/scheduler_config.json``, beside the default scheduler:
+    ``UniPCMultistepScheduler.from_pretrained(folder, subfolder="scheduler_fewstep")`` loads it,
+    and swapped in (``pipe.scheduler = ...``) it samples at 8 NFE by default (it carries the
+    pipeline's sampling settings with FEW_STEP's steps). Returns the subfolder, or None (nothing
+    written) when the model's objective or transport cannot run it (ddpm, a path that stops
+    short of t = 1)."""
+    settings = pipe.sampling_settings()
+    try:
+        spec = SampleSpec(**{**(settings["sampler"] or {}), **FEW_STEP, "time_shift": None})
+        steps = create_objective(settings["transport"] or {}).steps(spec)  # refuses what cannot run
+    except SettingError:
+        return None
+    scheduler = steps.scheduler
+    scheduler.register_to_config(**{**settings, "sampler": dataclasses.asdict(spec)})
+    out = Path(folder) / FEW_STEP_FOLDER
+    scheduler.save_pretrained(out)
+    return out
+
+
 def export(run_or_ckpt: str | os.PathLike, out_dir: str | os.PathLike, which: str = "ema",
            model_name: str | None = None, vae_name: str | None = None,
            push_to_hub: str | None = None, dtype: str = "fp32", fmt: str = "sit",
@@ -122,6 +150,8 @@ def export(run_or_ckpt: str | os.PathLike, out_dir: str | os.PathLike, which: st
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         pipe.save_pretrained(staging)
+        if fmt != "dit":
+            save_few_step_scheduler(pipe, staging)
         if out.exists():
             out.rmdir()
         staging.rename(out)
@@ -130,6 +160,11 @@ def export(run_or_ckpt: str | os.PathLike, out_dir: str | os.PathLike, which: st
     if push_to_hub:
         try:
             pipe.push_to_hub(push_to_hub)
+            if (out / FEW_STEP_FOLDER).is_dir():  # not a pipeline component: uploaded beside them
+                from huggingface_hub import upload_folder
+
+                upload_folder(repo_id=push_to_hub, folder_path=out / FEW_STEP_FOLDER,
+                              path_in_repo=FEW_STEP_FOLDER)
         except Exception as err:  # noqa: BLE001 - the hub client raises its HTTP library's errors
             raise ExportError(f"wrote {out}, but pushing it to {push_to_hub} failed "
                               f"({type(err).__name__}: {one_line(err)}); once online and logged in "

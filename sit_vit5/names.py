@@ -17,6 +17,27 @@ DIFFUSION_FORMS: tuple[str, ...] = ("constant", "SBDM", "sigma", "linear", "decr
                                     "increasing-decreasing")
 #: adaptive ODE tolerances, SiT's sample.py defaults (read by SampleSpec and Sampler)
 DEFAULT_ATOL, DEFAULT_RTOL = 1e-6, 1e-3
+#: ODE methods of torchdiffeq (``transport.integrators``): model evaluations per step of the
+#: fixed-grid Runge-Kutta ones (FIXED_STEP_NFE), every fixed-grid one, the adaptive ones, aliases
+ODE_STEP_NFE: dict[str, int] = {"euler": 1, "midpoint": 2, "heun2": 2, "heun3": 3, "rk4": 4}
+ODE_FIXED_STEP_METHODS: tuple[str, ...] = (*ODE_STEP_NFE, "explicit_adams", "implicit_adams",
+                                           "fixed_adams")
+ODE_ADAPTIVE_METHODS: tuple[str, ...] = ("dopri5", "dopri8", "bosh3", "fehlberg2", "adaptive_heun")
+ODE_ALIASES: dict[str, str] = {"heun": "heun2"}
+#: SDE integrators: model evaluations per step (``transport.integrators.SDE_STEP_NFE``)
+SDE_STEP_NFE: dict[str, int] = {"Euler": 1, "Heun": 2}
+#: diffusers' multistep solvers of the probability-flow ODE (the source of this table): ``--method
+#: ode --sampling-method NAME`` -> (scheduler class, its keywords besides ``use_flow_sigmas=True,
+#: prediction_type="flow_prediction"``); one model evaluation per step. Not DEIS: with flow sigmas
+#: it is only first order in diffusers 0.42 (on a point mass its error halves per doubling of the
+#: steps, where UniPC's is zero).
+FLOW_SOLVERS: dict[str, tuple[str, dict[str, Any]]] = {
+    "unipc": ("UniPCMultistepScheduler", {}),
+    "dpm++2m": ("DPMSolverMultistepScheduler",
+                {"algorithm_type": "dpmsolver++", "solver_order": 2}),
+    "dpm++3m": ("DPMSolverMultistepScheduler",
+                {"algorithm_type": "dpmsolver++", "solver_order": 3}),
+}
 #: SDE last steps (keys of ``transport.LAST_STEPS``; None / "none" = stop at t1)
 LAST_STEPS: tuple[str | None, ...] = ("Mean", "Tweedie", "Euler", None, "none")
 #: transport paths and model predictions (keys of ``transport.PATHS`` / ``PREDICTIONS``)

@@ -32,8 +32,14 @@ from .errors import SettingError, SitVit5Error
 from .models import name_objective_conflict
 from .sample_spec import SAMPLE_METHODS, SampleSpec
 from .transport import TRANSPORT_KEYS, Sampler, Transport, create_transport
-from .transport.integrators import FIXED_STEP_NFE, SDE_STEP_NFE, ode_method
-from .transport.sampler import EulerSteps, FlowSchedulerSteps, is_flow_scheduler
+from .transport.integrators import ode_method
+from .transport.sampler import (
+    EulerSteps,
+    FlowSchedulerSteps,
+    flow_scheduler,
+    flow_solver_name,
+    is_flow_scheduler,
+)
 
 OBJECTIVES = ("sit", "ddpm")
 #: transport-section keys the ddpm objective reads
@@ -179,9 +185,10 @@ class Objective(ABC):
         """Per-sample loss ``(B,)`` for data ``x`` ``(B, C, H, W)`` and labels ``y`` ``(B,)``;
         t and the noise come from the global RNG, drawn in the order SiT / DiT draw them."""
 
-    @abstractmethod
     def evaluations(self, spec: SampleSpec) -> int | None:
-        """Model evaluations per batch of the whole-trajectory sampler (None: adaptive)."""
+        """Model evaluations per batch of the whole-trajectory sampler (None: adaptive):
+        ``spec.nfe``, the one count of the sampler tables."""
+        return spec.nfe
 
     @abstractmethod
     def _sampler(self, spec: SampleSpec, pixel_space: bool) -> BuiltSampler: ...
@@ -225,15 +232,6 @@ class SiTObjective(Objective):
     def loss(self, model: Callable[..., Tensor], x: Tensor, y: Tensor) -> Tensor:
         return self.transport.training_losses(model, x, model_kwargs=dict(y=y))["loss"]
 
-    def evaluations(self, spec: SampleSpec) -> int | None:
-        steps = spec.num_steps - 1  # num_steps counts grid points, both ends included
-        if spec.method == "ode":
-            per_step = FIXED_STEP_NFE.get(ode_method(spec.sampling_method))
-            return None if per_step is None else steps * per_step
-        per_step = SDE_STEP_NFE.get(spec.sampling_method)
-        # the SDE's last step (Mean / Tweedie / Euler) evaluates the model once more
-        return None if per_step is None else steps * per_step + (spec.last_step is not None)
-
     def _sampler(self, spec: SampleSpec, pixel_space: bool) -> BuiltSampler:
         sampler = Sampler(self.transport)
         build = sampler.sample_ode if spec.method == "ode" else sampler.sample_sde
@@ -249,11 +247,16 @@ class SiTObjective(Objective):
                                    "or the SiTScheduler")
             return FlowSchedulerSteps(Sampler(self.transport), scheduler, spec.num_steps, device,
                                       spec.time_shift)
+        solver = flow_solver_name(spec.sampling_method) if spec.method == "ode" else None
+        if solver is not None:  # diffusers' multistep solver, its flow_shift = our time shift
+            return FlowSchedulerSteps(Sampler(self.transport),
+                                      flow_scheduler(solver, spec.time_shift), spec.num_steps,
+                                      device)
         if spec.method != "ode" or ode_method(spec.sampling_method) != "euler":
             raise SettingError("method", f"{spec.method}/{spec.sampling_method}",
-                               ": step-wise sampling covers ode/euler (and ddpm, ddim); the SDE "
-                               "and the other ODE solvers run whole trajectories "
-                               "(SiTPipeline.__call__)")
+                               ": step-wise sampling covers ode/euler and diffusers' flow solvers "
+                               "(and ddpm, ddim); the SDE and the other ODE solvers run whole "
+                               "trajectories (SiTPipeline.__call__)")
         return EulerSteps(Sampler(self.transport), spec.num_steps, device, spec.time_shift)
 
 
@@ -272,9 +275,6 @@ class DDPMObjective(Objective):
     def loss(self, model: Callable[..., Tensor], x: Tensor, y: Tensor) -> Tensor:
         t = self.diffusion.sample_timesteps(len(x), device=x.device)  # DiT: t first, then noise
         return self.diffusion.training_losses(model, x, t, model_kwargs=dict(y=y))["loss"]
-
-    def evaluations(self, spec: SampleSpec) -> int | None:
-        return spec.num_steps
 
     def _sampler(self, spec: SampleSpec, pixel_space: bool) -> BuiltSampler:
         sampler = DiffusionSampler(self.diffusion, clip_denoised=pixel_space)

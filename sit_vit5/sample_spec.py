@@ -7,8 +7,10 @@ sample.py's flags (:func:`add_arguments`) and the config's ``sample`` keys
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
-from collections.abc import Mapping
+import textwrap
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -18,15 +20,108 @@ from .names import (
     DEFAULT_RTOL,
     DIFFUSION_FORMS,
     DIFFUSION_METHODS,
+    FLOW_SOLVERS,
     LAST_STEPS,
+    ODE_ADAPTIVE_METHODS,
+    ODE_ALIASES,
+    ODE_FIXED_STEP_METHODS,
+    ODE_STEP_NFE,
+    SDE_STEP_NFE,
     TRANSPORT_METHODS,
 )
 
 #: sample.method values of each objective: SiT's transport, DiT's diffusion
 SAMPLE_METHODS: dict[str, tuple[str, ...]] = {"sit": TRANSPORT_METHODS, "ddpm": DIFFUSION_METHODS}
+OBJECTIVE_TITLES = {"sit": "SiT's transport, t = 0 noise .. 1 data", "ddpm": "DiT's diffusion"}
 METHODS = (*TRANSPORT_METHODS, *DIFFUSION_METHODS)
+#: what each method is (the ``--method list`` text)
+METHOD_TITLES = {
+    "ode": "probability-flow ODE on num_steps grid points (num_steps - 1 steps)",
+    "sde": "reverse SDE on num_steps grid points (num_steps - 1 steps), then a last step",
+    "ddpm": "DiT's ancestral sampler on num_steps respaced steps, 1 NFE a step",
+    "ddim": "DDIM (--eta 0: deterministic) on num_steps respaced steps, 1 NFE a step",
+}
 DEFAULT_SAMPLING_METHOD = {"ode": "dopri5", "sde": "Euler"}  # SiT's sample.py defaults per method
 MIN_STEPS = {"ode": 2, "sde": 2, "ddpm": 1, "ddim": 1}  # grid points / respaced steps needed
+#: ``--method list`` (or a bare ``--method``): print :func:`describe_methods` and exit
+LIST = "list"
+#: results/nfe's few-step setting (exploratory; two training seeds per arm): diffusers' UniPC with
+#: flow sigmas at 8 NFE (9 grid points) reached the ODE solvers' plateau on every digits
+#: checkpoint measured, and 16 NFE did not improve on it (the best found at <= 10 and <= 20 NFE)
+FEW_STEP: dict[str, Any] = {"method": "ode", "sampling_method": "unipc", "num_steps": 9}
+
+
+def ode_solver_name(name: str) -> str:
+    """The canonical ODE ``sampling_method`` (lower case, ``heun`` -> ``heun2``); torch-free."""
+    key = name.lower()
+    return ODE_ALIASES.get(key, key)
+
+
+def sampling_methods(method: str) -> tuple[str, ...]:
+    """The ``sampling_method`` values of ``method`` (ode: torchdiffeq's fixed-step and adaptive
+    methods, then diffusers' flow solvers; sde: its integrators; ddpm / ddim: none)."""
+    if method == "ode":
+        return (*ODE_FIXED_STEP_METHODS, *ODE_ADAPTIVE_METHODS, *FLOW_SOLVERS)
+    return tuple(SDE_STEP_NFE) if method == "sde" else ()
+
+
+def step_evaluations(method: str, sampling_method: str | None) -> int | None:
+    """Model evaluations per step of ``method`` / ``sampling_method`` (None: not fixed, e.g. an
+    adaptive ODE solver or the Adams family)."""
+    if method == "ode":
+        name = ode_solver_name(sampling_method or DEFAULT_SAMPLING_METHOD["ode"])
+        return 1 if name in FLOW_SOLVERS else ODE_STEP_NFE.get(name)
+    if method == "sde":
+        return SDE_STEP_NFE.get(sampling_method or DEFAULT_SAMPLING_METHOD["sde"])
+    return 1
+
+
+def describe_methods() -> str:
+    """Every sampling method and solver with its NFE (model evaluations per image), from the
+    tables the spec checks against: what ``sample.py --method list`` prints."""
+    def names(items: Sequence[str], default: str | None) -> str:
+        return ", ".join(f"{n} (default)" if n == default else n for n in items)
+
+    ode_default, sde_default = DEFAULT_SAMPLING_METHOD["ode"], DEFAULT_SAMPLING_METHOD["sde"]
+    fixed = [f"{n} {ODE_STEP_NFE[n]}" if n in ODE_STEP_NFE else n for n in ODE_FIXED_STEP_METHODS]
+    aliases = ", ".join(f"{a} = {n}" for a, n in ODE_ALIASES.items())
+    flow = [f"{n} ({cls}" + "".join(f", {k}={v}" for k, v in kw.items()) + ")"
+            for n, (cls, kw) in FLOW_SOLVERS.items()]
+    solvers = {
+        "ode": [f"fixed-step, NFE a step: {', '.join(fixed)} (alias {aliases})",
+                "adaptive, NFE as counted (--atol / --rtol): "
+                + names(ODE_ADAPTIVE_METHODS, ode_default),
+                "diffusers' multistep, flow sigmas, 1 NFE a step: " + ", ".join(flow)],
+        "sde": ["NFE a step: " + ", ".join(f"{n} {k}" + (" (default)" if n == sde_default else "")
+                                           for n, k in SDE_STEP_NFE.items()),
+                "last step, +1 NFE: " + names([k for k in LAST_STEPS if k and k != "none"], "Mean")
+                + "; None: +0"],
+    }
+    lines = ["sampling methods (--method, then --sampling-method for ode / sde); NFE = model "
+             "evaluations per image (CFG's doubled batch counts once); --nfe N sets --num-steps"]
+    for objective, methods in SAMPLE_METHODS.items():
+        lines.append(f"objective {objective} ({OBJECTIVE_TITLES[objective]}; default method "
+                     f"{methods[0]}):")
+        for method in methods:
+            lines.append(f"  {method:5s} {METHOD_TITLES[method]}")
+            lines += [textwrap.fill(line, 100, initial_indent=" " * 8, subsequent_indent=" " * 10)
+                      for line in solvers.get(method, [])]
+    few = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in FEW_STEP.items() if k != "num_steps")
+    lines.append(f"few-step setting (results/nfe, exploratory): {few} --nfe "
+                 f"{SampleSpec(**FEW_STEP).nfe}")
+    return "\n".join(lines)
+
+
+class ListMethods(argparse.Action):
+    """``--method`` with argparse: ``list`` (the const of a bare ``--method``) prints
+    :func:`describe_methods` and exits 0; any other value is stored."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        if values == LIST:
+            print(describe_methods())
+            parser.exit(0)
+        setattr(namespace, self.dest, values)
 #: annotation -> accepted types
 NUMBER_TYPES: dict[str, type | tuple[type, ...]] = {"int": int, "float": (int, float)}
 
@@ -86,13 +181,16 @@ class SampleSpec:
     """Sampler settings (defaults: SiT's sample.py). ``method`` ode | sde samples the transport,
     ddpm | ddim DiT's diffusion on ``num_steps`` respaced steps. ``cfg_scale`` 1 = no guidance."""
 
-    method: str = option("ode", "objective sit: ode (probability flow) or sde (default {default}); "
-                         "objective ddpm: ddpm (DiT's ancestral sampler, default) or ddim (eta 0)",
-                         choices=METHODS)
+    method: str = option(
+        "ode", "; ".join(f"objective {o}: {' | '.join(m)} (default {m[0]})"
+                         for o, m in SAMPLE_METHODS.items())
+        + f"; '{LIST}' (or a bare --method) lists every method and solver with its NFE and exits",
+        choices=(*METHODS, LIST), nargs="?", const=LIST, action=ListMethods)
     sampling_method: str | None = option(
-        None, f"ode: torchdiffeq method (dopri5, euler, heun2, midpoint, rk4, ...; default "
-        f"{DEFAULT_SAMPLING_METHOD['ode']}); sde: Euler | Heun (default "
-        f"{DEFAULT_SAMPLING_METHOD['sde']})", solvers=TRANSPORT_METHODS, methods=TRANSPORT_METHODS)
+        None, f"ode: torchdiffeq's {', '.join(ODE_FIXED_STEP_METHODS + ODE_ADAPTIVE_METHODS)} "
+        f"(default {DEFAULT_SAMPLING_METHOD['ode']}) or diffusers' {', '.join(FLOW_SOLVERS)}; "
+        f"sde: {' | '.join(SDE_STEP_NFE)} (default {DEFAULT_SAMPLING_METHOD['sde']}); see "
+        f"--method {LIST}", solvers=TRANSPORT_METHODS, methods=TRANSPORT_METHODS)
     num_steps: int = option(250, "time-grid points (default {default}; fixed-step ODE takes "
                             "num_steps-1 steps; adaptive ODE: output grid only); ddpm / ddim: "
                             "respaced diffusion steps", solvers=METHODS, type=positive_int,
@@ -154,6 +252,11 @@ class SampleSpec:
         # frozen: object.__setattr__
         if self.sampling_method is None and self.method in DEFAULT_SAMPLING_METHOD:
             object.__setattr__(self, "sampling_method", DEFAULT_SAMPLING_METHOD[self.method])
+        valid = sampling_methods(self.method)
+        solver = self.sampling_method
+        if valid and (ode_solver_name(solver) if self.method == "ode" else solver) not in valid:
+            raise SettingError("sampling_method", solver, f": not a method={self.method} solver; "
+                               f"valid: {', '.join(map(repr, valid))} (see --method {LIST})")
         if self.last_step in ("none", "None"):  # "None": SiT's sample.py spelling
             object.__setattr__(self, "last_step", None)
         if self.cfg_interval is not None:
@@ -203,11 +306,48 @@ class SampleSpec:
                 if self.method in f.metadata["solvers"]}
 
     @property
+    def nfe(self) -> int | None:
+        """Model evaluations per image (CFG's doubled batch counts once): ode ``(num_steps - 1) x``
+        the solver's per step; sde the same plus 1 for a last step; ddpm / ddim ``num_steps``.
+        None: not fixed in advance (adaptive solvers count theirs while sampling)."""
+        per_step = step_evaluations(self.method, self.sampling_method)
+        if per_step is None:
+            return None
+        if self.method not in TRANSPORT_METHODS:
+            return self.num_steps * per_step
+        last = self.method == "sde" and self.last_step is not None
+        return (self.num_steps - 1) * per_step + int(last)
+
+    def with_nfe(self, nfe: int) -> SampleSpec:
+        """This spec with ``num_steps`` set to make exactly ``nfe`` model evaluations per image
+        (the inverse of :attr:`nfe`). SettingError naming ``nfe`` when this solver cannot: an
+        adaptive one, a count that is not a whole number of steps (heun2: 2 a step), or fewer than
+        one step (and the SDE's last step)."""
+        solver = f"method={self.method}" + (f" / {self.sampling_method}"
+                                            if self.sampling_method else "")
+        per_step = step_evaluations(self.method, self.sampling_method)
+        if per_step is None:
+            raise SettingError("nfe", nfe, f": {solver} has no fixed number of evaluations a step "
+                               f"(see --method {LIST}); set --num-steps, or pick a fixed-step "
+                               "solver")
+        last = int(self.method == "sde" and self.last_step is not None)
+        steps, rest = divmod(nfe - last, per_step)
+        if steps < 1 or rest:
+            plus = " plus 1 for the last step" if last else ""
+            rule = (f"a multiple of {per_step}" + (" plus 1" if last else "")
+                    + f" (>= {per_step + last})" if per_step > 1 else f">= {1 + last}")
+            raise SettingError("nfe", nfe, f": {solver} makes {per_step} evaluation"
+                               f"{'s' if per_step > 1 else ''} a step{plus}, so NFE must be {rule}")
+        grid = steps + 1 if self.method in TRANSPORT_METHODS else steps
+        return dataclasses.replace(self, num_steps=grid)
+
+    @property
     def batch_coupled(self) -> bool:
         """True when images depend on the batch composition (adaptive ODE step-size control)."""
         from .transport.integrators import is_adaptive  # torch: not needed to parse or check
 
-        return self.method == "ode" and is_adaptive(self.sampling_method)
+        return self.method == "ode" and ode_solver_name(self.sampling_method) not in FLOW_SOLVERS \
+            and is_adaptive(self.sampling_method)
 
 
 def add_arguments(group: argparse._ArgumentGroup) -> None:
@@ -234,5 +374,6 @@ def check_cfg_scale(cfg_scale: float, allow_negative: bool = False) -> None:
                            "their class (1 = no guidance, > 1 = stronger); allow it explicitly "
                            "(sample.py --allow-negative-cfg) if that is meant")
 
-__all__ = ["DEFAULT_SAMPLING_METHOD", "METHODS", "SAMPLE_METHODS", "SampleSpec", "add_arguments",
-           "check_cfg_scale", "config_defaults", "finite_float", "option", "positive_int"]
+__all__ = ["DEFAULT_SAMPLING_METHOD", "FEW_STEP", "METHODS", "SAMPLE_METHODS", "SampleSpec",
+           "add_arguments", "check_cfg_scale", "config_defaults", "describe_methods",
+           "finite_float", "option", "positive_int", "sampling_methods", "step_evaluations"]

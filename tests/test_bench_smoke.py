@@ -57,6 +57,23 @@ def test_sample_bench_counts_function_evaluations(tmp_path):
         assert row["ms_per_nfe"] == pytest.approx(row["run_s"] * 1e3 / row["nfe"])
 
 
+def test_sample_bench_settings_side_by_side_with_speedups(tmp_path):
+    """--settings: the NFE study's solvers at given NFEs on one model, each row's speedup against the first."""
+    path = tmp_path / "settings.json"
+    sample_speed.main([*TINY, "--models", "SiT", "--sizes", "S", "--input-size", "8", "--batch-size", "2",
+                       "--rounds", "2", "--cfg-scale", "1", "--settings", "sde-euler-mean:6", "unipc:3",
+                       "ode-heun:4", "--json", str(path)])
+    rows = _load(path)["rows"]
+    assert [(r["setting"], r["nfe"]) for r in rows] == [("sde-euler-mean:6", 6), ("unipc:3", 3), ("ode-heun:4", 4)]
+    reference = rows[0]["rounds_s"]
+    for row in rows:
+        paired = statistics.median(a / b for a, b in zip(reference, row["rounds_s"]))
+        assert row["speedup"] == pytest.approx(paired, rel=0.02)  # rounds_s are rounded to 0.1 ms
+        assert row["img_per_s"] == pytest.approx(2 / row["run_s"])
+    assert rows[0]["speedup"] == 1
+    assert all(s in suite.STAGES["sample_fewstep"][1] for s in sample_speed.FEW_STEP_SETTINGS)
+
+
 def test_data_path_bench_fractions(tmp_path):
     path = tmp_path / "data.json"
     data_path.main([*TINY, "--vae", "tiny", "--image-size", "32", "--num-images", "4", "--batch-size", "2",
@@ -80,6 +97,7 @@ def test_suite_runs_every_stage_and_writes_one_json_each(tmp_path):
 
 def test_bad_arguments_are_named():
     for main, bad in ((train_step.main, ["--sizes", "M"]), (sample_speed.main, ["--samplers", "heun"]),
+                      (sample_speed.main, ["--settings", "ode-heun:3"]), (sample_speed.main, ["--settings", "ddim:8"]),
                       (data_path.main, ["--model", "SiT-M/2"]), (train_step.main, ["--rounds", "0"])):
         with pytest.raises(SystemExit) as err:
             main([*TINY, *bad])

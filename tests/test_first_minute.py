@@ -243,12 +243,16 @@ def test_the_name_copies_equal_their_sources():
     from sit_vit5.models import list_models, name_objective, valid_overrides
     from sit_vit5.models.official import ALIASES, OFFICIAL_WEIGHTS
     from sit_vit5.training import repa
-    from sit_vit5.transport import DIFFUSION_FORMS, LAST_STEPS, PATHS, PREDICTIONS
+    from sit_vit5.transport import DIFFUSION_FORMS, LAST_STEPS, PATHS, PREDICTIONS, integrators
     from sit_vit5.transport.sampler import METHODS as TRANSPORT_METHODS
 
     assert names.TRANSPORT_METHODS == TRANSPORT_METHODS and names.DIFFUSION_METHODS == DIFFUSION_METHODS
     assert names.DIFFUSION_FORMS == tuple(DIFFUSION_FORMS) and names.LAST_STEPS == tuple(LAST_STEPS)
     assert names.PATHS == tuple(PATHS) and names.PREDICTIONS == tuple(PREDICTIONS)
+    assert names.ODE_STEP_NFE == integrators.FIXED_STEP_NFE and names.ODE_ALIASES == integrators.ODE_ALIASES
+    assert names.ODE_FIXED_STEP_METHODS == integrators.FIXED_STEP_METHODS
+    assert names.ODE_ADAPTIVE_METHODS == integrators.ADAPTIVE_METHODS
+    assert names.SDE_STEP_NFE == integrators.SDE_STEP_NFE
     assert names.OBJECTIVES == objective.OBJECTIVES and names.DDPM_DEFAULTS == objective.DDPM_DEFAULTS
     assert names.PRECISIONS == tuple(precision.PRECISIONS)
     assert (names.SD_VAE_IDS, names.SD_VAE_SCALING_FACTOR) == (vae.SD_VAE_IDS, vae.SD_VAE_NORM.scale)

@@ -1,6 +1,7 @@
 """diffusers' multistep flow solvers (UniPC, DPM-Solver++ 2M / 3M, DEIS with use_flow_sigmas) drive a
 sit-objective model through ``Objective.steps``: the same numbers as diffusers' own loop, converging on the
-Gaussian closed form (so the flow's sign is right), and clear refusals (issue 39's groundwork)."""
+Gaussian closed form (so the flow's sign is right), and clear refusals (issue 39's groundwork); the ones
+offered as ``--sampling-method`` (unipc, dpm++2m, dpm++3m) are those schedulers exactly."""
 
 import pytest
 import torch
@@ -13,9 +14,11 @@ from diffusers import (
 )
 
 from sit_vit5.errors import SettingError
+from sit_vit5.names import FLOW_SOLVERS
 from sit_vit5.objective import create_objective
 from sit_vit5.sample_spec import SampleSpec
 from sit_vit5.sampling import SamplingPipeline
+from sit_vit5.transport.sampler import shift_times
 from tests.gaussian_target import GaussianTarget
 
 F64 = torch.float64
@@ -75,3 +78,49 @@ def test_what_cannot_run_is_refused_naming_the_setting():
         OBJECTIVE.steps(shifted, scheduler=UniPCMultistepScheduler(**FLOW))
     assert err.value.key == "time_shift"
     assert len(OBJECTIVE.steps(shifted, scheduler=FlowMatchEulerDiscreteScheduler()).timesteps) == 8
+
+
+#: the flow solvers offered as ``--sampling-method`` -> the scheduler above made by hand
+BY_NAME = {"unipc": "UniPC", "dpm++2m": "DPM-Solver++ 2M", "dpm++3m": "DPM-Solver++ 3M"}
+
+
+def test_the_offered_flow_solvers_are_the_schedulers_made_by_hand():
+    assert set(BY_NAME) == set(FLOW_SOLVERS)  # a new entry needs its hand-made twin here
+    for name, label in BY_NAME.items():
+        spec = SampleSpec(method="ode", sampling_method=name, num_steps=9)
+        built = OBJECTIVE.sampler(spec)
+        whole = built.sample(Z.clone(), velocity, y=LABELS)
+        assert whole.shape == (9, *Z.shape) and torch.equal(whole[0], Z)
+        assert built.sampler.last_nfe == spec.nfe == 8
+        expected = ours(SCHEDULERS[label], 9)  # diffusers' scheduler swapped in by hand
+        assert torch.equal(whole[-1], expected), name
+        steps = OBJECTIVE.steps(spec)  # step by step without a scheduler argument: the same
+        assert torch.equal(SamplingPipeline.denoise(Z.clone(), LABELS, [], steps, velocity), expected)
+
+
+def test_the_time_shift_of_a_flow_solver_is_its_flow_shift_sd3s_formula():
+    shifted = SampleSpec(method="ode", sampling_method="unipc", num_steps=9, time_shift=3.0)
+    by_hand = ours(lambda: UniPCMultistepScheduler(**FLOW, flow_shift=3.0), 9)
+    built = OBJECTIVE.sampler(shifted)
+    assert torch.equal(built.sample(Z.clone(), velocity, y=LABELS)[-1], by_hand)
+    assert not torch.equal(by_hand, ours(SCHEDULERS["UniPC"], 9))
+    plain, three = UniPCMultistepScheduler(**FLOW), UniPCMultistepScheduler(**FLOW, flow_shift=3.0)
+    plain.set_timesteps(8)
+    three.set_timesteps(8)
+    t = 1 - plain.sigmas.double()  # our t of the unshifted sigmas
+    assert torch.allclose(1 - shift_times(t, 3.0), three.sigmas.double(), atol=1e-6)
+
+
+@pytest.mark.parametrize("num_steps, shift", [(1000, None), (1001, None), (400, 3.0)])
+def test_step_counts_whose_integer_timesteps_repeat_are_refused(num_steps, shift):
+    """diffusers rounds sigma x 1000 to integer timesteps; repeated ones misplace the first step
+    (UniPC at 999 steps fails on its last one), so they are refused before sampling."""
+    spec = SampleSpec(method="ode", sampling_method="unipc", num_steps=num_steps, time_shift=shift)
+    with pytest.raises(SettingError) as err:
+        OBJECTIVE.sampler(spec)
+    assert (err.value.key, err.value.value) == ("num_steps", num_steps)
+    with pytest.raises(SettingError):  # the same scheduler swapped in by hand
+        OBJECTIVE.steps(SampleSpec(method="ode", sampling_method="euler", num_steps=num_steps),
+                        scheduler=UniPCMultistepScheduler(**FLOW, flow_shift=shift or 1.0))
+    fine = SampleSpec(method="ode", sampling_method="unipc", num_steps=999, time_shift=None)
+    assert len(OBJECTIVE.steps(fine).timesteps) == 998

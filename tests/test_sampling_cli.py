@@ -134,7 +134,7 @@ def test_official_bare_state_dict_needs_model_flag(tmp_path, vae_dir, capsys):
         (["--vae", "stabilityai/sd-vae-ft-ema"], ("--vae", "stabilityai/sd-vae-ft-ema",
                                                   "vae.name=none")),
         (["--classes", "3", "10"], ("--classes", "[10]", "[0, 10)")),
-        (["--sampling-method", "rk45"], ("sampling_method", "'rk45'", "'dopri5'")),
+        (["--sampling-method", "rk45"], ("--sampling-method rk45", "'dopri5'", "'unipc'")),
         (["--image-size", "7"], ("--image-size", "7", "2")),
         (["--cfg-scale", "2", "--cfg-channels", "3"], ("cfg_channels=3", "1")),
     ],

@@ -119,6 +119,11 @@ def _common_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("sampler (defaults: the checkpoint's sample section, else SiT's "
                              "sample.py)")
     add_sampler_arguments(g)
+    g.add_argument("--nfe", type=positive_int, help="model evaluations per image (CFG's doubled "
+                   "batch counts once) instead of --num-steps: the steps that make exactly N with "
+                   "the chosen solver (ode heun2: N even; sde: N - 1 steps and the last step); a "
+                   "count the solver cannot make, or an adaptive solver, is refused. See --method "
+                   "list")
     g.add_argument("--allow-negative-cfg", action="store_true",
                    help="accept --cfg-scale < 0 (steers samples away from their class)")
 
@@ -225,9 +230,15 @@ def default_checkpoint(model: str | None, image_size: int | None) -> str:
 def resolve_spec(args: argparse.Namespace, saved: dict,
                  default_method: str = SampleSpec.method) -> SampleSpec:
     """Flags, else the checkpoint's ``sample`` section ``saved`` (ours), else the objective's
-    default method (ddpm: DiT's sampler) and the SampleSpec defaults."""
+    default method (ddpm: DiT's sampler) and the SampleSpec defaults; ``--nfe`` then sets the
+    steps (SettingError naming it when the solver cannot make that many)."""
     flags = {key: getattr(args, key) for key in SampleSpec.keys()}
-    return SampleSpec.resolve(flags, saved, {"method": default_method}, explicit=True)
+    nfe = getattr(args, "nfe", None)
+    if nfe is not None and flags["num_steps"] is not None:
+        raise UsageError(f"--nfe {nfe} and --num-steps {flags['num_steps']} both set the steps; "
+                         "give one")
+    spec = SampleSpec.resolve(flags, saved, {"method": default_method}, explicit=True)
+    return spec if nfe is None else spec.with_nfe(nfe)
 
 
 def resolve_transport(args: argparse.Namespace, info: LoadedModel) -> dict:
@@ -302,7 +313,10 @@ def build_pipeline(args: argparse.Namespace, device: torch.device
     except SettingError as err:  # the objective's check, worded with the checkpoint it is about
         if err.key != "method":
             raise
-        raise SettingError(err.key, err.value,
+        # a typed solver (diffusers' unipc, ...) is named too
+        value = (f"{err.value} --sampling-method {args.sampling_method}"
+                 if args.sampling_method else err.value)
+        raise SettingError(err.key, value,
                            f"{err.reason} ({args.ckpt} is a {objective.name}-objective model)"
                            ) from None
     return pipe, loaded, pipe.image_size

@@ -7,7 +7,7 @@ import argparse
 import shlex
 import sys
 
-from ..errors import KNOWN_ERRORS, run_cli
+from ..errors import KNOWN_ERRORS, SettingError, one_line, run_cli
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,7 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "nfe":
         from .nfe import run as run_nfe
 
-        return run_cli("python -m sit_vit5.experiments nfe", lambda: run_nfe(args))
+        return run_cli("python -m sit_vit5.experiments nfe", lambda: run_nfe(args),
+                       render=lambda e: e.as_flag() if isinstance(e, SettingError) else one_line(e))
     from .imagenet import run
 
     # sampling resumes per checkpoint (bulk parts): a rerun continues after Ctrl-C / SIGTERM

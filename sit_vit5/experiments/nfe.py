@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,11 @@ from typing import Any
 import torch
 
 from ..atomic_files import atomic_write_text
+from ..errors import SettingError, one_line
 from ..models import load_model
+from ..names import FLOW_SOLVERS
+from ..objective import create_objective
+from ..sample_spec import finite_float, positive_int
 from ..sampling import SampleSpec, SamplingPipeline
 from . import report
 
@@ -33,74 +37,49 @@ SAMPLE_SEED = 0
 
 @dataclass(frozen=True)
 class Solver:
-    """How one solver reaches ``nfe`` evaluations: ``spec(nfe)`` (None: not reachable) and,
-    for diffusers' multistep solvers, ``scheduler()``."""
+    """One solver of the study: the ``SampleSpec`` fields that choose it (method,
+    sampling_method, ...) and the objective it samples; ``spec(nfe)`` sets its steps."""
 
     name: str
     objective: str
-    spec: Callable[[int], SampleSpec | None]
-    scheduler: Callable[[], Any] | None = None
+    fields: Mapping[str, Any]
 
-
-def _flow(cls_name: str, **kwargs: Any) -> Callable[[], Any]:
-    def make() -> Any:
-        import diffusers
-
-        return getattr(diffusers, cls_name)(
-            use_flow_sigmas=True, prediction_type="flow_prediction", **kwargs
-        )
-
-    return make
-
-
-def _ode(method: str, per_step: int) -> Callable[[int], SampleSpec | None]:
-    # num_steps grid points = num_steps - 1 steps of ``per_step`` evaluations
-    return lambda nfe: (
-        SampleSpec(method="ode", sampling_method=method, num_steps=nfe // per_step + 1)
-        if nfe % per_step == 0
-        else None
-    )
-
-
-def _sde(last_step: str) -> Callable[[int], SampleSpec | None]:
-    # Euler-Maruyama: num_steps - 1 steps and one last-step evaluation
-    return lambda nfe: (
-        SampleSpec(method="sde", sampling_method="Euler", num_steps=nfe, last_step=last_step)
-        if nfe >= 2
-        else None
-    )
+    def spec(self, nfe: int) -> SampleSpec:
+        """The spec making ``nfe`` evaluations per image (SettingError naming ``nfe`` when this
+        solver cannot make exactly that many)."""
+        return SampleSpec(**self.fields).with_nfe(nfe)
 
 
 SOLVERS = {
     s.name: s
     for s in (
-        Solver("ode-euler", "sit", _ode("euler", 1)),
-        Solver("ode-heun", "sit", _ode("heun2", 2)),
-        Solver("sde-euler-mean", "sit", _sde("Mean")),
-        Solver("sde-euler-tweedie", "sit", _sde("Tweedie")),
-        Solver("unipc", "sit", _ode("euler", 1), _flow("UniPCMultistepScheduler")),
-        Solver(
-            "dpm++2m",
-            "sit",
-            _ode("euler", 1),
-            _flow("DPMSolverMultistepScheduler", algorithm_type="dpmsolver++", solver_order=2),
-        ),
-        Solver(
-            "dpm++3m",
-            "sit",
-            _ode("euler", 1),
-            _flow("DPMSolverMultistepScheduler", algorithm_type="dpmsolver++", solver_order=3),
-        ),
-        Solver("ddim", "ddpm", lambda nfe: SampleSpec(method="ddim", num_steps=nfe)),
-        Solver("ddpm", "ddpm", lambda nfe: SampleSpec(method="ddpm", num_steps=nfe)),
+        Solver("ode-euler", "sit", {"method": "ode", "sampling_method": "euler"}),
+        Solver("ode-heun", "sit", {"method": "ode", "sampling_method": "heun2"}),
+        Solver("sde-euler-mean", "sit", {"method": "sde", "sampling_method": "Euler",
+                                         "last_step": "Mean"}),
+        Solver("sde-euler-tweedie", "sit", {"method": "sde", "sampling_method": "Euler",
+                                            "last_step": "Tweedie"}),
+        # diffusers' multistep solvers with flow sigmas (unipc, dpm++2m, dpm++3m)
+        *(Solver(name, "sit", {"method": "ode", "sampling_method": name}) for name in FLOW_SOLVERS),
+        Solver("ddim", "ddpm", {"method": "ddim"}),
+        Solver("ddpm", "ddpm", {"method": "ddpm"}),
     )
 }
-#: dopri5 at several tolerances: its rows are keyed by the tolerance, plotted at the NFE it counted
-ADAPTIVE = Solver(
-    "ode-dopri5",
-    "sit",
-    lambda tol: SampleSpec(method="ode", sampling_method="dopri5", num_steps=2, atol=tol, rtol=tol),
-)
+
+
+@dataclass(frozen=True)
+class Adaptive:
+    """dopri5 at several tolerances: its rows are keyed by the tolerance (atol = rtol) and plotted
+    at the NFE it counted."""
+
+    name: str
+    objective: str
+
+    def spec(self, tol: float) -> SampleSpec:
+        return SampleSpec(method="ode", sampling_method="dopri5", num_steps=2, atol=tol, rtol=tol)
+
+
+ADAPTIVE = Adaptive("ode-dopri5", "sit")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -111,12 +90,36 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--out", default="results/nfe", help="folder of the cached rows, tables and plots"
     )
     p.add_argument(
-        "--solvers", nargs="+", default=[*SOLVERS, ADAPTIVE.name], choices=[*SOLVERS, ADAPTIVE.name]
+        "--solvers", nargs="+", default=None, choices=[*SOLVERS, ADAPTIVE.name],
+        help="default: every solver of each checkpoint's objective; named ones must all sample "
+        "every checkpoint (ddim / ddpm: DiT-objective models only, the others SiT's)"
     )
-    p.add_argument("--nfe", nargs="+", type=int, default=list(NFES), help="target NFEs per image")
-    p.add_argument("--cfg-scales", nargs="+", type=float, default=[1.0], help="1 = no guidance")
-    p.add_argument("--num-samples", type=int, default=1000, help="images per row (FID sample size)")
-    p.add_argument("--batch-size", type=int, default=250)
+    p.add_argument("--nfe", nargs="+", type=positive_int, default=list(NFES),
+                   help="target NFEs per image; each solver asked for must make every one "
+                   "exactly (ode-heun: even; the SDE: >= 2), else nothing runs")
+    p.add_argument("--cfg-scales", nargs="+", type=finite_float, default=[1.0],
+                   help="1 = no guidance")
+    p.add_argument("--num-samples", type=positive_int, default=1000,
+                   help="images per row (FID sample size)")
+    p.add_argument("--batch-size", type=positive_int, default=250)
+
+
+def check_grid(solvers: Sequence[str], nfes: Sequence[int]) -> None:
+    """Every (solver, NFE) row the arguments ask for can run: its spec exists and its sampler
+    builds (a diffusers scheduler's timesteps stay distinct). Raises SettingError naming the NFE
+    and the solver, before any checkpoint is read or row written."""
+    for name in solvers:
+        solver = SOLVERS.get(name)
+        if solver is None:  # the adaptive solver: rows keyed by tolerance
+            continue
+        objective = create_objective({"objective": solver.objective})
+        for nfe in nfes:
+            try:
+                objective.sampler(solver.spec(nfe))
+            except ValueError as err:  # SettingError, or a respacing the diffusion cannot do
+                nfe_error = isinstance(err, SettingError) and err.key == "nfe"
+                detail = err.reason.removeprefix(": ") if nfe_error else one_line(err)
+                raise SettingError("nfe", nfe, f" for solver {name}: {detail}") from None
 
 
 def score(images: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
@@ -131,17 +134,15 @@ def score(images: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
 
 
 def run_row(
-    loaded: Any, solver: Solver, spec: SampleSpec, num_samples: int, batch_size: int
+    loaded: Any, solver: Solver | Adaptive, spec: SampleSpec, num_samples: int, batch_size: int
 ) -> dict[str, Any]:
-    """Sample and score one row: NFE per image as counted, FID, accuracy."""
+    """Sample and score one row of ``solver`` (``spec``: its settings at this row's NFE): NFE per
+    image as counted, FID, accuracy."""
     pipe = SamplingPipeline.for_model(loaded, spec)
-    steps = pipe.steps(solver.scheduler()) if solver.scheduler else None
     images, labels, nfe = [], [], set()
     for lo in range(0, num_samples, batch_size):
         indices = range(lo, min(lo + batch_size, num_samples))
-        batch = pipe.generate(
-            indices, SAMPLE_SEED, labels=[i % pipe.num_classes for i in indices], steps=steps
-        )
+        batch = pipe.generate(indices, SAMPLE_SEED, labels=[i % pipe.num_classes for i in indices])
         images.append(batch.pixels)
         labels.append(torch.as_tensor(batch.labels))
         nfe.add(batch.nfe)
@@ -157,6 +158,21 @@ def checkpoint_name(path: str | Path) -> str:
     return "-".join([*path.parent.parent.parts[-3:], path.stem])
 
 
+def solver_objective(name: str) -> str:
+    """The objective solver ``name`` samples (sit or ddpm)."""
+    return ADAPTIVE.objective if name == ADAPTIVE.name else SOLVERS[name].objective
+
+
+def check_solvers(solvers: Sequence[str], path: str | Path, objective: str) -> None:
+    """SettingError naming the first of ``solvers`` that cannot sample checkpoint ``path`` (a
+    model trained with ``objective``) and that checkpoint's solvers."""
+    for name in solvers:
+        if solver_objective(name) != objective:
+            own = [n for n in (*SOLVERS, ADAPTIVE.name) if solver_objective(n) == objective]
+            raise SettingError("solvers", name, f": cannot sample {path}, a model trained with the "
+                               f"{objective} objective; its solvers: {', '.join(own)}")
+
+
 def study(
     path: str | Path,
     solvers: Sequence[str],
@@ -165,10 +181,12 @@ def study(
     num_samples: int,
     batch_size: int,
     out: str | Path,
+    loaded: Any = None,
 ) -> list[dict[str, Any]]:
-    """Every row of one checkpoint, computed or read from ``OUT/<name>.json``; writes the table and
-    the plot."""
-    loaded = load_model(path)
+    """Every row of one checkpoint (``loaded``: it, already loaded), computed or read from
+    ``OUT/<name>.json``; writes the table and the plot. Solvers of another objective are
+    skipped."""
+    loaded = loaded if loaded is not None else load_model(path)
     name = checkpoint_name(path)
     cache = Path(out) / f"{name}.json"
     rows: dict[str, dict[str, Any]] = json.loads(cache.read_text()) if cache.is_file() else {}
@@ -180,9 +198,9 @@ def study(
         for cfg in cfg_scales:
             for target in targets:
                 key = f"{solver.name} {target:g} cfg{cfg:g}"
-                spec = solver.spec(target)
-                if key in rows or spec is None:
+                if key in rows:
                     continue
+                spec = solver.spec(target)
                 spec = SampleSpec.resolve({"cfg_scale": cfg}, vars(spec))
                 rows[key] = {
                     "solver": solver.name,
@@ -229,10 +247,20 @@ def _plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Every checkpoint's rows, table and plot; prints the best row of each."""
+    """Every checkpoint's rows, table and plot; prints the best row of each. Bad arguments (a
+    missing checkpoint, an NFE a solver cannot make) are refused before anything is written."""
+    missing = [path for path in args.checkpoints if not Path(path).is_file()]
+    if missing:
+        raise FileNotFoundError(f"checkpoint not found: {', '.join(missing)}")
+    solvers = args.solvers or [*SOLVERS, ADAPTIVE.name]
+    check_grid(solvers, args.nfe)
+    models = {path: load_model(path) for path in args.checkpoints}  # digits models: small
+    if args.solvers:  # named solvers: each must sample every checkpoint
+        for path, loaded in models.items():
+            check_solvers(args.solvers, path, loaded.objective_name)
     for path in args.checkpoints:
-        table = study(path, args.solvers, args.nfe, args.cfg_scales, args.num_samples,
-                      args.batch_size, args.out)
+        table = study(path, solvers, args.nfe, args.cfg_scales, args.num_samples,
+                      args.batch_size, args.out, models.pop(path, None))
         line = f"{path}: {len(table)} rows -> {args.out}"
         if table:
             best = min(table, key=lambda r: r.get("fid16", r["fid"]))

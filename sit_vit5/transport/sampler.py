@@ -18,7 +18,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..errors import SettingError
-from ..names import DEFAULT_ATOL, DEFAULT_RTOL, choose
+from ..names import DEFAULT_ATOL, DEFAULT_RTOL, FLOW_SOLVERS, ODE_ALIASES, choose
 from .integrators import (
     SDE_STEPS,
     CountingModel,
@@ -102,9 +102,17 @@ class Sampler:
 
         Fixed-grid methods take ``num_steps - 1`` steps (NFE = steps x evaluations per step, e.g.
         heun2: 2); adaptive ones (dopri5, ...) report their solution on ``num_steps`` grid points
-        and warn about it. The function returns the trajectory ``(num_steps, *z.shape)``, final
-        sample last.
+        and warn about it; diffusers' multistep flow solvers (``FLOW_SOLVERS``: unipc, dpm++2m,
+        ...) take ``num_steps - 1`` steps of 1 evaluation on their own sigmas, ``time_shift``
+        being their ``flow_shift``. The function returns the trajectory ``(num_steps, *z.shape)``,
+        final sample last.
         """
+        if flow_solver_name(sampling_method) is not None:
+            if reverse:
+                raise SettingError("sampling_method", sampling_method,
+                                   ": diffusers' flow solvers integrate noise -> data only")
+            return self._sample_flow_solver(FlowSchedulerSteps(
+                self, flow_scheduler(sampling_method, time_shift), num_steps))
         method = ode_method(sampling_method)
         if is_adaptive(method):
             _warn_adaptive(method, num_steps)
@@ -117,6 +125,25 @@ class Sampler:
             xs = solve_ode(self._velocity_fn(model, model_kwargs), z, grid, method, atol, rtol)
             self.last_nfe = model.nfe
             return xs
+
+        return _sample
+
+    def _sample_flow_solver(self, steps: FlowSchedulerSteps) -> Callable[..., Tensor]:
+        """The whole trajectory of a diffusers flow scheduler's ``steps`` (restarted per call)."""
+
+        def _sample(z: Tensor, model_fn: Callable[..., Tensor], *,
+                    generator: GeneratorLike = None, **model_kwargs):
+            # deterministic: generator is accepted only for a uniform API
+            model = CountingModel(model_fn)
+            velocity = self._velocity_fn(model, model_kwargs)
+            steps.restart()
+            xs = [z * steps.init_noise_sigma]
+            with torch.no_grad():
+                for t in steps.timesteps:
+                    x = xs[-1]
+                    xs.append(steps.flow_step(velocity(x, steps.model_time(t, x)), t, x))
+            self.last_nfe = model.nfe
+            return torch.stack(xs)
 
         return _sample
 
@@ -274,6 +301,30 @@ class EulerSteps:
         return x + (t_next - t) * self.transport.velocity(out, x, batch_time(t, x))
 
 
+def flow_solver_name(sampling_method: str | None) -> str | None:
+    """The ``FLOW_SOLVERS`` key ``sampling_method`` names (any case), None for other methods."""
+    if sampling_method is None:
+        return None
+    key = ODE_ALIASES.get(sampling_method.lower(), sampling_method.lower())
+    return key if key in FLOW_SOLVERS else None
+
+
+def flow_scheduler(sampling_method: str, time_shift: float | None = None) -> Any:
+    """diffusers' multistep scheduler of a ``FLOW_SOLVERS`` name with flow sigmas and velocity
+    (``flow_prediction``) output, its sigmas shifted by ``time_shift`` (SD3's shift = diffusers'
+    ``flow_shift``; None: uniform)."""
+    import diffusers
+
+    name = flow_solver_name(sampling_method)
+    if name is None:
+        raise SettingError("sampling_method", sampling_method,
+                           f": not a diffusers flow solver; valid: {', '.join(FLOW_SOLVERS)}")
+    cls, kwargs = FLOW_SOLVERS[name]
+    return getattr(diffusers, cls)(use_flow_sigmas=True, prediction_type="flow_prediction",
+                                   flow_shift=1.0 if time_shift is None else float(time_shift),
+                                   **kwargs)
+
+
 def is_flow_scheduler(scheduler: Any) -> bool:
     """Whether a diffusers ``scheduler`` steps a flow on sigma = 1 - t: ``FlowMatch*``, or a
     multistep solver (UniPC, DPM-Solver++, DEIS) with ``use_flow_sigmas`` and
@@ -287,7 +338,9 @@ class FlowSchedulerSteps:
     """diffusers' flow ``scheduler`` (:func:`is_flow_scheduler`) stepping our model: its sigma is
     1 - t and its flow points from data to noise (= -velocity). ``FlowMatch*`` steps on our ODE grid
     (``num_steps`` points, shifted by ``time_shift``); the multistep solvers on their own sigmas,
-    ``num_steps - 1`` of them (their ``flow_shift`` is the shift: ``time_shift`` is refused)."""
+    ``num_steps - 1`` of them (their ``flow_shift`` is the shift: ``time_shift`` is refused). Their
+    timesteps are integers (sigma x num_train_timesteps, rounded): a step count at which two of
+    them coincide would misplace the first step and is refused (SettingError naming num_steps)."""
 
     def __init__(self, sampler: Sampler, scheduler: Any, num_steps: int,
                  device: torch.device | str | None = None, time_shift: float | None = None) -> None:
@@ -310,6 +363,14 @@ class FlowSchedulerSteps:
         self._setup()
         self.timesteps = scheduler.timesteps
         self.init_noise_sigma = getattr(scheduler, "init_noise_sigma", 1.0)
+        if not name.startswith("FlowMatch") and \
+                len(set(self.timesteps.tolist())) < len(self.timesteps):
+            shift = scheduler.config.get("flow_shift", 1.0)
+            raise SettingError("num_steps", num_steps,
+                               f": {name} rounds its timesteps to integers (sigma x "
+                               f"{scheduler.config.num_train_timesteps}), and at {num_steps - 1} "
+                               "steps" + (f" with flow_shift {shift:g}" if shift != 1 else "")
+                               + " two coincide; use fewer steps")
 
     def restart(self) -> None:
         self._setup()
@@ -323,5 +384,9 @@ class FlowSchedulerSteps:
     def step(self, model_output: Tensor, t: Tensor, x: Tensor,
              generator: GeneratorLike = None) -> Tensor:
         out = self.transport.read_output(model_output, x)
-        flow = -self.transport.velocity(out, x, self.model_time(t, x))
-        return self.scheduler.step(flow, t, x).prev_sample
+        return self.flow_step(self.transport.velocity(out, x, self.model_time(t, x)), t, x)
+
+    def flow_step(self, velocity: Tensor, t: Tensor, x: Tensor) -> Tensor:
+        """``x`` ``(B, C, H, W)`` at the next timestep from our ``velocity`` at ``t`` (one of
+        ``timesteps``): the scheduler's step on its flow, ``-velocity``."""
+        return self.scheduler.step(-velocity, t, x).prev_sample
