@@ -3,6 +3,7 @@ and resumed, a table and a plot; diffusers' schedulers restart per batch (issue 
 
 import json
 
+import pytest
 import torch
 
 from sit_vit5.config import load_config
@@ -57,3 +58,36 @@ def test_a_diffusers_scheduler_restarts_for_every_batch(tmp_path):
         two = [pipe.generate(range(lo, lo + 2), 0, labels=[1 + lo, 2 + lo], steps=steps).pixels
                for lo in (0, 2)]
         assert torch.allclose(one, torch.cat(two), atol=1e-6)
+
+
+def test_the_summary_holds_each_setting_against_the_sde_over_seeds(tmp_path):
+    """Ratios to the same checkpoint's 250-NFE SDE, per kind and CFG scale, over the seeds that have
+    both rows; digits16 reads FID16, digits8 the 8x8 FID; a file without the reference is left out."""
+    from sit_vit5.experiments.__main__ import main as experiments_main
+    from sit_vit5.experiments.nfe import summary_rows
+
+    def row(solver, nfe, cfg, fid, fid16=None):
+        return {"solver": solver, "nfe": nfe, "target": nfe, "cfg_scale": cfg, "fid": fid,
+                **({} if fid16 is None else {"fid16": fid16})}
+
+    files = {
+        "digits8-sit-seed1-0002000": [row("sde-euler-mean", 250, 1.0, 10.0), row("unipc", 8, 1.0, 12.0),
+                                      row("sde-euler-mean", 250, 1.5, 4.0), row("unipc", 8, 1.5, 5.0)],
+        "digits8-sit-seed2-0002000": [row("sde-euler-mean", 250, 1.0, 8.0), row("unipc", 8, 1.0, 6.0)],
+        "digits8-sit-seed3-0002000": [row("unipc", 8, 1.0, 1.0)],  # no reference: not counted
+        "digits16-sit-seed1-0002000": [row("sde-euler-mean", 250, 1.0, 100.0, 20.0),
+                                       row("unipc", 8, 1.0, 50.0, 10.0)],
+    }
+    for name, rows in files.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps({str(i): r for i, r in enumerate(rows)}))
+    table = {(r["checkpoint"], r["cfg_scale"], r["setting"]): r for r in summary_rows(tmp_path)}
+    assert set(table) == {("digits8-sit", 1.0, "unipc 8"), ("digits8-sit", 1.5, "unipc 8"),
+                          ("digits16-sit", 1.0, "unipc 8")}
+    d8 = table["digits8-sit", 1.0, "unipc 8"]
+    assert d8["n"] == 2 and d8["seeds"] == "1 2"
+    assert d8["mean_ratio"] == pytest.approx((1.2 + 0.75) / 2)
+    assert (d8["min_ratio"], d8["max_ratio"]) == pytest.approx((0.75, 1.2))
+    assert table["digits8-sit", 1.5, "unipc 8"]["mean_ratio"] == pytest.approx(1.25)
+    assert table["digits16-sit", 1.0, "unipc 8"]["mean_ratio"] == pytest.approx(0.5)  # FID16
+    assert experiments_main(["nfe-summary", "--out", str(tmp_path)]) == 0
+    assert "| digits8-sit | 1.5 | unipc 8 | 1 | 1.250 |" in (tmp_path / "summary.md").read_text()

@@ -24,7 +24,15 @@ def main(argv: list[str] | None = None) -> int:
     from .nfe import add_arguments as add_nfe_arguments
 
     add_nfe_arguments(n)
+    summary = sub.add_parser("nfe-summary", help="the few-step settings' FID ratio to the 250-NFE "
+                             "SDE over training seeds, from an nfe study's row files")
+    summary.add_argument("--out", default="results/nfe", help="the nfe study's folder")
     args = parser.parse_args(argv)
+    if args.command == "nfe-summary":
+        from .nfe import summarize
+
+        return run_cli("python -m sit_vit5.experiments nfe-summary",
+                       lambda: print(f"wrote {summarize(args.out)}") or 0)
     command = "python -m sit_vit5.experiments " + shlex.join(argv)
     if args.command == "nfe":
         from .nfe import run as run_nfe

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..atomic_files import atomic_write_text
@@ -268,3 +270,57 @@ def run(args: argparse.Namespace) -> int:
             line += f"; best {best['solver']} at NFE {best['nfe']}: FID {fid:.2f}"
         print(line)
     return 0
+
+
+#: a row file's name: dataset-arm-seedN-step (``checkpoint_name`` of a digits-study checkpoint)
+ROW_FILE = re.compile(r"(?P<kind>.+)-seed(?P<seed>\d+)-(?P<step>\d+)\.json")
+REFERENCE = ("sde-euler-mean", 250)  # SiT's default sampler: the row each setting is held against
+
+
+def summary_rows(out: str | Path, settings: Sequence[tuple[str, int]] = (("unipc", 8),
+                                                                         ("unipc", 16))
+                 ) -> list[dict[str, Any]]:
+    """Per checkpoint kind (dataset-arm), CFG scale and setting: the ratio of the setting's FID to
+    the same checkpoint's 250-NFE SDE FID over the training seeds that have both (FID16 on
+    digits16, the 8×8 FID elsewhere): n, mean, min, max and the seeds."""
+    ratios: dict[tuple[str, float, str, int], dict[int, float]] = {}
+    for path in sorted(Path(out).glob("*.json")):
+        match = ROW_FILE.fullmatch(path.name)
+        if match is None:
+            continue
+        kind, seed = match["kind"], int(match["seed"])
+        metric = "fid16" if kind.startswith("digits16") else "fid"
+        rows = json.loads(path.read_text()).values()
+        for cfg in sorted({r["cfg_scale"] for r in rows}):
+            at = {(r["solver"], r["nfe"]): r[metric] for r in rows if r["cfg_scale"] == cfg}
+            if REFERENCE not in at:
+                continue
+            for solver, nfe in settings:
+                if (solver, nfe) in at:
+                    ratio = at[solver, nfe] / at[REFERENCE]
+                    ratios.setdefault((kind, cfg, solver, nfe), {})[seed] = ratio
+    table = []
+    for (kind, cfg, solver, nfe), by_seed in sorted(ratios.items()):
+        values = np.array(list(by_seed.values()))
+        table.append({"checkpoint": kind, "cfg_scale": cfg, "setting": f"{solver} {nfe}",
+                      "n": len(values), "mean_ratio": float(values.mean()),
+                      "min_ratio": float(values.min()), "max_ratio": float(values.max()),
+                      "seeds": " ".join(map(str, sorted(by_seed)))})
+    return table
+
+
+def summarize(out: str | Path) -> Path:
+    """Write ``OUT/summary.md``: :func:`summary_rows` as a table; returns its path."""
+    table = summary_rows(out)
+    if not table:
+        raise FileNotFoundError(f"{out}: no row files with a 250-NFE SDE reference "
+                                "(python -m sit_vit5.experiments nfe CKPT --out ...)")
+    for row in table:
+        for key in ("mean_ratio", "min_ratio", "max_ratio"):
+            row[key] = f"{row[key]:.3f}"
+    path = Path(out) / "summary.md"
+    atomic_write_text(path, "# Few-step settings against the 250-NFE SDE (FID ratio; < 1 = "
+                      "better)\n\nWritten by `python -m sit_vit5.experiments nfe-summary --out "
+                      f"{out}` from the row files beside it.\n\n"
+                      + report.markdown_table(table, list(table[0])) + "\n")
+    return path
