@@ -309,8 +309,40 @@ def summary_rows(out: str | Path, settings: Sequence[tuple[str, int]] = (("unipc
     return table
 
 
+def _plot_seeds(out: Path, path: Path, solvers: Sequence[str] = ("unipc", "sde-euler-mean")
+                ) -> None:
+    """One panel per checkpoint kind: each solver's FID (FID16 on digits16) against the NFE at CFG
+    1, the mean over the training seeds with their min-max band, at NFEs every seed has."""
+    runs: dict[str, dict[int, dict[tuple[str, int], float]]] = {}
+    for file in sorted(out.glob("*.json")):
+        match = ROW_FILE.fullmatch(file.name)
+        if match is None:
+            continue
+        metric = "fid16" if match["kind"].startswith("digits16") else "fid"
+        runs.setdefault(match["kind"], {})[int(match["seed"])] = {
+            (r["solver"], r["nfe"]): r[metric]
+            for r in json.loads(file.read_text()).values() if r["cfg_scale"] == 1}
+    plt = report.pyplot()
+    fig, axes = plt.subplots(1, len(runs), figsize=(4.5 * len(runs), 3.8), squeeze=False)
+    for ax, (kind, seeds) in zip(axes[0], sorted(runs.items()), strict=True):
+        for solver in solvers:
+            nfes = sorted(set.intersection(*({n for s, n in rows if s == solver}
+                                              for rows in seeds.values())))
+            if not nfes:
+                continue
+            values = np.array([[rows[solver, n] for n in nfes] for rows in seeds.values()])
+            ax.plot(nfes, values.mean(0), marker="o", label=f"{solver} (n = {len(values)})")
+            ax.fill_between(nfes, values.min(0), values.max(0), alpha=0.2)
+        ax.set(xscale="log", yscale="log", xlabel="NFE per image", title=kind,
+               ylabel="FID16" if kind.startswith("digits16") else "FID (8×8)")
+        ax.legend(fontsize=7)
+    report.save_figure(fig, path)
+
+
 def summarize(out: str | Path) -> Path:
-    """Write ``OUT/summary.md``: :func:`summary_rows` as a table; returns its path."""
+    """Write ``OUT/summary.md`` (:func:`summary_rows` as a table) and ``OUT/summary.png`` (FID
+    against NFE over the training seeds); returns the table's path."""
+    _plot_seeds(Path(out), Path(out) / "summary.png")
     table = summary_rows(out)
     if not table:
         raise FileNotFoundError(f"{out}: no row files with a 250-NFE SDE reference "
@@ -321,6 +353,7 @@ def summarize(out: str | Path) -> Path:
     path = Path(out) / "summary.md"
     atomic_write_text(path, "# Few-step settings against the 250-NFE SDE (FID ratio; < 1 = "
                       "better)\n\nWritten by `python -m sit_vit5.experiments nfe-summary --out "
-                      f"{out}` from the row files beside it.\n\n"
+                      f"{out}` from the row files beside it; summary.png: FID against NFE, "
+                      "seed mean and min-max band.\n\n"
                       + report.markdown_table(table, list(table[0])) + "\n")
     return path
