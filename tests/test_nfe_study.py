@@ -91,3 +91,4 @@ def test_the_summary_holds_each_setting_against_the_sde_over_seeds(tmp_path):
     assert table["digits16-sit", 1.0, "unipc 8"]["mean_ratio"] == pytest.approx(0.5)  # FID16
     assert experiments_main(["nfe-summary", "--out", str(tmp_path)]) == 0
     assert "| digits8-sit | 1.5 | unipc 8 | 1 | 1.250 |" in (tmp_path / "summary.md").read_text()
+    assert (tmp_path / "summary.png").stat().st_size > 0
