@@ -119,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
         for entry in mine:
             writer.encode_shard(entry, progress=bar.update,
                                 skipped=lambda msg: tqdm.write(f"skipping {msg}", file=sys.stderr))
+    if state.is_main_process:
+        print("recording the per-channel statistics of the posterior means (one pass over the "
+              "cache's means)", flush=True)
     manifest = writer.finish()
     if manifest is not None:
         skipped = manifest["bad_files"]
