@@ -20,6 +20,8 @@ import torch.nn as nn
 from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
 from tqdm.auto import tqdm
 
+from fid.provenance import file_sha256 as sha256_of  # noqa: F401  (the one file hash of fid/)
+
 INCEPTION_FILENAME = "weights-inception-2015-12-05-6726825d.pth"
 INCEPTION_URL = f"https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/{INCEPTION_FILENAME}"
 # 95,628,359 bytes. Not published by torch-fidelity itself; recorded identically by several independent
@@ -38,16 +40,6 @@ class InceptionWeightsError(RuntimeError):
 def default_weights_path() -> Path:
     """Where torch-fidelity's own download lands: <torch hub dir>/checkpoints/<file name>."""
     return Path(torch.hub.get_dir()) / "checkpoints" / INCEPTION_FILENAME
-
-
-def sha256_of(path: str | os.PathLike) -> str:
-    """Hex SHA-256 of a file, read in 1 MiB blocks. (A copy of ``sit_vit5.checksums.sha256_file`` on
-    purpose: fid/ imports nothing from sit_vit5, so it stays usable on its own.)"""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def read_verified(path: str | os.PathLike, sha256: str) -> bytes:
