@@ -64,7 +64,7 @@ def test_the_summary_holds_each_setting_against_the_sde_over_seeds(tmp_path):
     """Ratios to the same checkpoint's 250-NFE SDE, per kind and CFG scale, over the seeds that have
     both rows; digits16 reads FID16, digits8 the 8x8 FID; a file without the reference is left out."""
     from sit_vit5.experiments.__main__ import main as experiments_main
-    from sit_vit5.experiments.nfe import summary_rows
+    from sit_vit5.experiments.nfe import seed_fids, summary_rows
 
     def row(solver, nfe, cfg, fid, fid16=None):
         return {"solver": solver, "nfe": nfe, "target": nfe, "cfg_scale": cfg, "fid": fid,
@@ -80,7 +80,7 @@ def test_the_summary_holds_each_setting_against_the_sde_over_seeds(tmp_path):
     }
     for name, rows in files.items():
         (tmp_path / f"{name}.json").write_text(json.dumps({str(i): r for i, r in enumerate(rows)}))
-    table = {(r["checkpoint"], r["cfg_scale"], r["setting"]): r for r in summary_rows(tmp_path)}
+    table = {(r["checkpoint"], r["cfg_scale"], r["setting"]): r for r in summary_rows(seed_fids(tmp_path))}
     assert set(table) == {("digits8-sit", 1.0, "unipc 8"), ("digits8-sit", 1.5, "unipc 8"),
                           ("digits16-sit", 1.0, "unipc 8")}
     d8 = table["digits8-sit", 1.0, "unipc 8"]

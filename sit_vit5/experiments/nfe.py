@@ -277,28 +277,41 @@ ROW_FILE = re.compile(r"(?P<kind>.+)-seed(?P<seed>\d+)-(?P<step>\d+)\.json")
 REFERENCE = ("sde-euler-mean", 250)  # SiT's default sampler: the row each setting is held against
 
 
-def summary_rows(out: str | Path, settings: Sequence[tuple[str, int]] = (("unipc", 8),
-                                                                         ("unipc", 16))
-                 ) -> list[dict[str, Any]]:
-    """Per checkpoint kind (dataset-arm), CFG scale and setting: the ratio of the setting's FID to
-    the same checkpoint's 250-NFE SDE FID over the training seeds that have both (FID16 on
-    digits16, the 8×8 FID elsewhere): n, mean, min, max and the seeds."""
-    ratios: dict[tuple[str, float, str, int], dict[int, float]] = {}
+#: kind -> training seed -> (cfg scale, solver, NFE) -> FID (FID16 on digits16, else the 8×8 FID)
+SeedFids = dict[str, dict[int, dict[tuple[float, str, int], float]]]
+
+
+def seed_fids(out: str | Path) -> SeedFids:
+    """Every row file of ``out`` named ``<kind>-seed<N>-<step>.json``, read once."""
+    fids: SeedFids = {}
     for path in sorted(Path(out).glob("*.json")):
         match = ROW_FILE.fullmatch(path.name)
         if match is None:
             continue
-        kind, seed = match["kind"], int(match["seed"])
+        kind = match["kind"]
         metric = "fid16" if kind.startswith("digits16") else "fid"
-        rows = json.loads(path.read_text()).values()
-        for cfg in sorted({r["cfg_scale"] for r in rows}):
-            at = {(r["solver"], r["nfe"]): r[metric] for r in rows if r["cfg_scale"] == cfg}
-            if REFERENCE not in at:
-                continue
-            for solver, nfe in settings:
-                if (solver, nfe) in at:
-                    ratio = at[solver, nfe] / at[REFERENCE]
-                    ratios.setdefault((kind, cfg, solver, nfe), {})[seed] = ratio
+        fids.setdefault(kind, {})[int(match["seed"])] = {
+            (r["cfg_scale"], r["solver"], r["nfe"]): r[metric]
+            for r in json.loads(path.read_text()).values()}
+    return fids
+
+
+def summary_rows(fids: SeedFids, settings: Sequence[tuple[str, int]] = (("unipc", 8),
+                                                                         ("unipc", 16))
+                 ) -> list[dict[str, Any]]:
+    """Per checkpoint kind (dataset-arm), CFG scale and setting: the ratio of the setting's FID to
+    the same checkpoint's 250-NFE SDE FID over the training seeds that have both
+    (:func:`seed_fids`): n, mean, min, max and the seeds."""
+    ratios: dict[tuple[str, float, str, int], dict[int, float]] = {}
+    for kind, seeds in fids.items():
+        for seed, at in seeds.items():
+            for cfg in sorted({c for c, _, _ in at}):
+                if (cfg, *REFERENCE) not in at:
+                    continue
+                for solver, nfe in settings:
+                    if (cfg, solver, nfe) in at:
+                        ratio = at[cfg, solver, nfe] / at[(cfg, *REFERENCE)]
+                        ratios.setdefault((kind, cfg, solver, nfe), {})[seed] = ratio
     table = []
     for (kind, cfg, solver, nfe), by_seed in sorted(ratios.items()):
         values = np.array(list(by_seed.values()))
@@ -309,28 +322,19 @@ def summary_rows(out: str | Path, settings: Sequence[tuple[str, int]] = (("unipc
     return table
 
 
-def _plot_seeds(out: Path, path: Path, solvers: Sequence[str] = ("unipc", "sde-euler-mean")
-                ) -> None:
+def _plot_seeds(fids: SeedFids, path: Path,
+                solvers: Sequence[str] = ("unipc", "sde-euler-mean")) -> None:
     """One panel per checkpoint kind: each solver's FID (FID16 on digits16) against the NFE at CFG
     1, the mean over the training seeds with their min-max band, at NFEs every seed has."""
-    runs: dict[str, dict[int, dict[tuple[str, int], float]]] = {}
-    for file in sorted(out.glob("*.json")):
-        match = ROW_FILE.fullmatch(file.name)
-        if match is None:
-            continue
-        metric = "fid16" if match["kind"].startswith("digits16") else "fid"
-        runs.setdefault(match["kind"], {})[int(match["seed"])] = {
-            (r["solver"], r["nfe"]): r[metric]
-            for r in json.loads(file.read_text()).values() if r["cfg_scale"] == 1}
     plt = report.pyplot()
-    fig, axes = plt.subplots(1, len(runs), figsize=(4.5 * len(runs), 3.8), squeeze=False)
-    for ax, (kind, seeds) in zip(axes[0], sorted(runs.items()), strict=True):
+    fig, axes = plt.subplots(1, len(fids), figsize=(4.5 * len(fids), 3.8), squeeze=False)
+    for ax, (kind, seeds) in zip(axes[0], sorted(fids.items()), strict=True):
         for solver in solvers:
-            nfes = sorted(set.intersection(*({n for s, n in rows if s == solver}
-                                              for rows in seeds.values())))
+            nfes = sorted(set.intersection(*({n for c, s, n in at if (c, s) == (1, solver)}
+                                              for at in seeds.values())))
             if not nfes:
                 continue
-            values = np.array([[rows[solver, n] for n in nfes] for rows in seeds.values()])
+            values = np.array([[at[1, solver, n] for n in nfes] for at in seeds.values()])
             ax.plot(nfes, values.mean(0), marker="o", label=f"{solver} (n = {len(values)})")
             ax.fill_between(nfes, values.min(0), values.max(0), alpha=0.2)
         ax.set(xscale="log", yscale="log", xlabel="NFE per image", title=kind,
@@ -342,11 +346,12 @@ def _plot_seeds(out: Path, path: Path, solvers: Sequence[str] = ("unipc", "sde-e
 def summarize(out: str | Path) -> Path:
     """Write ``OUT/summary.md`` (:func:`summary_rows` as a table) and ``OUT/summary.png`` (FID
     against NFE over the training seeds); returns the table's path."""
-    _plot_seeds(Path(out), Path(out) / "summary.png")
-    table = summary_rows(out)
+    fids = seed_fids(out)
+    table = summary_rows(fids)
     if not table:
         raise FileNotFoundError(f"{out}: no row files with a 250-NFE SDE reference "
                                 "(python -m sit_vit5.experiments nfe CKPT --out ...)")
+    _plot_seeds(fids, Path(out) / "summary.png")
     for row in table:
         for key in ("mean_ratio", "min_ratio", "max_ratio"):
             row[key] = f"{row[key]:.3f}"
