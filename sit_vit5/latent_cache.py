@@ -127,6 +127,12 @@ def read_manifest(cache_dir: str | os.PathLike) -> dict[str, Any]:
     return manifest
 
 
+def stored_norm(manifest: dict[str, Any]) -> LatentNorm:
+    """How a cache's moments are normalised: its ``scaling_factor`` and ``shift_factor`` (numbers;
+    a manifest from before shift_factor has none)."""
+    return LatentNorm(float(manifest["scaling_factor"]), manifest.get("shift_factor"))
+
+
 def npy_layout(path: str | os.PathLike) -> tuple[tuple[int, ...], np.dtype, int]:
     """(shape, dtype, implied file size in bytes) from an .npy header; CorruptCacheError naming
     the file when it is missing or has no readable header."""
@@ -192,9 +198,8 @@ class LatentCacheDataset(EpochDataset):
         self.manifest = manifest
         self.classes: list[str] = manifest["classes"]
         self.latent_shape = tuple(manifest["latent_shape"])
-        self.scaling_factor = float(manifest["scaling_factor"])
         # how the stored moments are normalised, and how this reader returns them
-        self.norm = self.target_norm = LatentNorm(self.scaling_factor, manifest.get("shift_factor"))
+        self.norm = self.target_norm = stored_norm(manifest)
         self._affine: tuple[torch.Tensor, torch.Tensor] | None = None  # stored → target
         self.vae = manifest["vae"]
         self.image_size = int(manifest["image_size"])
@@ -686,7 +691,8 @@ class CacheWriter:
 def cache_stats(out: Path, manifest: dict[str, Any], chunk_rows: int = 1024) -> dict[str, Any]:
     """Per-channel mean and std (float64 sums, population std) of the stored posterior means of
     every image the cache kept, both flips, in the VAE's own units (normalisation undone)."""
-    scale, shift = float(manifest["scaling_factor"]), manifest.get("shift_factor") or 0.0
+    norm = stored_norm(manifest)
+    scale, shift = norm.scale, norm.shift or 0.0
     bad = set(manifest.get("bad_indices", []))
     channels = manifest["latent_shape"][0]
     total, squares, count = np.zeros(channels), np.zeros(channels), 0
