@@ -61,7 +61,7 @@ SOLVERS = {
                                          "last_step": "Mean"}),
         Solver("sde-euler-tweedie", "sit", {"method": "sde", "sampling_method": "Euler",
                                             "last_step": "Tweedie"}),
-        # diffusers' multistep solvers with flow sigmas (unipc, dpm++2m, dpm++3m)
+        # diffusers' multistep solvers with flow sigmas (unipc)
         *(Solver(name, "sit", {"method": "ode", "sampling_method": name}) for name in FLOW_SOLVERS),
         Solver("ddim", "ddpm", {"method": "ddim"}),
         Solver("ddpm", "ddpm", {"method": "ddpm"}),
