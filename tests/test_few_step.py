@@ -208,7 +208,9 @@ def study_ckpt(tmp_path_factory) -> str:
     (["--nfe", "0"], ("--nfe", "'0'")),
     (["--num-samples", "-5"], ("--num-samples", "'-5'")),
     (["--cfg-scales", "nan"], ("--cfg-scales", "'nan'")),
-    (["--time-shift", "0"], ("--time-shift",)),  # the study has no shift: no silent uniform rows
+    (["--time-shifts", "0"], ("--time-shifts", "'0'")),
+    (["--solvers", "ode-dopri5", "--time-shifts", "2"], ("--time-shifts 2", "ode-dopri5", "own steps")),
+    (["--solvers", "ddim", "--time-shifts", "3"], ("--time-shifts 3", "ddim", "ode / sde")),
 ])
 def test_the_nfe_study_refuses_bad_arguments_before_writing(study_ckpt, tmp_path, capsys, args,
                                                              names):

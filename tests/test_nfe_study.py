@@ -10,6 +10,7 @@ from sit_vit5.config import load_config
 from sit_vit5.experiments import nfe
 from sit_vit5.experiments.__main__ import main as experiments_main
 from sit_vit5.models import create_model
+from sit_vit5.sample_spec import SampleSpec
 from sit_vit5.training import save_checkpoint
 
 
@@ -44,6 +45,25 @@ def test_rows_count_nfe_honestly_and_resume_from_the_cache(tmp_path, monkeypatch
     calls = []
     monkeypatch.setattr(nfe, "run_row", lambda *args: calls.append(args) or {})
     assert experiments_main(argv) == 0 and calls == []  # every row came from the cache
+
+
+def test_each_time_shift_makes_its_own_rows_on_its_own_grid(tmp_path, monkeypatch):
+    """Shift 1 keeps the plain label (old caches stay valid); another shift is labelled and samples
+    with that shift, exactly what sample.py --time-shift gives."""
+    ckpt, out = tiny_checkpoint(tmp_path), tmp_path / "nfe"
+    specs = []
+    monkeypatch.setattr(nfe, "run_row", lambda loaded, solver, spec, *a: specs.append(spec) or {
+        "nfe": spec.nfe, "fid": 1.0, "accuracy": 1.0})
+    argv = ["nfe", ckpt, "--out", str(out), "--solvers", "ode-euler", "unipc", "--nfe", "4",
+            "--time-shifts", "1", "3", "--num-samples", "4"]
+    assert experiments_main(argv) == 0
+    rows = json.loads((out / f"{nfe.checkpoint_name(ckpt)}.json").read_text())
+    assert sorted(rows) == ["ode-euler 4 cfg1", "ode-euler shift3 4 cfg1", "unipc 4 cfg1",
+                            "unipc shift3 4 cfg1"]
+    assert sorted(s.time_shift or 1 for s in specs) == [1, 1, 3, 3]
+    flags = [SampleSpec(method="ode", sampling_method=name, time_shift=shift).with_nfe(4)
+             for name in ("euler", "unipc") for shift in (None, 3.0)]  # sample.py --time-shift
+    assert sorted(map(repr, specs)) == sorted(map(repr, flags))
 
 
 def test_a_diffusers_scheduler_restarts_for_every_batch(tmp_path):

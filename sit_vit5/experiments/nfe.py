@@ -1,18 +1,21 @@
 """Sample quality against the number of model evaluations (NFE), every solver, digits checkpoints.
 
     python -m sit_vit5.experiments nfe CKPT [CKPT ...] --out results/nfe [--cfg-scales 1 4]
+                                        [--time-shifts 1 3]
 
 Each (solver, NFE, CFG scale) row samples ``--num-samples`` images with the checkpoint's EMA and
 scores them with the shipped digits networks (8×8 FID; 16×16 FID too for 16-pixel models). Rows
 are cached one by one in ``OUT/<name>.json`` (a rerun skips what is there); ``OUT/<name>.md`` and
 ``.png`` show the table and FID against NFE. NFE counts model evaluations per image as papers do:
 a Heun step is 2, CFG's doubled batch counts once, adaptive solvers report what they used. The
-reference row is the 250-NFE SDE.
+reference row is the 250-NFE SDE. A time shift other than 1 makes its own rows, labelled
+``<solver> shift<S>``.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -28,7 +31,7 @@ from ..errors import SettingError, one_line
 from ..models import load_model
 from ..names import FLOW_SOLVERS
 from ..objective import create_objective
-from ..sample_spec import finite_float, positive_int
+from ..sample_spec import finite_float, positive_float, positive_int
 from ..sampling import SampleSpec, SamplingPipeline
 from . import report
 
@@ -46,10 +49,17 @@ class Solver:
     objective: str
     fields: Mapping[str, Any]
 
-    def spec(self, nfe: int) -> SampleSpec:
-        """The spec making ``nfe`` evaluations per image (SettingError naming ``nfe`` when this
-        solver cannot make exactly that many)."""
-        return SampleSpec(**self.fields).with_nfe(nfe)
+    def spec(self, nfe: int, time_shift: float = 1.0) -> SampleSpec:
+        """The spec making ``nfe`` evaluations per image on a grid shifted by ``time_shift`` (SD3's
+        shift; 1 = uniform). SettingError naming ``nfe`` when this solver cannot make exactly that
+        many, naming ``time_shift`` when it takes no shift (ddim / ddpm)."""
+        shift = None if time_shift == 1 else time_shift
+        return SampleSpec(**self.fields, time_shift=shift).with_nfe(nfe)
+
+
+def row_label(solver: str, time_shift: float) -> str:
+    """A row's solver label: the solver's name, ``<name> shift<S>`` on a shifted grid."""
+    return solver if time_shift == 1 else f"{solver} shift{time_shift:g}"
 
 
 SOLVERS = {
@@ -77,7 +87,9 @@ class Adaptive:
     name: str
     objective: str
 
-    def spec(self, tol: float) -> SampleSpec:
+    def spec(self, tol: float, time_shift: float = 1.0) -> SampleSpec:
+        if time_shift != 1:  # the shift moves only the points it reports, not its steps
+            raise SettingError("time_shift", time_shift, f": {self.name} chooses its own steps")
         return SampleSpec(method="ode", sampling_method="dopri5", num_steps=2, atol=tol, rtol=tol)
 
 
@@ -101,27 +113,41 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "exactly (ode-heun: even; the SDE: >= 2), else nothing runs")
     p.add_argument("--cfg-scales", nargs="+", type=finite_float, default=[1.0],
                    help="1 = no guidance")
+    p.add_argument("--time-shifts", nargs="+", type=positive_float, default=[1.0],
+                   help="SD3 shifts of the time grid, each its own rows (1 = uniform; s > 1 "
+                   "spends more steps at high noise); every solver asked for must take them")
     p.add_argument("--num-samples", type=positive_int, default=1000,
                    help="images per row (FID sample size)")
     p.add_argument("--batch-size", type=positive_int, default=250)
 
 
-def check_grid(solvers: Sequence[str], nfes: Sequence[int]) -> None:
-    """Every (solver, NFE) row the arguments ask for can run: its spec exists and its sampler
-    builds (a diffusers scheduler's timesteps stay distinct). Raises SettingError naming the NFE
-    and the solver, before any checkpoint is read or row written."""
+def check_grid(solvers: Sequence[str], nfes: Sequence[int],
+               time_shifts: Sequence[float] = (1.0,)) -> None:
+    """Every (solver, NFE, shift) row the arguments ask for can run: its spec exists and its
+    sampler builds (a diffusers scheduler's timesteps stay distinct). Raises SettingError naming
+    the NFE (or the shift) and the solver, before any checkpoint is read or row written."""
     for name in solvers:
-        solver = SOLVERS.get(name)
-        if solver is None:  # the adaptive solver: rows keyed by tolerance
-            continue
-        objective = create_objective({"objective": solver.objective})
-        for nfe in nfes:
-            try:
-                objective.sampler(solver.spec(nfe))
-            except ValueError as err:  # SettingError, or a respacing the diffusion cannot do
-                nfe_error = isinstance(err, SettingError) and err.key == "nfe"
-                detail = err.reason.removeprefix(": ") if nfe_error else one_line(err)
-                raise SettingError("nfe", nfe, f" for solver {name}: {detail}") from None
+        solver = SOLVERS.get(name, ADAPTIVE)
+        for shift in time_shifts:
+            if solver is ADAPTIVE:  # rows keyed by tolerance: only the shift can be wrong
+                try:
+                    solver.spec(ADAPTIVE_TOLERANCES[0], shift)
+                except SettingError as err:
+                    raise SettingError("time_shifts", shift, f" for solver {name}{err.reason}") \
+                        from None
+                continue
+            objective = create_objective({"objective": solver.objective})
+            for nfe in nfes:
+                try:
+                    objective.sampler(solver.spec(nfe, shift))
+                except ValueError as err:  # SettingError, or a respacing the diffusion cannot do
+                    key = err.key if isinstance(err, SettingError) else None
+                    detail = err.reason.removeprefix(": ").strip() if key in ("nfe", "time_shift") \
+                        else one_line(err)
+                    if key == "time_shift":
+                        raise SettingError("time_shifts", shift,
+                                           f" for solver {name}: {detail}") from None
+                    raise SettingError("nfe", nfe, f" for solver {name}: {detail}") from None
 
 
 def score(images: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
@@ -184,6 +210,7 @@ def study(
     batch_size: int,
     out: str | Path,
     loaded: Any = None,
+    time_shifts: Sequence[float] = (1.0,),
 ) -> list[dict[str, Any]]:
     """Every row of one checkpoint (``loaded``: it, already loaded), computed or read from
     ``OUT/<name>.json``; writes the table and the plot. Solvers of another objective are
@@ -197,21 +224,20 @@ def study(
         if solver.objective != loaded.objective_name:
             continue
         targets = ADAPTIVE_TOLERANCES if solver is ADAPTIVE else nfes
-        for cfg in cfg_scales:
-            for target in targets:
-                key = f"{solver.name} {target:g} cfg{cfg:g}"
-                if key in rows:
-                    continue
-                spec = solver.spec(target)
-                spec = SampleSpec.resolve({"cfg_scale": cfg}, vars(spec))
-                rows[key] = {
-                    "solver": solver.name,
-                    "target": target,
-                    "cfg_scale": cfg,
-                    **run_row(loaded, solver, spec, num_samples, batch_size),
-                }
-                cache.parent.mkdir(parents=True, exist_ok=True)
-                atomic_write_text(cache, json.dumps(rows, indent=1, sort_keys=True))
+        for shift, cfg, target in itertools.product(time_shifts, cfg_scales, targets):
+            label = row_label(solver.name, shift)
+            key = f"{label} {target:g} cfg{cfg:g}"
+            if key in rows:
+                continue
+            spec = SampleSpec.resolve({"cfg_scale": cfg}, vars(solver.spec(target, shift)))
+            rows[key] = {
+                "solver": label,
+                "target": target,
+                "cfg_scale": cfg,
+                **run_row(loaded, solver, spec, num_samples, batch_size),
+            }
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(cache, json.dumps(rows, indent=1, sort_keys=True))
     table = sorted(rows.values(), key=lambda r: (r["cfg_scale"], r["solver"], r["nfe"]))
     columns = [
         c
@@ -255,14 +281,14 @@ def run(args: argparse.Namespace) -> int:
     if missing:
         raise FileNotFoundError(f"checkpoint not found: {', '.join(missing)}")
     solvers = args.solvers or [*SOLVERS, ADAPTIVE.name]
-    check_grid(solvers, args.nfe)
+    check_grid(solvers, args.nfe, args.time_shifts)
     models = {path: load_model(path) for path in args.checkpoints}  # digits models: small
     if args.solvers:  # named solvers: each must sample every checkpoint
         for path, loaded in models.items():
             check_solvers(args.solvers, path, loaded.objective_name)
     for path in args.checkpoints:
         table = study(path, solvers, args.nfe, args.cfg_scales, args.num_samples,
-                      args.batch_size, args.out, models.pop(path, None))
+                      args.batch_size, args.out, models.pop(path, None), args.time_shifts)
         line = f"{path}: {len(table)} rows -> {args.out}"
         if table:
             best = min(table, key=lambda r: r.get("fid16", r["fid"]))
