@@ -24,6 +24,7 @@ from .names import (
     LAST_STEPS,
     ODE_ADAPTIVE_METHODS,
     ODE_ALIASES,
+    ODE_EQUAL_STEP_METHODS,
     ODE_FIXED_STEP_METHODS,
     ODE_STEP_NFE,
     SDE_STEP_NFE,
@@ -257,6 +258,10 @@ class SampleSpec:
         if valid and (ode_solver_name(solver) if self.method == "ode" else solver) not in valid:
             raise SettingError("sampling_method", solver, f": not a method={self.method} solver; "
                                f"valid: {', '.join(map(repr, valid))} (see --method {LIST})")
+        if self.method == "ode" and shift not in (None, 1.0) \
+                and ode_solver_name(solver) in ODE_EQUAL_STEP_METHODS:
+            raise SettingError("time_shift", shift, f": {solver} takes equal steps (Adams "
+                               "coefficients); shift a one-step solver (heun2, rk4) or unipc")
         if self.last_step in ("none", "None"):  # "None": SiT's sample.py spelling
             object.__setattr__(self, "last_step", None)
         if self.cfg_interval is not None:

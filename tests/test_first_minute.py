@@ -249,9 +249,6 @@ def test_the_name_copies_equal_their_sources():
     assert names.TRANSPORT_METHODS == TRANSPORT_METHODS and names.DIFFUSION_METHODS == DIFFUSION_METHODS
     assert names.DIFFUSION_FORMS == tuple(DIFFUSION_FORMS) and names.LAST_STEPS == tuple(LAST_STEPS)
     assert names.PATHS == tuple(PATHS) and names.PREDICTIONS == tuple(PREDICTIONS)
-    assert names.ODE_STEP_NFE == integrators.FIXED_STEP_NFE and names.ODE_ALIASES == integrators.ODE_ALIASES
-    assert names.ODE_FIXED_STEP_METHODS == integrators.FIXED_STEP_METHODS
-    assert names.ODE_ADAPTIVE_METHODS == integrators.ADAPTIVE_METHODS
     assert names.SDE_STEP_NFE == integrators.SDE_STEP_NFE
     assert names.OBJECTIVES == objective.OBJECTIVES and names.DDPM_DEFAULTS == objective.DDPM_DEFAULTS
     assert names.PRECISIONS == tuple(precision.PRECISIONS)

@@ -1,10 +1,10 @@
 """Numerical integrators: torchdiffeq for ODEs, Euler-Maruyama / Heun for SDEs, and an NFE counter.
 
-ODE method names are torchdiffeq 0.2.x's, listed in two fixed tables (its registry is private API):
-``FIXED_STEP_METHODS`` take one step per interval of the output grid; ``ADAPTIVE_METHODS`` choose
-their own steps (the grid only says where the solution is reported). tests/test_transport_ode.py
-checks the tables against torchdiffeq's behaviour. ``heun`` is accepted as an alias of ``heun2``
-(explicit trapezoid, 2 evaluations per step).
+ODE method names are torchdiffeq 0.2.x's, offered from the tables in ``names`` (its registry is
+private API): ``FIXED_STEP_METHODS`` take one step per interval of the output grid;
+``ADAPTIVE_METHODS`` choose their own steps (the grid only says where the solution is reported).
+tests/test_transport_ode.py checks the tables against torchdiffeq's behaviour. ``heun`` is accepted
+as an alias of ``heun2`` (explicit trapezoid, 2 evaluations per step).
 """
 
 from __future__ import annotations
@@ -16,15 +16,9 @@ import torch
 from torch import Tensor
 from torchdiffeq import odeint
 
-from ..names import choose
-
-ODE_ALIASES = {"heun": "heun2"}
-#: model evaluations per step of each fixed-grid Runge-Kutta method
-FIXED_STEP_NFE = {"euler": 1, "midpoint": 2, "heun2": 2, "heun3": 3, "rk4": 4}
-#: fixed-grid methods: one step per output-grid interval (the Adams family too)
-FIXED_STEP_METHODS = (*FIXED_STEP_NFE, "explicit_adams", "implicit_adams", "fixed_adams")
-#: adaptive embedded Runge-Kutta methods: step sizes from the error estimate (atol / rtol)
-ADAPTIVE_METHODS = ("dopri5", "dopri8", "bosh3", "fehlberg2", "adaptive_heun")
+from ..names import ODE_ADAPTIVE_METHODS as ADAPTIVE_METHODS
+from ..names import ODE_ALIASES, choose
+from ..names import ODE_FIXED_STEP_METHODS as FIXED_STEP_METHODS
 
 
 def ode_method(name: str) -> str:
