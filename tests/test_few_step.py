@@ -18,6 +18,7 @@ from diffusers import UniPCMultistepScheduler
 import sample
 from sit_vit5 import SiTPipeline
 from sit_vit5.errors import SettingError
+from sit_vit5.experiments import nfe
 from sit_vit5.experiments.__main__ import main as experiments_main
 from sit_vit5.export import FEW_STEP_FOLDER
 from sit_vit5.export import main as export_main
@@ -210,7 +211,6 @@ def study_ckpt(tmp_path_factory) -> str:
     (["--cfg-scales", "nan"], ("--cfg-scales", "'nan'")),
     (["--time-shifts", "0"], ("--time-shifts", "'0'")),
     (["--solvers", "ode-dopri5", "--time-shifts", "2"], ("--time-shifts 2", "ode-dopri5", "own steps")),
-    (["--solvers", "ddim", "--time-shifts", "3"], ("--time-shifts 3", "ddim", "ode / sde")),
 ])
 def test_the_nfe_study_refuses_bad_arguments_before_writing(study_ckpt, tmp_path, capsys, args,
                                                              names):
@@ -223,6 +223,25 @@ def test_the_nfe_study_refuses_bad_arguments_before_writing(study_ckpt, tmp_path
     assert status == 2
     assert_names(one_error_line(capsys), *names)
     assert not out.exists()
+
+
+def test_the_default_solvers_are_the_checkpoints_own(study_ckpt, tmp_path, monkeypatch, capsys):
+    """DDIM cannot make 64 steps of 1000 (DiT's ddimN stride): that refuses a DiT-objective
+    checkpoint's default grid, naming DDIM, and does not touch a SiT one's."""
+    monkeypatch.setattr(nfe, "run_row", lambda loaded, solver, spec, *a: {
+        "nfe": spec.nfe or 1, "fid": 1.0, "accuracy": 1.0})
+    out = tmp_path / "sit"
+    assert experiments_main(["nfe", study_ckpt, "--out", str(out), "--nfe", "64"]) == 0
+    rows = json.loads(next(out.glob("*.json")).read_text())
+    assert {r["solver"] for r in rows.values()} == {n for n in [*nfe.SOLVERS, nfe.ADAPTIVE.name]
+                                                    if nfe.solver_objective(n) == "sit"}
+    dit, out = ddpm_checkpoint(tmp_path / "dit"), tmp_path / "dit-rows"
+    for args, names in ((["--nfe", "64"], ("--nfe 64", "ddim", "64 of 1000")),
+                        (["--solvers", "ddim", "--time-shifts", "3"], ("--time-shifts 3", "ddim",
+                                                                       "ode / sde"))):
+        assert experiments_main(["nfe", dit, "--out", str(out), *args]) == 2
+        assert_names(one_error_line(capsys), *names)
+        assert not out.exists()
 
 
 def test_the_nfe_study_refuses_a_missing_checkpoint_before_the_first_row(study_ckpt, tmp_path,

@@ -280,12 +280,14 @@ def run(args: argparse.Namespace) -> int:
     missing = [path for path in args.checkpoints if not Path(path).is_file()]
     if missing:
         raise FileNotFoundError(f"checkpoint not found: {', '.join(missing)}")
-    solvers = args.solvers or [*SOLVERS, ADAPTIVE.name]
-    check_grid(solvers, args.nfe, args.time_shifts)
     models = {path: load_model(path) for path in args.checkpoints}  # digits models: small
     if args.solvers:  # named solvers: each must sample every checkpoint
         for path, loaded in models.items():
             check_solvers(args.solvers, path, loaded.objective_name)
+    objectives = {loaded.objective_name for loaded in models.values()}
+    solvers = args.solvers or [n for n in (*SOLVERS, ADAPTIVE.name)
+                               if solver_objective(n) in objectives]  # those that will run
+    check_grid(solvers, args.nfe, args.time_shifts)
     for path in args.checkpoints:
         table = study(path, solvers, args.nfe, args.cfg_scales, args.num_samples,
                       args.batch_size, args.out, models.pop(path, None), args.time_shifts)
