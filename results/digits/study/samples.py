@@ -97,6 +97,11 @@ class SampleTest:
     def margin(self) -> float:
         return {"log": FID_MARGIN, "relative": LOSS_MARGIN, "points": FRACTION_MARGIN}[self.scale]
 
+    @property
+    def margin_words(self) -> str:
+        """The margin as the protocol names it in the verdict word (FID: ±10 %, not ±9.53 log-%)."""
+        return {"log": "±10 %", "relative": "±0.5 %", "points": "±2 points"}[self.scale]
+
 
 def sample_family() -> list[SampleTest]:
     """Families S (m = 2), L (m = 3) and T (m = 6) of PROTOCOL.md's addition of 2026-12-04."""
@@ -179,7 +184,7 @@ def sample_verdict(test: SampleTest, out: dict[str, Any], adjusted: float) -> st
         vit_better = (out["effect"] < 0) == test.lower_is_better
         return "ViT-5 better" if vit_better else "SiT better"
     if test.metric != "gap change" and max(abs(x) for x in out["ci"]) < test.margin:
-        return f"equivalent within ±{test.margin:.3g}"
+        return f"equivalent within {test.margin_words}"
     return "inconclusive"
 
 
