@@ -90,8 +90,8 @@ def test_fid_test_is_welch_on_log_fid_and_reads_its_verdicts():
     assert samples.sample_verdict(test, worse, 0.01) == "SiT better"
     assert samples.claims_word("SiT better") == "not reproduced (opposite)"
     same = samples.evaluate_sample_test(test, _arms(test, [10.0, 10.1, 9.9, 10.05], [10.02, 9.95, 10.08, 10.0]))
-    assert samples.sample_verdict(test, same, 0.9) == "equivalent within ±9.53"
-    assert samples.claims_word("equivalent within ±9.53") == "not reproduced (no effect)"
+    assert samples.sample_verdict(test, same, 0.9) == "equivalent within ±10 %"  # the protocol's word
+    assert samples.claims_word("equivalent within ±10 %") == "not reproduced (no effect)"
     short = samples.evaluate_sample_test(test, _arms(test, vit[:3], sit))
     assert short["pending"] and samples.sample_verdict(test, short, 0.01) == "pending (7 of 8 runs)"
 
