@@ -352,8 +352,8 @@ class FlowSchedulerSteps:
             raise SettingError("scheduler", name,
                                f": ends at sigma 0 (t = 1), but this transport integrates to "
                                f"t = {float(grid[-1])} ({self.transport!r}); keep the SiTScheduler")
-        self._exact_sigma = not name.startswith("FlowMatch")
-        if name.startswith("FlowMatch"):
+        self._exact_sigma = not name.startswith("FlowMatch")  # multistep: integer timesteps
+        if not self._exact_sigma:
             sigmas = (1.0 - grid[:-1].double()).numpy()
             self._setup = lambda: scheduler.set_timesteps(sigmas=sigmas, device=device)
         elif time_shift not in (None, 1.0):
@@ -364,8 +364,7 @@ class FlowSchedulerSteps:
         self._setup()
         self.timesteps = scheduler.timesteps
         self.init_noise_sigma = getattr(scheduler, "init_noise_sigma", 1.0)
-        if not name.startswith("FlowMatch") and \
-                len(set(self.timesteps.tolist())) < len(self.timesteps):
+        if self._exact_sigma and len(set(self.timesteps.tolist())) < len(self.timesteps):
             shift = scheduler.config.get("flow_shift", 1.0)
             raise SettingError("num_steps", num_steps,
                                f": {name} rounds its timesteps to integers (sigma x "
