@@ -10,8 +10,9 @@ as ``SiT-XL-2-256.pt``. OUT_DIR receives what ``SiTPipeline.from_pretrained`` ne
     transformer/   config.json + diffusion_pytorch_model.safetensors (the EMA weights by default)
     scheduler/     scheduler_config.json: transport, default sampler settings, the VAE's id and
                    latent normalisation (scaling_factor, shift_factor: numbers or per channel)
-    scheduler_fewstep/  results/nfe's few-step setting (UniPC, flow sigmas, 8 NFE), diffusers'
-                   UniPCMultistepScheduler to swap in (SiT objective, a path that ends at t = 1)
+    scheduler_fewstep/  results/nfe's few-step setting, a diffusers scheduler to swap in: SiT
+                   objective UniPCMultistepScheduler, flow sigmas, 8 NFE (a path that ends at
+                   t = 1); DiT's DPMSolverMultistepScheduler, 2M SDE, 12 NFE
     vae/           the decoder (an AutoencoderKL; absent for pixel-space models)
 
 ``--format dit`` (a DiT-objective model) writes diffusers' own DiTPipeline layout instead.
@@ -38,7 +39,7 @@ from .models.diffusers_dit import dit_folder, dit_pipeline
 from .models.official import OfficialWeights
 from .objective import create_objective, ddpm_settings
 from .precision import PRECISIONS, check_precision
-from .sample_spec import FEW_STEP, SampleSpec
+from .sample_spec import FEW_STEPS, SampleSpec
 from .training.checkpoint import latest_checkpoint
 from .vae import load_vae, vae_enabled
 
@@ -104,17 +105,20 @@ FEW_STEP_FOLDER = "scheduler_fewstep"
 
 
 def save_few_step_scheduler(pipe: SiTPipeline, folder: str | os.PathLike) -> Path | None:
-    """Write the few-step setting (``FEW_STEP``: diffusers' UniPC with flow sigmas, 9 grid points =
-    8 NFE) into ``folder/scheduler_fewstep/scheduler_config.json``, beside the default scheduler:
-    ``UniPCMultistepScheduler.from_pretrained(folder, subfolder="scheduler_fewstep")`` loads it,
-    and swapped in (``pipe.scheduler = ...``) it samples at 8 NFE by default (it carries the
-    pipeline's sampling settings with FEW_STEP's steps). Returns the subfolder, or None (nothing
-    written) when the model's objective or transport cannot run it (ddpm, a path that stops
-    short of t = 1)."""
+    """Write the objective's few-step setting (``FEW_STEPS``; sit: diffusers' UniPC with flow
+    sigmas, 9 grid points = 8 NFE; ddpm: DPM-Solver++ 2M SDE at 12 NFE, clipping x0 in pixel space)
+    into ``folder/scheduler_fewstep/scheduler_config.json``, beside the default scheduler:
+    ``<its class>.from_pretrained(folder, subfolder="scheduler_fewstep")`` loads it, and swapped in
+    (``pipe.scheduler = ...``) it samples at that NFE by default (it carries the pipeline's sampling
+    settings with the setting's steps). Returns the subfolder, or None (nothing written) when the
+    model's transport cannot run it (a path that stops short of t = 1)."""
     settings = pipe.sampling_settings()
+    objective = create_objective(settings["transport"] or {})
+    sampler = {k: v for k, v in (settings["sampler"] or {}).items()
+               if k not in ("eta", "time_shift")}  # the default method's, not the setting's
     try:
-        spec = SampleSpec(**{**(settings["sampler"] or {}), **FEW_STEP, "time_shift": None})
-        steps = create_objective(settings["transport"] or {}).steps(spec)  # refuses what cannot run
+        spec = SampleSpec(**{**sampler, **FEW_STEPS[objective.name]})
+        steps = objective.steps(spec, pixel_space=pipe.vae is None)  # refuses what cannot run
     except SettingError:
         return None
     scheduler = steps.scheduler

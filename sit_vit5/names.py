@@ -40,6 +40,16 @@ SDE_STEP_NFE: dict[str, int] = {"Euler": 1, "Heun": 2}
 FLOW_SOLVERS: dict[str, tuple[str, dict[str, Any]]] = {
     "unipc": ("UniPCMultistepScheduler", {}),
 }
+#: diffusers' multistep solvers of DiT's diffusion, on its trained betas with epsilon prediction:
+#: ``--method ddim --sampling-method NAME`` (its probability-flow ODE, deterministic) or ``--method
+#: ddpm --sampling-method NAME`` (its reverse SDE, noise each step) -> (scheduler class, keywords
+#: besides ``trained_betas, prediction_type="epsilon"``); one model evaluation per step, on the
+#: scheduler's own integer timesteps (999 first). No method name means DDIM's / DDPM's own step.
+DIFFUSION_SOLVERS: dict[str, dict[str, tuple[str, dict[str, Any]]]] = {
+    "ddim": {"unipc": ("UniPCMultistepScheduler", {}),
+             "dpm++2m": ("DPMSolverMultistepScheduler", {"algorithm_type": "dpmsolver++"})},
+    "ddpm": {"dpm++2m-sde": ("DPMSolverMultistepScheduler", {"algorithm_type": "sde-dpmsolver++"})},
+}
 #: SDE last steps (keys of ``transport.LAST_STEPS``; None / "none" = stop at t1)
 LAST_STEPS: tuple[str | None, ...] = ("Mean", "Tweedie", "Euler", None, "none")
 #: transport paths and model predictions (keys of ``transport.PATHS`` / ``PREDICTIONS``)

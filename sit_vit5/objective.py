@@ -3,7 +3,8 @@
 * ``sit`` (default): SiT's transport (:mod:`sit_vit5.transport`); t in [0, 1] (0 = noise),
   samplers ``ode | sde``.
 * ``ddpm``: DiT's discrete diffusion (:mod:`sit_vit5.diffusion`); integer steps 0 .. T-1
-  (T-1 = noise), samplers ``ddpm | ddim``; ``ddpm_variance: learned`` needs ``learn_sigma: true``.
+  (T-1 = noise), samplers ``ddpm | ddim`` (each with diffusers' multistep solvers of the same
+  SDE / ODE as ``sampling_method``); ``ddpm_variance: learned`` needs ``learn_sigma: true``.
 
 Both are an :class:`Objective`: ``loss``, a whole-trajectory ``sampler``, step-wise ``steps`` and
 ``evaluations`` per ``SampleSpec``. The model returns its full output; the objective reads what it
@@ -25,7 +26,9 @@ from .diffusion.ddpm_sampler import (
     DiffusionSampler,
     DiffusionSteps,
     SchedulerSteps,
+    SolverSampler,
     is_epsilon_scheduler,
+    solver_scheduler,
 )
 from .diffusion.schedule import NOISE_SCHEDULES
 from .errors import SettingError, SitVit5Error
@@ -150,7 +153,7 @@ class BuiltSampler:
     the latest call's model evaluations."""
 
     sample: Callable[..., list[Tensor]]
-    sampler: Sampler | DiffusionSampler
+    sampler: Sampler | DiffusionSampler | SolverSampler
 
 
 class Steps(Protocol):
@@ -261,8 +264,9 @@ class SiTObjective(Objective):
 
 
 class DDPMObjective(Objective):
-    """DiT's discrete diffusion: integer steps (T-1 = noise), DDPM / DDIM on respaced steps; a
-    learned variance makes the model output 2C channels (noise, then variance values)."""
+    """DiT's discrete diffusion: integer steps (T-1 = noise), DDPM / DDIM on respaced steps, or a
+    diffusers solver of the same SDE / ODE (``spec.sampling_method``) on its own steps; a learned
+    variance makes the model output 2C channels (noise, then variance values)."""
 
     name = "ddpm"
 
@@ -276,11 +280,20 @@ class DDPMObjective(Objective):
         t = self.diffusion.sample_timesteps(len(x), device=x.device)  # DiT: t first, then noise
         return self.diffusion.training_losses(model, x, t, model_kwargs=dict(y=y))["loss"]
 
+    def _solver_steps(self, spec: SampleSpec, pixel_space: bool, device: Any) -> SchedulerSteps:
+        scheduler = solver_scheduler(self.diffusion, spec.method, spec.sampling_method, pixel_space)
+        return SchedulerSteps(scheduler, spec.num_steps, device)
+
     def _sampler(self, spec: SampleSpec, pixel_space: bool) -> BuiltSampler:
+        if spec.sampling_method is not None:
+            solver = SolverSampler(self._solver_steps(spec, pixel_space, None))
+            return BuiltSampler(solver.build(), solver)
         sampler = DiffusionSampler(self.diffusion, clip_denoised=pixel_space)
         return BuiltSampler(sampler.build(spec.method, **spec.options()), sampler)
 
     def _steps(self, spec: SampleSpec, pixel_space: bool, scheduler: Any, device: Any) -> Steps:
+        if scheduler is None and spec.sampling_method is not None:
+            return self._solver_steps(spec, pixel_space, device)
         if scheduler is None:
             return DiffusionSteps(self.diffusion, spec.method, spec.num_steps,
                                   clip_denoised=pixel_space, eta=spec.eta, device=device)

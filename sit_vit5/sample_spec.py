@@ -20,6 +20,7 @@ from .names import (
     DEFAULT_RTOL,
     DIFFUSION_FORMS,
     DIFFUSION_METHODS,
+    DIFFUSION_SOLVERS,
     FLOW_SOLVERS,
     LAST_STEPS,
     ODE_ADAPTIVE_METHODS,
@@ -50,6 +51,13 @@ LIST = "list"
 #: flow sigmas at 8 NFE (9 grid points) reached the ODE solvers' plateau on every digits
 #: checkpoint measured, and 16 NFE did not improve on it (the best found at <= 10 and <= 20 NFE)
 FEW_STEP: dict[str, Any] = {"method": "ode", "sampling_method": "unipc", "num_steps": 9}
+#: the few-step setting of each objective; ddpm (results/nfe, exploratory, the DiT-objective demo
+#: only): diffusers' DPM-Solver++ 2M SDE at 12 NFE came to 0.94 x the FID of DDPM at 250 steps,
+#: where DDIM's best at <= 20 NFE was 1.76 x and the ODE solvers levelled off at ~1.15 x
+FEW_STEPS: dict[str, dict[str, Any]] = {
+    "sit": FEW_STEP,
+    "ddpm": {"method": "ddpm", "sampling_method": "dpm++2m-sde", "num_steps": 12},
+}
 
 
 def ode_solver_name(name: str) -> str:
@@ -60,10 +68,11 @@ def ode_solver_name(name: str) -> str:
 
 def sampling_methods(method: str) -> tuple[str, ...]:
     """The ``sampling_method`` values of ``method`` (ode: torchdiffeq's fixed-step and adaptive
-    methods, then diffusers' flow solvers; sde: its integrators; ddpm / ddim: none)."""
+    methods, then diffusers' flow solvers; sde: its integrators; ddpm / ddim: diffusers' solvers of
+    the same SDE / ODE, besides their own step, which takes no name)."""
     if method == "ode":
         return (*ODE_FIXED_STEP_METHODS, *ODE_ADAPTIVE_METHODS, *FLOW_SOLVERS)
-    return tuple(SDE_STEP_NFE) if method == "sde" else ()
+    return tuple(SDE_STEP_NFE) if method == "sde" else tuple(DIFFUSION_SOLVERS.get(method, ()))
 
 
 def step_evaluations(method: str, sampling_method: str | None) -> int | None:
@@ -86,8 +95,11 @@ def describe_methods() -> str:
     ode_default, sde_default = DEFAULT_SAMPLING_METHOD["ode"], DEFAULT_SAMPLING_METHOD["sde"]
     fixed = [f"{n} {ODE_STEP_NFE[n]}" if n in ODE_STEP_NFE else n for n in ODE_FIXED_STEP_METHODS]
     aliases = ", ".join(f"{a} = {n}" for a, n in ODE_ALIASES.items())
-    flow = [f"{n} ({cls}" + "".join(f", {k}={v}" for k, v in kw.items()) + ")"
-            for n, (cls, kw) in FLOW_SOLVERS.items()]
+    def classes(table: Mapping[str, tuple[str, dict[str, Any]]]) -> list[str]:
+        return [f"{n} ({cls}" + "".join(f", {k}={v}" for k, v in kw.items()) + ")"
+                for n, (cls, kw) in table.items()]
+
+    flow = classes(FLOW_SOLVERS)
     solvers = {
         "ode": [f"fixed-step, NFE a step: {', '.join(fixed)} (alias {aliases})",
                 "adaptive, NFE as counted (--atol / --rtol): "
@@ -97,8 +109,12 @@ def describe_methods() -> str:
                                            for n, k in SDE_STEP_NFE.items()),
                 "last step, +1 NFE: " + names([k for k in LAST_STEPS if k and k != "none"], "Mean")
                 + "; None: +0"],
+        **{method: [f"--sampling-method, diffusers' multistep on the same {process}, epsilon, 1 "
+                    "NFE a step, its own timesteps: "
+                    + ", ".join(classes(DIFFUSION_SOLVERS[method]))]
+           for method, process in (("ddpm", "SDE"), ("ddim", "ODE"))},
     }
-    lines = ["sampling methods (--method, then --sampling-method for ode / sde); NFE = model "
+    lines = ["sampling methods (--method, then --sampling-method: a solver); NFE = model "
              "evaluations per image (CFG's doubled batch counts once); --nfe N sets --num-steps"]
     for objective, methods in SAMPLE_METHODS.items():
         lines.append(f"objective {objective} ({OBJECTIVE_TITLES[objective]}; default method "
@@ -107,9 +123,11 @@ def describe_methods() -> str:
             lines.append(f"  {method:5s} {METHOD_TITLES[method]}")
             lines += [textwrap.fill(line, 100, initial_indent=" " * 8, subsequent_indent=" " * 10)
                       for line in solvers.get(method, [])]
-    few = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in FEW_STEP.items() if k != "num_steps")
-    lines.append(f"few-step setting (results/nfe, exploratory): {few} --nfe "
-                 f"{SampleSpec(**FEW_STEP).nfe}")
+    for objective, setting in FEW_STEPS.items():
+        few = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in setting.items()
+                       if k != "num_steps")
+        lines.append(f"few-step setting of objective {objective} (results/nfe, exploratory): {few} "
+                     f"--nfe {SampleSpec(**setting).nfe}")
     return "\n".join(lines)
 
 
@@ -190,8 +208,10 @@ class SampleSpec:
     sampling_method: str | None = option(
         None, f"ode: torchdiffeq's {', '.join(ODE_FIXED_STEP_METHODS + ODE_ADAPTIVE_METHODS)} "
         f"(default {DEFAULT_SAMPLING_METHOD['ode']}) or diffusers' {', '.join(FLOW_SOLVERS)}; "
-        f"sde: {' | '.join(SDE_STEP_NFE)} (default {DEFAULT_SAMPLING_METHOD['sde']}); see "
-        f"--method {LIST}", solvers=TRANSPORT_METHODS, methods=TRANSPORT_METHODS)
+        f"sde: {' | '.join(SDE_STEP_NFE)} (default {DEFAULT_SAMPLING_METHOD['sde']}); "
+        + "; ".join(f"{m}: diffusers' {', '.join(DIFFUSION_SOLVERS[m])} (default: {m}'s own step)"
+                    for m in DIFFUSION_METHODS)
+        + f"; see --method {LIST}", solvers=TRANSPORT_METHODS)
     num_steps: int = option(250, "time-grid points (default {default}; fixed-step ODE takes "
                             "num_steps-1 steps; adaptive ODE: output grid only); ddpm / ddim: "
                             "respaced diffusion steps", solvers=METHODS, type=positive_int,
@@ -255,8 +275,15 @@ class SampleSpec:
             object.__setattr__(self, "sampling_method", DEFAULT_SAMPLING_METHOD[self.method])
         valid = sampling_methods(self.method)
         solver = self.sampling_method
-        if valid and (ode_solver_name(solver) if self.method == "ode" else solver) not in valid:
-            raise SettingError("sampling_method", solver, f": not a method={self.method} solver; "
+        if solver is not None and self.method in DIFFUSION_SOLVERS:  # None: DDPM's / DDIM's step
+            solver = solver.lower()
+            object.__setattr__(self, "sampling_method", solver)
+            if self.method == "ddim" and solver in valid and self.eta != 0:
+                raise SettingError("eta", self.eta, f": DDIM's noise; {solver} takes none "
+                                   "(its SDE form is method ddpm, e.g. dpm++2m-sde)")
+        if solver is not None and (ode_solver_name(solver) if self.method == "ode" else solver) \
+                not in valid:
+            raise SettingError("sampling_method", solver, f": not a method={self.method!r} solver; "
                                f"valid: {', '.join(map(repr, valid))} (see --method {LIST})")
         if self.method == "ode" and shift not in (None, 1.0) \
                 and ode_solver_name(solver) in ODE_EQUAL_STEP_METHODS:
@@ -283,21 +310,19 @@ class SampleSpec:
         """The spec from ``layers`` of settings, highest priority first (e.g. CLI flags, then a
         checkpoint's ``sample`` section): each field's first non-None value, else the default;
         non-field keys are ignored. A layer's ``sampling_method`` is used only with its own
-        ``method`` (if set), else the winning one; under ddpm / ddim it is dropped, except from
-        the first layer with ``explicit`` (typed by the user), where the spec refuses it.
+        ``method`` (if set), else the winning one; under ddpm / ddim a stored one that is not
+        that method's solver is dropped (a typed one, the first layer with ``explicit``, is
+        refused by the spec).
         """
         known = [{k: v for k, v in layer.items() if k in cls.keys() and v is not None}
                  for layer in layers]
         method = next((layer["method"] for layer in known if "method" in layer), cls.method)
-        solver_methods = next(f.metadata["methods"] for f in fields(cls)
-                              if f.name == "sampling_method")
-        if method not in solver_methods:  # a stored solver is unused; a typed one is refused
-            keep = known[:1] if explicit else []
-            known = keep + [{k: v for k, v in layer.items() if k != "sampling_method"}
-                            for layer in known[len(keep):]]
         values: dict[str, Any] = {"method": method}
-        for layer in known:
-            if layer.get("method", method) != method:
+        for i, layer in enumerate(known):
+            stored = None if explicit and i == 0 else layer.get("sampling_method")
+            foreign = method in DIFFUSION_SOLVERS and stored is not None \
+                and stored.lower() not in sampling_methods(method)
+            if stored is not None and (layer.get("method", method) != method or foreign):
                 layer = {k: v for k, v in layer.items() if k != "sampling_method"}
             for key, value in layer.items():
                 values.setdefault(key, value)
@@ -379,6 +404,7 @@ def check_cfg_scale(cfg_scale: float, allow_negative: bool = False) -> None:
                            "their class (1 = no guidance, > 1 = stronger); allow it explicitly "
                            "(sample.py --allow-negative-cfg) if that is meant")
 
-__all__ = ["DEFAULT_SAMPLING_METHOD", "FEW_STEP", "METHODS", "SAMPLE_METHODS", "SampleSpec",
+__all__ = ["DEFAULT_SAMPLING_METHOD", "FEW_STEP", "FEW_STEPS", "METHODS", "SAMPLE_METHODS",
+           "SampleSpec",
            "add_arguments", "check_cfg_scale", "config_defaults", "describe_methods",
            "finite_float", "option", "positive_int", "sampling_methods", "step_evaluations"]

@@ -13,7 +13,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from diffusers import UniPCMultistepScheduler
+from diffusers import DPMSolverMultistepScheduler, UniPCMultistepScheduler
 
 import sample
 from sit_vit5 import SiTPipeline
@@ -27,6 +27,7 @@ from sit_vit5.names import FLOW_SOLVERS, LAST_STEPS, SDE_STEP_NFE
 from sit_vit5.objective import create_objective
 from sit_vit5.sample_spec import (
     FEW_STEP,
+    FEW_STEPS,
     METHODS,
     SAMPLE_METHODS,
     SampleSpec,
@@ -132,9 +133,14 @@ def readme_few_step_lines() -> list[list[str]]:
 
 
 def test_the_readme_few_step_lines_run_at_the_nfe_they_state(pixel_ckpt, tmp_path, capsys):
-    for i, words in enumerate(readme_few_step_lines()):
+    lines = readme_few_step_lines()
+    dit = [words for words in lines if "demo-dit" in words[words.index("--ckpt") + 1]]
+    assert dit and len(dit) < len(lines)  # both objectives' settings are shown
+    dit_ckpt = ddpm_checkpoint(tmp_path / "dit")
+    for i, words in enumerate(lines):
         argv = words[2:]
-        argv[argv.index("--ckpt") + 1] = pixel_ckpt  # a tiny checkpoint for the README's run
+        at = argv.index("--ckpt") + 1  # a tiny checkpoint of the objective of the README's run
+        argv[at] = dit_ckpt if words in dit else pixel_ckpt
         out = tmp_path / str(i)
         assert sample.main([*argv, "--num-images", "2", "--out", str(out), "--no-progress"]) == 0
         nfe = argv[argv.index("--nfe") + 1]
@@ -288,11 +294,24 @@ def test_export_writes_the_few_step_scheduler_beside_the_default(pixel_ckpt, tmp
     assert np.array_equal(swapped[..., 0], np.stack(grid))
 
 
-def test_a_ddpm_export_has_no_few_step_scheduler_and_a_push_uploads_it(pixel_ckpt, tmp_path,
-                                                                     monkeypatch):
-    ddpm = tmp_path / "ddpm"
-    assert export_main([ddpm_checkpoint(tmp_path / "dit"), str(ddpm)]) == 0
-    assert (ddpm / "scheduler").is_dir() and not (ddpm / FEW_STEP_FOLDER).exists()
+def test_a_ddpm_export_has_its_own_few_step_scheduler_and_a_push_uploads_it(pixel_ckpt, tmp_path,
+                                                                          monkeypatch):
+    ckpt, ddpm = ddpm_checkpoint(tmp_path / "dit"), tmp_path / "ddpm"
+    assert export_main([ckpt, str(ddpm)]) == 0
+    setting = FEW_STEPS["ddpm"]
+    few = DPMSolverMultistepScheduler.from_pretrained(ddpm, subfolder=FEW_STEP_FOLDER)
+    assert few.config.algorithm_type == "sde-dpmsolver++" and few.config.prediction_type == "epsilon"
+    assert few.config.thresholding and few.config.sample_max_value == 1.0  # pixel space: x0 clipped
+    assert few.config.sampler["num_steps"] == setting["num_steps"]
+    pipe = SiTPipeline.from_pretrained(ddpm)
+    pipe.set_progress_bar_config(disable=True)
+    pipe.scheduler = few
+    labels = [3, 1]
+    swapped = pipe(labels, generator=5, output_type="uint8").images  # its own steps, per-image noise
+    nfe = str(SampleSpec(**setting).nfe)
+    grid = grid_images(ckpt, tmp_path / "grid", labels, 5, "--method", setting["method"],
+                       "--sampling-method", setting["sampling_method"], "--nfe", nfe)
+    assert np.array_equal(swapped[..., 0], np.stack(grid))  # the README's sample.py line
     import huggingface_hub
 
     pushed, uploaded = [], []

@@ -1,6 +1,7 @@
 """Sampling DiT's objective: whole DDPM / DDIM trajectories (:class:`DiffusionSampler`), the same
 steps one at a time (:class:`DiffusionSteps`), diffusers' DDPM / DDIM schedulers driven step by step
-(:class:`SchedulerSteps`) and set up as our process (:func:`diffusers_scheduler`).
+(:class:`SchedulerSteps`) and set up as our process (:func:`diffusers_scheduler`), and diffusers'
+multistep solvers of the same ODE / SDE (:func:`solver_scheduler`, whole: :class:`SolverSampler`).
 
 ``num_steps`` respaced steps of the trained process: DDPM keeps them evenly spread with both ends
 (DiT's ``"250"``), DDIM takes them on an integer stride (ADM's ``"ddim50"``).
@@ -15,9 +16,12 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from ..errors import SettingError
+from ..names import DIFFUSION_SOLVERS
 from ..transport.integrators import index_of
+from ..transport.rng import GeneratorLike, randn_like, resolve_generator
 from .gaussian_diffusion import GaussianDiffusion
 
 
@@ -99,7 +103,9 @@ class DiffusionSteps:
 class SchedulerSteps:
     """diffusers' DDPM-family ``scheduler`` (epsilon prediction) stepping our model: its own
     timesteps for ``num_steps``; a learned-variance scheduler reads both halves of the output,
-    others the first C."""
+    others the first C. An SDE solver (DPM-Solver++ ``sde-*``) gets its noise from ``generator``
+    by our per-image rule (:mod:`~sit_vit5.transport.rng`), as our DDPM step does. SettingError
+    naming num_steps when two of the scheduler's integer timesteps coincide."""
 
     def __init__(self, scheduler: Any, num_steps: int,
                  device: torch.device | str | None = None) -> None:
@@ -114,6 +120,12 @@ class SchedulerSteps:
         self.init_noise_sigma = getattr(scheduler, "init_noise_sigma", 1.0)
         self.learned = scheduler.config.get("variance_type") in ("learned", "learned_range")
         self.stochastic = "generator" in inspect.signature(scheduler.step).parameters  # DDPM: noise
+        self.sde_noise = str(scheduler.config.get("algorithm_type", "")).startswith("sde")
+        if len(set(self.timesteps.tolist())) < len(self.timesteps):
+            raise SettingError("num_steps", num_steps,
+                               f": {type(scheduler).__name__}'s integer timesteps repeat at "
+                               f"{num_steps} steps of {scheduler.config.num_train_timesteps}; "
+                               "use fewer steps")
 
     def restart(self) -> None:
         self._setup()
@@ -127,8 +139,58 @@ class SchedulerSteps:
 
     def step(self, model_output: Tensor, t: Tensor, x: Tensor, generator: Any = None) -> Tensor:
         out = model_output if self.learned else model_output[:, : x.shape[1]]
-        extra = {"generator": generator} if self.stochastic else {}
+        if self.sde_noise:
+            extra = {"variance_noise": randn_like(x, resolve_generator(generator, len(x)))}
+        else:
+            extra = {"generator": generator} if self.stochastic else {}
         return self.scheduler.step(out, t, x, **extra).prev_sample
+
+
+def solver_scheduler(diffusion: GaussianDiffusion, method: str, sampling_method: str,
+                     pixel_space: bool) -> Any:
+    """diffusers' multistep solver ``DIFFUSION_SOLVERS[method][sampling_method]`` of our process:
+    its trained betas (the original, unrespaced ones), epsilon prediction, its own timesteps (999
+    first) and last step to sigma 0. ``pixel_space`` clips each x0 prediction to [-1, 1] (diffusers'
+    thresholding with its maximum at 1 is exactly that clip), as our DDPM / DDIM do."""
+    import diffusers
+
+    solvers = DIFFUSION_SOLVERS.get(method, {})
+    if sampling_method not in solvers:
+        raise SettingError("sampling_method", sampling_method,
+                           f": not a method={method} solver; valid: {', '.join(solvers)}")
+    cls, kwargs = solvers[sampling_method]
+    clip = {"thresholding": True, "sample_max_value": 1.0} if pixel_space else {}
+    return getattr(diffusers, cls)(
+        num_train_timesteps=diffusion.original_num_steps, prediction_type="epsilon",
+        trained_betas=diffusion.original_betas.tolist(), **clip, **kwargs)
+
+
+class SolverSampler:
+    """Whole trajectories of step-wise ``steps`` (a diffusers solver's :class:`SchedulerSteps`),
+    shaped like :class:`DiffusionSampler`: :meth:`build` returns ``fn(z, model_fn, *,
+    generator=None, **model_kwargs) -> [x]``; ``last_nfe`` counts the latest call's model calls."""
+
+    def __init__(self, steps: SchedulerSteps) -> None:
+        self.steps = steps
+        self.last_nfe: int | None = None
+
+    def build(self, progress: bool = False) -> Callable[..., list[Tensor]]:
+        steps = self.steps
+
+        def _sample(z: Tensor, model_fn: Callable[..., Tensor], *,
+                    generator: GeneratorLike = None, **model_kwargs) -> list[Tensor]:
+            gen = resolve_generator(generator, len(z))  # once: each stream advances along the way
+            steps.restart()
+            x = z * steps.init_noise_sigma
+            name = type(steps.scheduler).__name__
+            with torch.no_grad():
+                for t in tqdm(steps.timesteps, disable=not progress, leave=False, desc=name):
+                    out = model_fn(steps.model_input(x, t), steps.model_time(t, x), **model_kwargs)
+                    x = steps.step(out, t, x, gen)
+            self.last_nfe = len(steps.timesteps)
+            return [x]
+
+        return _sample
 
 
 def is_epsilon_scheduler(scheduler: Any) -> bool:

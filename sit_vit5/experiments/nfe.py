@@ -29,7 +29,7 @@ import torch
 from ..atomic_files import atomic_write_text
 from ..errors import SettingError, one_line
 from ..models import load_model
-from ..names import FLOW_SOLVERS
+from ..names import DIFFUSION_SOLVERS, FLOW_SOLVERS
 from ..objective import create_objective
 from ..sample_spec import finite_float, positive_float, positive_int
 from ..sampling import SampleSpec, SamplingPipeline
@@ -75,6 +75,9 @@ SOLVERS = {
         *(Solver(name, "sit", {"method": "ode", "sampling_method": name}) for name in FLOW_SOLVERS),
         Solver("ddim", "ddpm", {"method": "ddim"}),
         Solver("ddpm", "ddpm", {"method": "ddpm"}),
+        # diffusers' multistep solvers of the same ODE (ddim-*) / SDE (ddpm-*)
+        *(Solver(f"{method}-{name}", "ddpm", {"method": method, "sampling_method": name})
+          for method, solvers in DIFFUSION_SOLVERS.items() for name in solvers),
     )
 }
 

@@ -1,6 +1,7 @@
 """``SiTScheduler``: a diffusers scheduler holding how to sample (the objective, the sampler
 settings, the latents' VAE), saved as ``scheduler/scheduler_config.json``, with diffusers' step-wise
-API (``set_timesteps`` / ``step``) over the objective's own steps (ODE Euler, DDPM, DDIM)."""
+API (``set_timesteps`` / ``step``) over the objective's own steps (ODE Euler, DDPM, DDIM, and the
+diffusers solvers a ``sampling_method`` names)."""
 
 from __future__ import annotations
 
