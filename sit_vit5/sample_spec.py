@@ -257,6 +257,9 @@ class SampleSpec:
                                    ": expected " + ("an int" if kinds is int else "a number"))
             if not math.isfinite(value):  # nan / inf: every image would come out non-finite
                 raise SettingError(f.name, value, ": expected a finite number")
+        if not isinstance(self.sampling_method, str | None):
+            raise SettingError("sampling_method", self.sampling_method,
+                               f": expected a solver's name (see --method {LIST})")
         if self.num_steps < MIN_STEPS[self.method]:  # a 1-point time grid integrates nothing
             raise SettingError("num_steps", self.num_steps,
                                f": method={self.method} needs >= {MIN_STEPS[self.method]}")
@@ -320,7 +323,7 @@ class SampleSpec:
         values: dict[str, Any] = {"method": method}
         for i, layer in enumerate(known):
             stored = None if explicit and i == 0 else layer.get("sampling_method")
-            foreign = method in DIFFUSION_SOLVERS and stored is not None \
+            foreign = method in DIFFUSION_SOLVERS and isinstance(stored, str) \
                 and stored.lower() not in sampling_methods(method)
             if stored is not None and (layer.get("method", method) != method or foreign):
                 layer = {k: v for k, v in layer.items() if k != "sampling_method"}

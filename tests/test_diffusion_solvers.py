@@ -150,6 +150,10 @@ def test_the_spec_takes_them_and_refuses_what_they_cannot_do():
     assert SampleSpec.resolve({"method": "ddim"}, {"sampling_method": "dopri5"}).sampling_method is None
     with pytest.raises(SettingError):  # typed: refused, not dropped
         SampleSpec.resolve({"method": "ddim", "sampling_method": "dopri5"}, explicit=True)
+    for method in ("ode", "ddim"):  # a config's number where a name belongs: one error, no traceback
+        with pytest.raises(SettingError) as err:
+            SampleSpec.resolve({}, {"method": method, "sampling_method": 5})
+        assert (err.value.key, err.value.value) == ("sampling_method", 5)
 
 
 def test_too_many_steps_for_the_integer_timesteps_is_one_error_naming_num_steps(objective):

@@ -129,28 +129,28 @@ def check_grid(solvers: Sequence[str], nfes: Sequence[int],
     """Every (solver, NFE, shift) row the arguments ask for can run: its spec exists and its
     sampler builds (a diffusers scheduler's timesteps stay distinct). Raises SettingError naming
     the NFE (or the shift) and the solver, before any checkpoint is read or row written."""
-    for name in solvers:
+    for name, shift in itertools.product(solvers, time_shifts):
         solver = SOLVERS.get(name, ADAPTIVE)
-        for shift in time_shifts:
-            if solver is ADAPTIVE:  # rows keyed by tolerance: only the shift can be wrong
-                try:
+        objective = create_objective({"objective": solver.objective})
+        for nfe in [None] if solver is ADAPTIVE else nfes:  # adaptive: rows keyed by tolerance
+            try:
+                if nfe is None:
                     solver.spec(ADAPTIVE_TOLERANCES[0], shift)
-                except SettingError as err:
-                    raise SettingError("time_shifts", shift, f" for solver {name}{err.reason}") \
-                        from None
-                continue
-            objective = create_objective({"objective": solver.objective})
-            for nfe in nfes:
-                try:
+                else:
                     objective.sampler(solver.spec(nfe, shift))
-                except ValueError as err:  # SettingError, or a respacing the diffusion cannot do
-                    key = err.key if isinstance(err, SettingError) else None
-                    detail = err.reason.removeprefix(": ").strip() if key in ("nfe", "time_shift") \
-                        else one_line(err)
-                    if key == "time_shift":
-                        raise SettingError("time_shifts", shift,
-                                           f" for solver {name}: {detail}") from None
-                    raise SettingError("nfe", nfe, f" for solver {name}: {detail}") from None
+            except ValueError as err:  # SettingError, or a respacing the diffusion cannot do
+                raise grid_error(name, nfe, shift, err) from None
+
+
+def grid_error(name: str, nfe: int | None, shift: float, err: ValueError) -> SettingError:
+    """The one-line refusal of solver ``name``'s row at ``nfe`` (None: an adaptive solver's) and
+    ``shift``: naming the shift when it is at fault, else the NFE."""
+    key = err.key if isinstance(err, SettingError) else None
+    detail = (err.reason.removeprefix(": ").strip() if key in ("nfe", "time_shift")
+              else one_line(err))
+    if key == "time_shift" or nfe is None:
+        return SettingError("time_shifts", shift, f" for solver {name}: {detail}")
+    return SettingError("nfe", nfe, f" for solver {name}: {detail}")
 
 
 def score(images: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
