@@ -6,6 +6,7 @@ and the spec take them and refuse what they cannot do in one line."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -154,6 +155,14 @@ def test_the_spec_takes_them_and_refuses_what_they_cannot_do():
         with pytest.raises(SettingError) as err:
             SampleSpec.resolve({}, {"method": method, "sampling_method": 5})
         assert (err.value.key, err.value.value) == ("sampling_method", 5)
+
+
+@pytest.mark.parametrize("method, name", [("ddim", n) for n in ODE_SOLVERS]
+                         + [("ddpm", n) for n in SDE_SOLVERS])
+def test_setting_up_a_solver_prints_no_third_party_notice(objective, method, name):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy 2's copy notice on diffusers' np.array(tensor)
+        objective.steps(SampleSpec(method=method, sampling_method=name, num_steps=12)).restart()
 
 
 def test_too_many_steps_for_the_integer_timesteps_is_one_error_naming_num_steps(objective):

@@ -10,6 +10,7 @@ multistep solvers of the same ODE / SDE (:func:`solver_scheduler`, whole: :class
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -23,6 +24,9 @@ from ..names import DIFFUSION_SOLVERS
 from ..transport.integrators import index_of
 from ..transport.rng import GeneratorLike, randn_like, resolve_generator
 from .gaussian_diffusion import GaussianDiffusion
+
+#: numpy 2's DeprecationWarning when diffusers' multistep schedulers call np.array on a torch tensor
+NUMPY_COPY_NOTICE = ".*__array__ implementation doesn't accept a copy keyword"
 
 
 def respaced(diffusion: GaussianDiffusion, method: str, num_steps: int) -> GaussianDiffusion:
@@ -114,7 +118,13 @@ class SchedulerSteps:
             raise SettingError("scheduler", type(scheduler).__name__, f" with prediction_type="
                                f"{prediction!r}: our ddpm-objective models predict epsilon")
         self.scheduler = scheduler
-        self._setup = lambda: scheduler.set_timesteps(num_steps, device=device)
+
+        def setup() -> None:
+            with warnings.catch_warnings():  # UniPC / DPM-Solver run np.array(tensor): numpy 2's
+                warnings.filterwarnings("ignore", message=NUMPY_COPY_NOTICE)  # harmless notice
+                scheduler.set_timesteps(num_steps, device=device)
+
+        self._setup = setup
         self._setup()
         self.timesteps = scheduler.timesteps
         self.init_noise_sigma = getattr(scheduler, "init_noise_sigma", 1.0)
