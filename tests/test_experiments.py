@@ -171,3 +171,12 @@ def test_imagenet_runner_end_to_end_with_random_inception(tmp_path):
     assert (out / "tiny_fid_vs_step.png").is_file()
     cached = sorted((tmp_path / "run" / "eval" / "tiny").glob("*.json"))
     assert len(cached) == 2 and "fid" in json.loads(cached[0].read_text())
+
+
+def test_a_saved_figure_is_written_and_released(tmp_path):
+    plt = report.pyplot()
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [1, 0])
+    path = report.save_figure(fig, tmp_path / "sub" / "fig.png")
+    assert Image.open(path).size[0] > 0
+    assert fig.number not in plt.get_fignums()  # pyplot no longer holds it (a report makes dozens)

@@ -55,12 +55,13 @@ def pyplot():
 
 
 def save_figure(fig, path: str | os.PathLike) -> Path:
-    """Lay out ``fig``, save it to ``path`` (parents created) and clear it; returns the path."""
+    """Lay out ``fig``, save it to ``path`` (parents created) and close it (pyplot keeps every
+    open figure: a report of many plots would hold them all); returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path)
-    fig.clf()
+    pyplot().close(fig)
     return path
 
 
