@@ -25,6 +25,27 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 24) -> str:
     return digest.hexdigest()
 
 
+def sha256_tree(folder: str | os.PathLike) -> str:
+    """Hex SHA-256 of a folder's files: of its ``sha256sum`` listing (``<digest>  <relative
+    path>`` per file, sorted by path, ``/`` separators), so renaming, changing, adding or removing
+    any file changes it."""
+    root = Path(folder)
+    files = sorted(p for p in root.rglob("*") if p.is_file())
+    listing = "".join(f"{sha256_file(p)}  {p.relative_to(root).as_posix()}\n" for p in files)
+    return hashlib.sha256(listing.encode()).hexdigest()
+
+
+def checkpoint_sha256(path: str | os.PathLike) -> str:
+    """The SHA-256 a run records for the checkpoint it loaded: a folder's :func:`sha256_tree`; a
+    file's ``.sha256`` sidecar when it has one (loading checks the file against it, so reading the
+    file again would only repeat that), else the file's own digest."""
+    if os.path.isdir(path):
+        return sha256_tree(path)
+    side = sidecar(path)
+    recorded = side.read_text().split()[:1] if side.is_file() else []
+    return recorded[0].lower() if recorded else sha256_file(path)
+
+
 def verify_sha256(path: str | os.PathLike, expected: str) -> None:
     """Raise ChecksumError naming the file when its SHA-256 differs from ``expected``."""
     actual = sha256_file(path)

@@ -273,3 +273,18 @@ def test_dit_pipeline_refuses_what_it_cannot_sample(tmp_path, vae_dir, capsys):
     assert export_main([str(tmp_path / "dit"), str(tmp_path / "out"), "--format", "dit",
                         "--vae", "none"]) == 2  # the CLI: one line, no folder
     assert "VAE" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def test_sample_py_bulk_takes_a_diffusers_dit_folder_and_records_its_digest(tmp_path, vae_dir, capsys):
+    import sample
+    from sit_vit5.checksums import sha256_tree
+
+    folder = tmp_path / "dit"
+    tiny_dit().save_pretrained(folder)
+    out = tmp_path / "bulk"
+    argv = ["bulk", "--ckpt", str(folder), "--vae", str(vae_dir), "--num-samples", "2", "--num-steps", "2",
+            "--out", str(out), "--no-progress"]
+    assert sample.main(argv) == 0, capsys.readouterr().err  # it read the folder as a file before
+    npz = np.load(next(out.glob("samples_*.npz")))
+    assert npz["arr_0"].shape[0] == 2
+    assert json.loads(str(npz["metadata_json"]))["checkpoint_sha256"] == sha256_tree(folder)

@@ -113,3 +113,35 @@ def test_shape_mismatch_hints_fire_only_when_true(tmp_path, change, expected):
     hints = [line.strip() for line in str(err.value).splitlines() if "hint:" in line]
     assert len(hints) == 1, hints
     assert_names(hints[0], *expected)
+
+
+def test_a_folders_digest_is_its_sha256sum_listings_and_moves_with_any_file(tmp_path):
+    import hashlib
+
+    from sit_vit5.checksums import checkpoint_sha256, sha256_tree
+
+    folder = tmp_path / "dit"
+    (folder / "transformer").mkdir(parents=True)
+    (folder / "model_index.json").write_text("{}")
+    (folder / "transformer" / "w.bin").write_bytes(b"\x00\x01" * 100)
+    listing = "".join(f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {name}\n" for name, p in (
+        ("model_index.json", folder / "model_index.json"),
+        ("transformer/w.bin", folder / "transformer" / "w.bin")))
+    digest = sha256_tree(folder)
+    assert digest == hashlib.sha256(listing.encode()).hexdigest() == checkpoint_sha256(folder)
+    (folder / "transformer" / "w.bin").write_bytes(b"\x00\x02" * 100)
+    changed = sha256_tree(folder)
+    (folder / "transformer" / "w.bin").rename(folder / "transformer" / "v.bin")
+    renamed = sha256_tree(folder)
+    (folder / "extra.txt").write_text("x")
+    assert len({digest, changed, renamed, sha256_tree(folder)}) == 4
+
+
+def test_a_files_digest_is_its_checked_sidecars_else_its_own(tmp_path):
+    from sit_vit5.checksums import checkpoint_sha256
+
+    path = tmp_path / "w.pt"
+    path.write_bytes(b"weights")
+    assert checkpoint_sha256(path) == sha256_file(path)
+    sidecar(path).write_text("AB" * 32 + "  w.pt\n")  # loading refuses a file that does not match it
+    assert checkpoint_sha256(path) == "ab" * 32

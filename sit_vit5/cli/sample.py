@@ -368,7 +368,7 @@ def _grid(args: argparse.Namespace) -> int:
 def _bulk(args: argparse.Namespace) -> int:
     import torch
 
-    from sit_vit5.checksums import sha256_file
+    from sit_vit5.checksums import checkpoint_sha256
     from sit_vit5.distributed import describe_group, join_launcher_group
     from sit_vit5.sampling import sample_bulk
     from sit_vit5.sampling.labels import check_label_sampling
@@ -391,7 +391,7 @@ def _bulk(args: argparse.Namespace) -> int:
                 "vae": args.vae or info.vae.get("name"),
                 "precision": args.precision, "transport": repr(pipe.objective),
                 "objective": info.objective_name,
-                "checkpoint_sha256": sha256_file(args.ckpt_path), **pipe.input_digests()}
+                "checkpoint_sha256": checkpoint_sha256(args.ckpt_path), **pipe.input_digests()}
     barrier = state.wait_for_everyone if state.num_processes > 1 else None
     result = sample_bulk(pipe, args.num_samples, args.out, global_seed=args.seed,
                          batch_size=args.batch_size, rank=state.process_index,

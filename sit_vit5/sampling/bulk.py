@@ -264,7 +264,7 @@ def sample_metadata(settings: dict[str, Any], labels: np.ndarray,
     ``global_seed``, ``sampler`` (``method``, ``solver``, ``num_steps``), ``nfe_per_image`` (an int
     when every batch took the same number, else the mean; model evaluations per image, a CFG
     doubled batch counting once), ``cfg_scale``, ``cfg_interval``, ``cfg_channels``,
-    ``precision``, ``checkpoint`` (path), ``checkpoint_sha256`` (of the checkpoint file),
+    ``precision``, ``checkpoint`` (path), ``checkpoint_sha256`` (``checksums.checkpoint_sha256``),
     ``weights_sha256`` (of the model's parameters), ``spec`` (every sampler setting). A value the
     settings do not hold is None."""
     spec = settings.get("spec") or {}
