@@ -89,8 +89,9 @@ class ClassifierFreeGuidance:
     def __call__(self, x: Tensor, t: Tensor, y: Tensor, **kwargs) -> Tensor:
         t = torch.as_tensor(t, device=x.device, dtype=x.dtype)
         t = t.expand(len(x)) if t.dim() == 0 else t
-        active = in_interval(t, self.interval, len(x))
-        if self.cfg_scale == 1.0 or not bool(active.any()):
+        # the mask (a host sync per step on a GPU) only where an interval makes one
+        active = None if self.interval is None else in_interval(t, self.interval, len(x))
+        if self.cfg_scale == 1.0 or (active is not None and not bool(active.any())):
             return self.model(x, t, y, **kwargs)
         null = torch.full_like(y, self.null_class)
         out = self.model(torch.cat([x, x]), torch.cat([t, t]), torch.cat([y, null]), **kwargs)
@@ -99,4 +100,6 @@ class ClassifierFreeGuidance:
         if not self.checked:
             check_guided(cond, uncond, guided, self.cfg_scale)
             self.checked = True
+        if active is None:
+            return guided
         return torch.where(active.view(-1, *([1] * (x.dim() - 1))), guided, cond)

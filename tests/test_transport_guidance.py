@@ -108,3 +108,19 @@ def test_guided_sde_is_seeded():
     assert sampler.last_nfe == 2 * 20 + 1
     b = fn(z[4:8], cfg, generator=list(range(4, 8)), y=y[4:8])[-1]
     torch.testing.assert_close(b, a[4:], atol=1e-12, rtol=0)
+
+
+def test_guidance_without_an_interval_reads_no_mask(monkeypatch):
+    """No interval: every step is guided, without building (and on a GPU syncing on) a per-step mask."""
+    import sit_vit5.guidance as guidance
+
+    tr, sampler, model, z, y = setup()
+    fn = sampler.sample_ode(sampling_method="euler", num_steps=6)
+    expected = fn(z, ClassifierFreeGuidance(model, 2.0, NUM_CLASSES, interval=(0.0, 1.0)), y=y)[-1]
+
+    def no_mask(*args):
+        raise AssertionError("a mask was built without an interval")
+
+    monkeypatch.setattr(guidance, "in_interval", no_mask)
+    got = fn(z, ClassifierFreeGuidance(model, 2.0, NUM_CLASSES), y=y)[-1]
+    assert torch.equal(got, expected)  # guided everywhere, as the whole-range interval
