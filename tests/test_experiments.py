@@ -12,6 +12,7 @@ import torch
 import yaml
 from PIL import Image
 
+from sit_vit5.checksums import sha256_file
 from sit_vit5.config import load_config
 from sit_vit5.experiments import imagenet, report
 from sit_vit5.experiments.__main__ import main as experiments_main
@@ -128,6 +129,11 @@ def test_protocol_with_unknown_key_names_it(tmp_path):
     bad.write_text("sample: {method: sde, num_stepz: 3}\n")
     with pytest.raises(ValueError, match="sample.num_stepz"):
         imagenet.load_protocol(bad)
+    bad.write_text("eval: {label_sampling: balanced}\n")
+    with pytest.raises(ValueError, match="(?s)label_sampling.*balanced.*equal"):
+        imagenet.load_protocol(bad)
+    bad.write_text("eval: {label_sampling: equal}\n")
+    assert imagenet.load_protocol(bad)["eval"]["label_sampling"] == "equal"
 
 
 def test_report_table_and_csv(tmp_path):
@@ -171,6 +177,12 @@ def test_imagenet_runner_end_to_end_with_random_inception(tmp_path):
     assert (out / "tiny_fid_vs_step.png").is_file()
     cached = sorted((tmp_path / "run" / "eval" / "tiny").glob("*.json"))
     assert len(cached) == 2 and "fid" in json.loads(cached[0].read_text())
+    record = json.loads(cached[-1].read_text())["provenance"]  # how the samples were made, as fid's CLI
+    ckpt = sorted((tmp_path / "run" / "checkpoints").glob("*.pt"))[-1]
+    assert record["checkpoint_sha256"] == sha256_file(ckpt) and record["label_sampling"] == "random"
+    assert record["reference_sha256"] == sha256_file(tmp_path / "ref.npz")
+    assert record["sampler"] == {"method": "ode", "solver": "euler", "num_steps": 3}
+    assert record["nfe_per_image"] == 2 and sum(record["class_histogram"]) == 12
 
 
 def test_a_saved_figure_is_written_and_released(tmp_path):

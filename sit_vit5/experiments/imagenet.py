@@ -3,9 +3,10 @@
 For each run directory (a ``train.py`` output) and each checkpoint step the protocol asks for:
 bulk-sample ``eval.num_samples`` images (sharded over the processes of ``torchrun`` / ``accelerate
 launch``, resumable), score them with the ADM-compatible FID suite (``fid``), and cache the numbers
-in ``<run>/eval/<protocol>/<step>.json``. Then write ``comparison.md`` / ``comparison.csv`` (model,
-params, GFLOPs, step, FID, sFID, IS, precision, recall) and ``fid_vs_step.png`` with the paper's
-points as reference markers.
+in ``<run>/eval/<protocol>/<step>.json`` with how they were made (the ``fid`` CLI's provenance
+record: sampler, NFE, label sampling, checkpoint and reference digests). Then write
+``comparison.md`` / ``comparison.csv`` (model, params, GFLOPs, step, FID, sFID, IS, precision,
+recall) and ``fid_vs_step.png`` with the paper's points as reference markers.
 """
 
 from __future__ import annotations
@@ -21,17 +22,21 @@ import yaml
 from accelerate import PartialState
 
 import fid
+from fid.provenance import check_reference_match, provenance, read_class_labels, read_metadata
 
+from ..checksums import checkpoint_sha256, sha256_file
 from ..models import count_params, flops, load_model
 from ..precision import PRECISIONS
 from ..sampling import SampleSpec, SamplingPipeline, sample_bulk
+from ..sampling.labels import LABEL_SAMPLINGS
 from ..training.checkpoint import list_checkpoints
 from . import report
 
 SAMPLE_KEYS = SampleSpec.keys()  # a protocol's sample section: SampleSpec's fields
 
+#: label_sampling: random = SiT / DiT's sample_ddp (behind their FIDs), equal = ADM / REPA-E
 EVAL_DEFAULTS = {"num_samples": 50_000, "reference": None, "metrics": ["fid", "sfid", "is", "pr"],
-                 "steps": ["last"], "seed": 0}
+                 "steps": ["last"], "seed": 0, "label_sampling": "random"}
 COLUMNS = ["model", "params (M)", "GFLOPs", "step", "FID", "sFID", "IS", "precision", "recall",
            "source"]
 
@@ -70,8 +75,11 @@ def load_protocol(path: str | os.PathLike) -> dict[str, Any]:
         if bad:
             raise ValueError(f"{path}: unknown key(s) {sorted(where + b for b in bad)}; "
                              f"valid: {', '.join(valid)}")
-    return {"name": path.stem, "sample": dict(raw.get("sample") or {}),
-            "eval": {**EVAL_DEFAULTS, **(raw.get("eval") or {})},
+    ev = {**EVAL_DEFAULTS, **(raw.get("eval") or {})}
+    if ev["label_sampling"] not in LABEL_SAMPLINGS:
+        raise ValueError(f"{path}: eval.label_sampling={ev['label_sampling']!r}; valid: "
+                         f"{', '.join(LABEL_SAMPLINGS)}")
+    return {"name": path.stem, "sample": dict(raw.get("sample") or {}), "eval": ev,
             "paper": dict(raw.get("paper") or {})}
 
 
@@ -109,9 +117,12 @@ def evaluate_checkpoint(ckpt: Path, out_dir: Path, protocol: dict[str, Any],
     pipeline = SamplingPipeline.for_model(info, sample_spec(protocol["sample"]),
                                           vae=info.vae.get("name", "none"), device=device,
                                           precision=args.precision)
+    settings = {"ckpt": str(ckpt.resolve()), "model": info.name, "objective": info.objective_name,
+                "checkpoint_sha256": checkpoint_sha256(ckpt), **pipeline.input_digests()}
     bulk = sample_bulk(pipeline, ev["num_samples"], out_dir, global_seed=ev["seed"],
                        batch_size=args.batch_size, rank=state.process_index,
-                       world_size=state.num_processes,
+                       world_size=state.num_processes, settings=settings,
+                       label_sampling=ev["label_sampling"],
                        barrier=state.wait_for_everyone if state.num_processes > 1 else None)
     if not state.is_main_process:
         return None
@@ -119,10 +130,15 @@ def evaluate_checkpoint(ckpt: Path, out_dir: Path, protocol: dict[str, Any],
     extractor = fid.load_inception(args.inception_weights, device=device, **weights_kwargs)
     samples, reference = fid.open_images(bulk.npz), fid.read_reference(ev["reference"])
     fid.check_sample_size(samples, reference)  # a size mismatch gives a number that means nothing
+    metadata, labels = read_metadata(bulk.npz), read_class_labels(bulk.npz)
+    check_reference_match(str(bulk.npz), ev["reference"], labels, metadata, reference.labels,
+                          reference.metadata, len(samples))  # another label set or sample count
     metrics = fid.evaluate(samples, reference, extractor, metrics=ev["metrics"],
                            batch_size=args.fid_batch_size, device=str(device))
+    record = provenance(metadata, labels, len(samples), len(samples),
+                        sha256_file(ev["reference"]))
     return {**metrics, "model": info.name, "params": count_params(model), "gflops": flops(model),
-            "samples": str(bulk.npz)}
+            "samples": str(bulk.npz), "provenance": record}
 
 
 def _row(result: dict[str, Any], step: int) -> dict[str, Any]:
