@@ -282,8 +282,8 @@ class SampleSpec:
             solver = solver.lower()
             object.__setattr__(self, "sampling_method", solver)
             if self.method == "ddim" and solver in valid and self.eta != 0:
-                raise SettingError("eta", self.eta, f": DDIM's noise; {solver} takes none "
-                                   "(its SDE form is method ddpm, e.g. dpm++2m-sde)")
+                raise SettingError("eta", self.eta, f": DDIM's noise; the {solver} solver takes "
+                                   "none (a stochastic one: method ddpm, e.g. dpm++2m-sde)")
         if solver is not None and (ode_solver_name(solver) if self.method == "ode" else solver) \
                 not in valid:
             raise SettingError("sampling_method", solver, f": not a method={self.method!r} solver; "
