@@ -488,18 +488,25 @@ def run_cost(run: dict[str, Any]) -> float:
 
 def cost_model(runs: Sequence[dict[str, Any]]) -> Callable[..., float | None]:
     """``cost(dataset, size, steps=2000)``: core-hours of one run, the median of the complete ``runs`` of
-    that dataset and size (any variant, evaluation time recorded), each scaled to ``steps`` in proportion.
-    A size not run yet on a dataset is scaled from another dataset where both it and 4×64 ran:
+    that dataset, size and step count (any variant, evaluation time recorded). Without such runs: the median
+    of that dataset and size, each scaled to ``steps`` in proportion (a run's fixed costs make this high for
+    longer runs: 0.98 estimated against 0.48 measured for the 10,000-step arm). A size not run yet on a
+    dataset is scaled from another dataset where both it and 4×64 ran:
     cost(d, size) = cost(d, 4×64) × cost(d', size) / cost(d', 4×64) (None when nothing allows an
     estimate)."""
     known: dict[tuple[str, str], list[float]] = {}
+    measured: dict[tuple[str, str, int], list[float]] = {}
     for run in runs:
         if run.get("complete") and "eval_seconds" in run and run["variant"] in VARIANTS:
             per_run = run_cost(run) * DEFAULT_STEPS / run["steps"]  # as if it had the common 2,000 steps
             known.setdefault((run["dataset"], size_of(run["variant"])), []).append(per_run)
+            measured.setdefault((run["dataset"], size_of(run["variant"]), run["steps"]), []).append(
+                run_cost(run))
     median = {k: statistics.median(v) for k, v in known.items()}
 
     def cost(d: str, size: str, steps: int = DEFAULT_STEPS) -> float | None:
+        if (d, size, steps) in measured:
+            return statistics.median(measured[(d, size, steps)])
         scale = steps / DEFAULT_STEPS  # training dominates: a run's cost grows with its steps
         if (d, size) in median:
             return median[(d, size)] * scale

@@ -320,6 +320,23 @@ def test_status_scales_the_cost_of_a_longer_run_by_its_steps(tmp_path):
     assert rows[f"4×64, {digits.LONG_STEPS} steps"]["core_h_left"] == pytest.approx(2.0)
 
 
+def test_status_reads_runs_of_the_same_step_count_before_scaling_others(tmp_path):
+    """2,000-step runs of 0.2 core-hours and 10,000-step runs of 0.5 and 0.7 (median 0.6, not the 1.0 that
+    scaling would give: a run's evaluation does not grow with its steps)."""
+    specs = [_timed_run(tmp_path, "digits16", "SiT", s, 0.2) for s in range(3)]
+    long = [digits.RunSpec("digits16", v, s, steps=digits.LONG_STEPS, results_dir=str(tmp_path))
+            for v in digits.LONG for s in range(2)]
+    for spec, hours in zip(long[:2], (0.5, 0.7), strict=True):
+        spec.result_path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(spec.result_path, json.dumps({
+            **_run("digits16", spec.variant, spec.seed, 0.4), "steps": digits.LONG_STEPS,
+            "train_seconds": 3000 * hours, "eval_seconds": 600 * hours}))
+    rows = {r["size"]: r for r in digits.sweep_status(specs + long)}
+    assert rows["4×64"]["core_h_per_run"] == pytest.approx(0.2)
+    assert rows[f"4×64, {digits.LONG_STEPS} steps"]["core_h_per_run"] == pytest.approx(0.6)
+    assert rows[f"4×64, {digits.LONG_STEPS} steps"]["core_h_left"] == pytest.approx(1.2)
+
+
 def test_ends_by_starts_a_run_only_if_its_estimate_times_the_margin_fits(tmp_path):
     """Cached 4×64 runs of 0.2 and 0.4 core-hours (median 0.3): a 4×64 run needs 0.3 × 1.25 h = 1350 s
     before the stop; 8×128 has no estimate (run nowhere) and never starts."""
