@@ -26,7 +26,6 @@ from .diffusion.ddpm_sampler import (
     DiffusionSampler,
     DiffusionSteps,
     SchedulerSteps,
-    SolverSampler,
     is_epsilon_scheduler,
     solver_scheduler,
 )
@@ -36,6 +35,7 @@ from .models import name_objective_conflict
 from .sample_spec import SAMPLE_METHODS, SampleSpec
 from .transport import TRANSPORT_KEYS, Sampler, Transport, create_transport
 from .transport.integrators import ode_method
+from .transport.rng import GeneratorLike, resolve_generator
 from .transport.sampler import (
     EulerSteps,
     FlowSchedulerSteps,
@@ -153,7 +153,7 @@ class BuiltSampler:
     the latest call's model evaluations."""
 
     sample: Callable[..., list[Tensor]]
-    sampler: Sampler | DiffusionSampler | SolverSampler
+    sampler: Sampler | DiffusionSampler | StepsSampler
 
 
 class Steps(Protocol):
@@ -170,6 +170,40 @@ class Steps(Protocol):
     def model_input(self, x: Tensor, t: Tensor) -> Tensor: ...
     def model_time(self, t: Tensor, x: Tensor) -> Tensor: ...
     def step(self, model_output: Tensor, t: Tensor, x: Tensor, generator: Any = None) -> Tensor: ...
+
+
+def denoise(steps: Steps, z: Tensor, model_fn: Callable[..., Tensor], generator: Any = None,
+            **model_kwargs: Any) -> Tensor:
+    """The one step-wise loop (diffusers' API): from noise ``z`` ``(B, C, H, W)`` to the final
+    sample, one ``model_fn(x, t, **model_kwargs)`` call and one ``steps.step`` per timestep;
+    ``generator`` goes to every step as it is (resolved: one per image)."""
+    steps.restart()
+    x = z * steps.init_noise_sigma
+    for t in steps.timesteps:
+        out = model_fn(steps.model_input(x, t), steps.model_time(t, x), **model_kwargs)
+        x = steps.step(out, t, x, generator)
+    return x
+
+
+class StepsSampler:
+    """Whole trajectories of step-wise ``steps`` (:func:`denoise`), shaped like
+    :class:`~sit_vit5.diffusion.DiffusionSampler`: :meth:`build` returns ``fn(z, model_fn, *,
+    generator=None, **model_kwargs) -> [x]``; ``last_nfe`` counts the latest call's evaluations."""
+
+    def __init__(self, steps: Steps) -> None:
+        self.steps = steps
+        self.last_nfe: int | None = None
+
+    def build(self) -> Callable[..., list[Tensor]]:
+        def _sample(z: Tensor, model_fn: Callable[..., Tensor], *,
+                    generator: GeneratorLike = None, **model_kwargs: Any) -> list[Tensor]:
+            gen = resolve_generator(generator, len(z))  # once: each stream advances along the way
+            with torch.no_grad():
+                x = denoise(self.steps, z, model_fn, gen, **model_kwargs)
+            self.last_nfe = len(self.steps.timesteps)
+            return [x]
+
+        return _sample
 
 
 class Objective(ABC):
@@ -286,7 +320,7 @@ class DDPMObjective(Objective):
 
     def _sampler(self, spec: SampleSpec, pixel_space: bool) -> BuiltSampler:
         if spec.sampling_method is not None:
-            solver = SolverSampler(self._solver_steps(spec, pixel_space, None))
+            solver = StepsSampler(self._solver_steps(spec, pixel_space, None))
             return BuiltSampler(solver.build(), solver)
         sampler = DiffusionSampler(self.diffusion, clip_denoised=pixel_space)
         return BuiltSampler(sampler.build(spec.method, **spec.options()), sampler)

@@ -18,9 +18,8 @@ from diffusers import (
 
 from sit_vit5.errors import SettingError
 from sit_vit5.names import FLOW_SOLVERS
-from sit_vit5.objective import create_objective
+from sit_vit5.objective import create_objective, denoise
 from sit_vit5.sample_spec import SampleSpec
-from sit_vit5.sampling import SamplingPipeline
 from sit_vit5.transport.sampler import shift_times
 from tests.gaussian_target import GaussianTarget
 
@@ -50,7 +49,7 @@ def velocity(x, t, y):
 def ours(make, num_steps: int) -> torch.Tensor:
     steps = OBJECTIVE.steps(SampleSpec(method="ode", sampling_method="euler", num_steps=num_steps),
                             scheduler=make())
-    return SamplingPipeline.denoise(Z.clone(), LABELS, [], steps, velocity)
+    return denoise(steps, Z.clone(), velocity, y=LABELS)
 
 
 @pytest.mark.parametrize("name", [n for n in SCHEDULERS if n != "FlowMatch Euler"])
@@ -154,7 +153,7 @@ def test_the_offered_flow_solvers_are_the_schedulers_made_by_hand():
         expected = ours(SCHEDULERS[label], 9)  # diffusers' scheduler swapped in by hand
         assert torch.equal(whole[-1], expected), name
         steps = OBJECTIVE.steps(spec)  # step by step without a scheduler argument: the same
-        assert torch.equal(SamplingPipeline.denoise(Z.clone(), LABELS, [], steps, velocity), expected)
+        assert torch.equal(denoise(steps, Z.clone(), velocity, y=LABELS), expected)
 
 
 def test_the_time_shift_of_a_flow_solver_is_its_flow_shift_sd3s_formula():

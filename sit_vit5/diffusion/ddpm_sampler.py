@@ -1,7 +1,7 @@
 """Sampling DiT's objective: whole DDPM / DDIM trajectories (:class:`DiffusionSampler`), the same
 steps one at a time (:class:`DiffusionSteps`), diffusers' DDPM / DDIM schedulers driven step by step
 (:class:`SchedulerSteps`) and set up as our process (:func:`diffusers_scheduler`), and diffusers'
-multistep solvers of the same ODE / SDE (:func:`solver_scheduler`, whole: :class:`SolverSampler`).
+multistep solvers of the same ODE / SDE (:func:`solver_scheduler`).
 
 ``num_steps`` respaced steps of the trained process: DDPM keeps them evenly spread with both ends
 (DiT's ``"250"``), DDIM takes them on an integer stride (ADM's ``"ddim50"``).
@@ -17,12 +17,11 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from ..errors import SettingError
 from ..names import DIFFUSION_SOLVERS
 from ..transport.integrators import index_of
-from ..transport.rng import GeneratorLike, randn_like, resolve_generator
+from ..transport.rng import randn_like, resolve_generator
 from .gaussian_diffusion import GaussianDiffusion
 
 #: numpy 2's DeprecationWarning when diffusers' multistep schedulers call np.array on a torch tensor
@@ -173,34 +172,6 @@ def solver_scheduler(diffusion: GaussianDiffusion, method: str, sampling_method:
     return getattr(diffusers, cls)(
         num_train_timesteps=diffusion.original_num_steps, prediction_type="epsilon",
         trained_betas=diffusion.original_betas.tolist(), **clip, **kwargs)
-
-
-class SolverSampler:
-    """Whole trajectories of step-wise ``steps`` (a diffusers solver's :class:`SchedulerSteps`),
-    shaped like :class:`DiffusionSampler`: :meth:`build` returns ``fn(z, model_fn, *,
-    generator=None, **model_kwargs) -> [x]``; ``last_nfe`` counts the latest call's model calls."""
-
-    def __init__(self, steps: SchedulerSteps) -> None:
-        self.steps = steps
-        self.last_nfe: int | None = None
-
-    def build(self, progress: bool = False) -> Callable[..., list[Tensor]]:
-        steps = self.steps
-
-        def _sample(z: Tensor, model_fn: Callable[..., Tensor], *,
-                    generator: GeneratorLike = None, **model_kwargs) -> list[Tensor]:
-            gen = resolve_generator(generator, len(z))  # once: each stream advances along the way
-            steps.restart()
-            x = z * steps.init_noise_sigma
-            name = type(steps.scheduler).__name__
-            with torch.no_grad():
-                for t in tqdm(steps.timesteps, disable=not progress, leave=False, desc=name):
-                    out = model_fn(steps.model_input(x, t), steps.model_time(t, x), **model_kwargs)
-                    x = steps.step(out, t, x, gen)
-            self.last_nfe = len(steps.timesteps)
-            return [x]
-
-        return _sample
 
 
 def is_epsilon_scheduler(scheduler: Any) -> bool:

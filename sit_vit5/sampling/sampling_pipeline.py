@@ -22,7 +22,7 @@ from ..guidance import ClassifierFreeGuidance
 from ..images import to_uint8
 from ..latent_norm import LatentNorm, LatentNormError
 from ..models import LoadedModel
-from ..objective import Objective, Steps, as_objective, create_objective
+from ..objective import Objective, Steps, as_objective, create_objective, denoise
 from ..precision import PRECISION_OF_DTYPE, autocast, check_precision
 from ..sample_spec import SampleSpec, check_cfg_scale
 from ..transport import Sampler, Transport
@@ -299,26 +299,13 @@ class SamplingPipeline:
             if steps is None:
                 x, nfe = self.sample_fn(z, model_fn, generator=gens, y=y)[-1], self.sampler.last_nfe
             else:
-                x, nfe = self.denoise(z, y, gens, steps, model_fn), len(steps.timesteps)
+                x, nfe = denoise(steps, z, model_fn, gens, y=y), len(steps.timesteps)
         if not bool(torch.isfinite(x).all()):  # one reduction per batch; NaN weights end up here
             raise NonFiniteSampleError(
                 f"non-finite values (NaN/inf) in {where} from {self.source}: the model's outputs "
                 "are not finite (NaN/inf weights?)")
         pixels = self.decode(x) if self.decode is not None else x
         return Generated(indices, to_uint8(pixels), labels, pixels.float().cpu(), nfe)
-
-    @staticmethod
-    def denoise(z: Tensor, y: Tensor, gens: list[torch.Generator], steps: Steps,
-                model_fn: Callable[..., Tensor]) -> Tensor:
-        """The one step-wise loop (diffusers' API): from noise ``z`` ``(B, C, H, W)`` with labels
-        ``y`` ``(B,)`` to the final sample, one ``model_fn`` call and one ``steps.step`` per
-        timestep."""
-        steps.restart()
-        x = z * steps.init_noise_sigma
-        for t in steps.timesteps:
-            out = model_fn(steps.model_input(x, t), steps.model_time(t, x), y)
-            x = steps.step(out, t, x, generator=gens)
-        return x
 
 
 def _norm(section: Mapping[str, Any], where: str) -> LatentNorm:
