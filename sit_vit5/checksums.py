@@ -41,9 +41,7 @@ def checkpoint_sha256(path: str | os.PathLike) -> str:
     file again would only repeat that), else the file's own digest."""
     if os.path.isdir(path):
         return sha256_tree(path)
-    side = sidecar(path)
-    recorded = side.read_text().split()[:1] if side.is_file() else []
-    return recorded[0].lower() if recorded else sha256_file(path)
+    return (sidecar_sha256(path) or sha256_file(path)).lower()
 
 
 def verify_sha256(path: str | os.PathLike, expected: str) -> None:
@@ -59,12 +57,18 @@ def sidecar(path: str | os.PathLike) -> Path:
     return Path(str(path) + ".sha256")
 
 
+def sidecar_sha256(path: str | os.PathLike) -> str | None:
+    """The digest ``path``'s ``.sha256`` sidecar records ("" for an empty one), None without one."""
+    side = sidecar(path)
+    return (side.read_text().split() or [""])[0] if side.is_file() else None
+
+
 def verify_sidecar(path: str | os.PathLike) -> bool:
     """Check ``path`` against its ``.sha256`` sidecar if any; returns whether one was checked."""
-    side = sidecar(path)
-    if not side.is_file():
+    recorded = sidecar_sha256(path)
+    if recorded is None:
         return False
-    verify_sha256(path, side.read_text().split()[0])
+    verify_sha256(path, recorded)
     return True
 
 
