@@ -12,6 +12,7 @@ recall) and ``fid_vs_step.png`` with the paper's points as reference markers.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 from pathlib import Path
@@ -104,6 +105,10 @@ def checkpoints_to_evaluate(run_dir: Path, steps: list[Any]) -> list[tuple[int, 
     return sorted(set(chosen))
 
 
+#: the reference batch's SHA-256, read once per process (every checkpoint is scored against it)
+reference_sha256 = functools.cache(sha256_file)
+
+
 def evaluate_checkpoint(ckpt: Path, out_dir: Path, protocol: dict[str, Any],
                         args: argparse.Namespace, state) -> dict[str, Any] | None:
     """Sample (all processes) and score (main process) one checkpoint; returns the metrics on the
@@ -136,7 +141,7 @@ def evaluate_checkpoint(ckpt: Path, out_dir: Path, protocol: dict[str, Any],
     metrics = fid.evaluate(samples, reference, extractor, metrics=ev["metrics"],
                            batch_size=args.fid_batch_size, device=str(device))
     record = provenance(metadata, labels, len(samples), len(samples),
-                        sha256_file(ev["reference"]))
+                        reference_sha256(ev["reference"]))
     return {**metrics, "model": info.name, "params": count_params(model), "gflops": flops(model),
             "samples": str(bulk.npz), "provenance": record}
 
