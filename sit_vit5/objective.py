@@ -16,7 +16,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -33,6 +33,7 @@ from .diffusion.schedule import NOISE_SCHEDULES
 from .errors import SettingError, SitVit5Error
 from .models import name_objective_conflict
 from .sample_spec import SAMPLE_METHODS, SampleSpec
+from .stepwise import Steps, denoise
 from .transport import TRANSPORT_KEYS, Sampler, Transport, create_transport
 from .transport.integrators import ode_method
 from .transport.rng import GeneratorLike, resolve_generator
@@ -154,35 +155,6 @@ class BuiltSampler:
 
     sample: Callable[..., list[Tensor]]
     sampler: Sampler | DiffusionSampler | StepsSampler
-
-
-class Steps(Protocol):
-    """Sampling one step at a time (diffusers' loop): ``restart()``, then from ``x = z *
-    init_noise_sigma``, for each ``t`` of ``timesteps``: ``out = model(model_input(x, t),
-    model_time(t, x), y)``, then ``x = step(out, t, x, generator)`` (``generator``: one per image
-    for stochastic steps). ``restart`` readies a diffusers scheduler, which keeps state along a
-    trajectory."""
-
-    timesteps: Tensor
-    init_noise_sigma: float
-
-    def restart(self) -> None: ...
-    def model_input(self, x: Tensor, t: Tensor) -> Tensor: ...
-    def model_time(self, t: Tensor, x: Tensor) -> Tensor: ...
-    def step(self, model_output: Tensor, t: Tensor, x: Tensor, generator: Any = None) -> Tensor: ...
-
-
-def denoise(steps: Steps, z: Tensor, model_fn: Callable[..., Tensor], generator: Any = None,
-            **model_kwargs: Any) -> Tensor:
-    """The one step-wise loop (diffusers' API): from noise ``z`` ``(B, C, H, W)`` to the final
-    sample, one ``model_fn(x, t, **model_kwargs)`` call and one ``steps.step`` per timestep;
-    ``generator`` goes to every step as it is (resolved: one per image)."""
-    steps.restart()
-    x = z * steps.init_noise_sigma
-    for t in steps.timesteps:
-        out = model_fn(steps.model_input(x, t), steps.model_time(t, x), **model_kwargs)
-        x = steps.step(out, t, x, generator)
-    return x
 
 
 class StepsSampler:

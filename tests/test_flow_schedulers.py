@@ -18,8 +18,9 @@ from diffusers import (
 
 from sit_vit5.errors import SettingError
 from sit_vit5.names import FLOW_SOLVERS
-from sit_vit5.objective import create_objective, denoise
+from sit_vit5.objective import create_objective
 from sit_vit5.sample_spec import SampleSpec
+from sit_vit5.stepwise import denoise
 from sit_vit5.transport.sampler import shift_times
 from tests.gaussian_target import GaussianTarget
 

@@ -18,7 +18,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("checksums",),  # file and checkpoint digests: below atomic_files, which writes their sidecars
     ("launcher", "hub_access"),  # read before torch: the launcher's environment, whether the hub answers
     ("latent_norm",),  # latent normalisation: plain numbers for the config checks, tensors for vae
-    ("atomic_files", "guidance", "precision", "vae", "distributed", "cpu_threads"),
+    ("atomic_files", "guidance", "precision", "vae", "distributed", "cpu_threads",
+     "stepwise"),  # stepwise: the step-wise loop, shared by transport's flow solvers and objective
     ("images", "transport", "run_files"),
     ("models", "diffusion"),
     ("sample_spec",),

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from ..errors import SettingError
 from ..names import DIFFUSION_SOLVERS
+from ..stepwise import refuse_repeated_timesteps
 from ..transport.integrators import index_of
 from ..transport.rng import randn_like, resolve_generator
 from .gaussian_diffusion import GaussianDiffusion
@@ -130,11 +131,10 @@ class SchedulerSteps:
         self.learned = scheduler.config.get("variance_type") in ("learned", "learned_range")
         self.stochastic = "generator" in inspect.signature(scheduler.step).parameters  # DDPM: noise
         self.sde_noise = str(scheduler.config.get("algorithm_type", "")).startswith("sde")
-        if len(set(self.timesteps.tolist())) < len(self.timesteps):
-            raise SettingError("num_steps", num_steps,
-                               f": {type(scheduler).__name__}'s integer timesteps repeat at "
-                               f"{num_steps} steps of {scheduler.config.num_train_timesteps}; "
-                               "use fewer steps")
+        refuse_repeated_timesteps(self.timesteps, num_steps,
+                                  f": {type(scheduler).__name__}'s integer timesteps repeat at "
+                                  f"{num_steps} steps of {scheduler.config.num_train_timesteps}; "
+                                  "use fewer steps")
 
     def restart(self) -> None:
         self._setup()

@@ -15,8 +15,9 @@ from diffusers.schedulers.scheduling_utils import SchedulerOutput
 from torch import Tensor
 
 from ..errors import SettingError
-from ..objective import Objective, Steps, create_objective
+from ..objective import Objective, create_objective
 from ..sample_spec import SampleSpec
+from ..stepwise import Steps
 from ..vae import vae_enabled
 
 #: the scheduler-config sections that describe how to sample (kept when a scheduler is swapped)

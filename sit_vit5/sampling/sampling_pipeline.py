@@ -22,9 +22,10 @@ from ..guidance import ClassifierFreeGuidance
 from ..images import to_uint8
 from ..latent_norm import LatentNorm, LatentNormError
 from ..models import LoadedModel
-from ..objective import Objective, Steps, as_objective, create_objective, denoise
+from ..objective import Objective, as_objective, create_objective
 from ..precision import PRECISION_OF_DTYPE, autocast, check_precision
 from ..sample_spec import SampleSpec, check_cfg_scale
+from ..stepwise import Steps, denoise
 from ..transport import Sampler, Transport
 from ..transport.rng import sample_seed
 from ..vae import (

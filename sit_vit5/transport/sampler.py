@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 
 from ..errors import SettingError
 from ..names import DEFAULT_ATOL, DEFAULT_RTOL, FLOW_SOLVERS, ODE_ALIASES, choose
+from ..stepwise import denoise, refuse_repeated_timesteps
 from .integrators import (
     SDE_STEPS,
     CountingModel,
@@ -134,14 +135,9 @@ class Sampler:
         def _sample(z: Tensor, model_fn: Callable[..., Tensor], *,
                     generator: GeneratorLike = None, **model_kwargs):
             # deterministic: generator is accepted only for a uniform API
-            model = CountingModel(model_fn)
-            velocity = self._velocity_fn(model, model_kwargs)
-            steps.restart()
-            xs = [z * steps.init_noise_sigma]
+            model, xs = CountingModel(model_fn), []
             with torch.no_grad():
-                for t in steps.timesteps:
-                    x = xs[-1]
-                    xs.append(steps.flow_step(velocity(x, steps.model_time(t, x)), t, x))
+                denoise(steps, z, model, trajectory=xs, **model_kwargs)
             self.last_nfe = model.nfe
             return torch.stack(xs)
 
@@ -364,13 +360,14 @@ class FlowSchedulerSteps:
         self._setup()
         self.timesteps = scheduler.timesteps
         self.init_noise_sigma = getattr(scheduler, "init_noise_sigma", 1.0)
-        if self._exact_sigma and len(set(self.timesteps.tolist())) < len(self.timesteps):
+        if self._exact_sigma:
             shift = scheduler.config.get("flow_shift", 1.0)
-            raise SettingError("num_steps", num_steps,
-                               f": {name} rounds its timesteps to integers (sigma x "
-                               f"{scheduler.config.num_train_timesteps}), and at {num_steps - 1} "
-                               "steps" + (f" with flow_shift {shift:g}" if shift != 1 else "")
-                               + " two coincide; use fewer steps")
+            refuse_repeated_timesteps(
+                self.timesteps, num_steps,
+                f": {name} rounds its timesteps to integers (sigma x "
+                f"{scheduler.config.num_train_timesteps}), and at {num_steps - 1} steps"
+                + (f" with flow_shift {shift:g}" if shift != 1 else "") + " two coincide; "
+                "use fewer steps")
 
     def restart(self) -> None:
         self._setup()
@@ -388,10 +385,8 @@ class FlowSchedulerSteps:
 
     def step(self, model_output: Tensor, t: Tensor, x: Tensor,
              generator: GeneratorLike = None) -> Tensor:
+        """``x`` ``(B, C, H, W)`` at the next timestep (``t``: one of ``timesteps``): the
+        scheduler's step on its flow, ``-velocity``."""
         out = self.transport.read_output(model_output, x)
-        return self.flow_step(self.transport.velocity(out, x, self.model_time(t, x)), t, x)
-
-    def flow_step(self, velocity: Tensor, t: Tensor, x: Tensor) -> Tensor:
-        """``x`` ``(B, C, H, W)`` at the next timestep from our ``velocity`` at ``t`` (one of
-        ``timesteps``): the scheduler's step on its flow, ``-velocity``."""
+        velocity = self.transport.velocity(out, x, self.model_time(t, x))
         return self.scheduler.step(-velocity, t, x).prev_sample
