@@ -15,7 +15,9 @@ as ``SiT-XL-2-256.pt``. OUT_DIR receives what ``SiTPipeline.from_pretrained`` ne
                    t = 1); DiT's DPMSolverMultistepScheduler, 2M SDE, 12 NFE
     vae/           the decoder (an AutoencoderKL; absent for pixel-space models)
 
-``--format dit`` (a DiT-objective model) writes diffusers' own DiTPipeline layout instead.
+``--format dit`` (a DiT-objective model) writes diffusers' own DiTPipeline layout instead, with
+the same ``scheduler_fewstep/`` (DiTPipeline takes the steps from its caller:
+``num_inference_steps=12``).
 RUN_OR_CKPT may also be a diffusers DiT folder. The folder is written beside OUT_DIR and renamed
 into place: a crash leaves no half-written export."""
 
@@ -104,24 +106,33 @@ def build_pipeline(run_or_ckpt: str | os.PathLike, which: str = "ema",
 FEW_STEP_FOLDER = "scheduler_fewstep"
 
 
-def save_few_step_scheduler(pipe: SiTPipeline, folder: str | os.PathLike) -> Path | None:
-    """Write the objective's few-step setting (``FEW_STEPS``; sit: diffusers' UniPC with flow
-    sigmas, 9 grid points = 8 NFE; ddpm: DPM-Solver++ 2M SDE at 12 NFE, clipping x0 in pixel space)
-    into ``folder/scheduler_fewstep/scheduler_config.json``, beside the default scheduler:
-    ``<its class>.from_pretrained(folder, subfolder="scheduler_fewstep")`` loads it, and swapped in
-    (``pipe.scheduler = ...``) it samples at that NFE by default (it carries the pipeline's sampling
-    settings with the setting's steps). Returns the subfolder, or None (nothing written) when the
-    model's transport cannot run it (a path that stops short of t = 1)."""
-    settings = pipe.sampling_settings()
-    objective = create_objective(settings["transport"] or {})
-    sampler = {k: v for k, v in (settings["sampler"] or {}).items()
-               if k not in ("eta", "time_shift")}  # the default method's, not the setting's
+def few_step_scheduler(objective_settings: dict[str, Any], sampler: dict[str, Any],
+                       pixel_space: bool) -> tuple[Any, SampleSpec] | None:
+    """The objective's few-step setting (``FEW_STEPS``; sit: diffusers' UniPC with flow sigmas, 9
+    grid points = 8 NFE; ddpm: DPM-Solver++ 2M SDE at 12 NFE, clipping x0 in pixel space) as the
+    diffusers scheduler sample.py steps with, and its spec (``sampler``: the other settings). None
+    when the model's transport cannot run it (a path that stops short of t = 1)."""
+    objective = create_objective(objective_settings or {})
     try:
         spec = SampleSpec(**{**sampler, **FEW_STEPS[objective.name]})
-        steps = objective.steps(spec, pixel_space=pipe.vae is None)  # refuses what cannot run
+        return objective.steps(spec, pixel_space=pixel_space).scheduler, spec  # refuses the rest
     except SettingError:
         return None
-    scheduler = steps.scheduler
+
+
+def save_few_step_scheduler(pipe: SiTPipeline, folder: str | os.PathLike) -> Path | None:
+    """Write :func:`few_step_scheduler` into ``folder/scheduler_fewstep/scheduler_config.json``,
+    beside the default scheduler: ``<its class>.from_pretrained(folder,
+    subfolder="scheduler_fewstep")`` loads it, and swapped in (``pipe.scheduler = ...``) it samples
+    at that NFE by default (it carries the pipeline's sampling settings with the setting's steps).
+    Returns the subfolder, or None (nothing written)."""
+    settings = pipe.sampling_settings()
+    sampler = {k: v for k, v in (settings["sampler"] or {}).items()
+               if k not in ("eta", "time_shift")}  # the default method's, not the setting's
+    few = few_step_scheduler(settings["transport"], sampler, pixel_space=pipe.vae is None)
+    if few is None:
+        return None
+    scheduler, spec = few
     scheduler.register_to_config(**{**settings, "sampler": dataclasses.asdict(spec)})
     out = Path(folder) / FEW_STEP_FOLDER
     scheduler.save_pretrained(out)
@@ -154,7 +165,10 @@ def export(run_or_ckpt: str | os.PathLike, out_dir: str | os.PathLike, which: st
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         pipe.save_pretrained(staging)
-        if fmt != "dit":
+        if fmt == "dit":  # a plain diffusers scheduler: DiTPipeline knows no sampling settings
+            few_step_scheduler(loaded.objective, {}, pixel_space=False)[0].save_pretrained(
+                staging / FEW_STEP_FOLDER)
+        else:
             save_few_step_scheduler(pipe, staging)
         if out.exists():
             out.rmdir()

@@ -18,6 +18,7 @@ from diffusers import (
 )
 
 from sit_vit5.diffusion.schedule import named_betas
+from sit_vit5.export import FEW_STEP_FOLDER
 from sit_vit5.export import main as export_main
 from sit_vit5.models import CheckpointError, create_model, load_model
 from sit_vit5.models.diffusers_dit import (
@@ -31,7 +32,8 @@ from sit_vit5.models.diffusers_dit import (
     to_diffusers_state,
 )
 from sit_vit5.models.layers import sincos_pos_embed_2d
-from sit_vit5.objective import DDPM_DEFAULTS
+from sit_vit5.objective import DDPM_DEFAULTS, create_objective
+from sit_vit5.sample_spec import FEW_STEPS, SampleSpec
 from tests.helpers import naming
 from tests.test_models import TINY, randomize
 
@@ -221,6 +223,32 @@ def test_dit_pipeline_samples_our_export_as_it_samples_the_original(tmp_path, va
     images = _images(ours, scheduler)
     assert images.shape == (2, 16, 16, 3) and np.isfinite(images).all()
     assert np.array_equal(images, _images(original, scheduler))
+
+
+def test_a_dit_format_export_carries_the_few_step_solver_on_its_own_noise_schedule(tmp_path, vae_dir):
+    """``export --format dit`` writes scheduler_fewstep/: sample.py's few-step solver for the model
+    (DPM-Solver++ 2M SDE), on the betas of the folder's own scheduler; swapped into DiTPipeline it
+    takes one transformer call a step."""
+    tiny_dit().save_pretrained(tmp_path / "dit")
+    out = tmp_path / "export"
+    assert export_main([str(tmp_path / "dit"), str(out), "--format", "dit", "--vae", str(vae_dir)]) == 0
+    few = DPMSolverMultistepScheduler.from_pretrained(out, subfolder=FEW_STEP_FOLDER)
+    setting = FEW_STEPS["ddpm"]
+    ours = create_objective(load_model(tmp_path / "dit").objective).steps(
+        SampleSpec(**setting), pixel_space=False).scheduler
+    for key in ("algorithm_type", "solver_order", "prediction_type", "thresholding", "trained_betas"):
+        assert few.config[key] == ours.config[key], key
+    assert few.config.algorithm_type == "sde-dpmsolver++" and not few.config.thresholding
+    pipe = DiTPipeline.from_pretrained(out)
+    torch.testing.assert_close(few.alphas_cumprod, pipe.scheduler.alphas_cumprod, rtol=0, atol=1e-6)
+    calls = []
+    pipe.transformer.register_forward_hook(lambda *_: calls.append(1))
+    pipe.scheduler = few
+    pipe.set_progress_bar_config(disable=True)
+    images = pipe(class_labels=[1, 207], guidance_scale=4.0, num_inference_steps=setting["num_steps"],
+                  generator=torch.Generator().manual_seed(0), output_type="np").images
+    assert images.shape == (2, 16, 16, 3) and np.isfinite(images).all()
+    assert len(calls) == SampleSpec(**setting).nfe == 12
 
 
 def test_a_pipeline_folder_loads_with_its_vae_and_schedule(tmp_path, vae_dir):
