@@ -119,24 +119,32 @@ def sample_family() -> list[SampleTest]:
     return tests
 
 
-def final_metrics(results: Sequence[dict[str, Any]], dataset: str, backbone: str, n: int,
-                  long: bool = False) -> dict[int, dict[str, float]]:
-    """Seed → the final checkpoint's metrics of ``backbone``'s run, seeds 0 … n − 1 (``long``: its 10k-step
-    runs). A 2k-step run's rerun fills in the keys the committed run lacks (FID16, accuracy16, pixel
+def run_metrics(results: Sequence[dict[str, Any]], dataset: str, backbone: str, n: int,
+                long: bool = False) -> dict[int, dict[int, dict[str, float]]]:
+    """Seed → step → the checkpoint metrics of ``backbone``'s complete runs, seeds 0 … n − 1 (``long``: its
+    10k-step runs). A 2k-step run's rerun fills in the keys the committed run lacks (FID16, accuracy16, pixel
     numbers); the committed run's own numbers, its held-out loss among them, are kept."""
     name = next(v for v, b in LONG.items() if b == backbone) if long else backbone
     rerun = next(v for v, b in RERUN.items() if b == backbone)
-    own: dict[int, dict[str, float]] = {}
-    filled: dict[int, dict[str, float]] = {}
+    own: dict[int, dict[int, dict[str, float]]] = {}
+    filled: dict[int, dict[int, dict[str, float]]] = {}
     for r in results:
-        final = r["checkpoints"].get(str(r["steps"])) if r.get("complete") else None
-        if final is None or r["dataset"] != dataset or r["seed"] >= n:
+        if not r.get("complete") or r["dataset"] != dataset or r["seed"] >= n:
             continue
+        steps = {int(step): m for step, m in r["checkpoints"].items() if int(step) <= r["steps"]}
         if r["variant"] == name:
-            own[r["seed"]] = final
+            own[r["seed"]] = steps
         elif r["variant"] == rerun and not long:
-            filled[r["seed"]] = final
-    return {seed: {**filled.get(seed, {}), **m} for seed, m in sorted(own.items())}
+            filled[r["seed"]] = steps
+    return {seed: {step: {**filled.get(seed, {}).get(step, {}), **m} for step, m in sorted(steps.items())}
+            for seed, steps in sorted(own.items())}
+
+
+def final_metrics(results: Sequence[dict[str, Any]], dataset: str, backbone: str, n: int,
+                  long: bool = False) -> dict[int, dict[str, float]]:
+    """Seed → the final checkpoint's metrics of ``backbone``'s runs (:func:`run_metrics`)."""
+    return {seed: steps[max(steps)] for seed, steps in run_metrics(results, dataset, backbone, n, long).items()
+            if steps}
 
 
 def _group(test: SampleTest, results: Sequence[dict[str, Any]], backbone: str, long: bool | None = None,
@@ -304,6 +312,69 @@ def loss_fid_rows(results: Sequence[dict[str, Any]], out: Path) -> list[dict[str
     return rows
 
 
+def same_start(results: Sequence[dict[str, Any]]) -> tuple[int, int]:
+    """(pairs whose logged training losses are identical up to the 2k-step run's end, pairs): each complete
+    10k-step run of the main pair against the complete 2k-step run of its seed and backbone."""
+    short = {(r["variant"], r["seed"]): r for r in results if r.get("complete") and r["dataset"] == "digits16"}
+    same = pairs = 0
+    for r in results:
+        base = LONG.get(r["variant"])
+        if base is None or not r.get("complete") or (base, r["seed"]) not in short:
+            continue
+        prefix = dict(map(tuple, short[base, r["seed"]]["loss_curve"]))
+        pairs += 1
+        same += all(dict(map(tuple, r["loss_curve"])).get(step) == loss for step, loss in prefix.items())
+    return same, pairs
+
+
+def training_length_rows(results: Sequence[dict[str, Any]], out: Path) -> list[dict[str, Any]]:
+    """The main pair on digits16 checkpoint by checkpoint: FID16 (geometric mean over seeds) and held-out loss
+    (mean) of the 2k-step runs (steps ≤ 2,000) and of the 10k-step runs, per arm with its n; and the figure
+    ``samples_training_length.png`` (± 1 seed sd, in log for FID). Descriptive: the L tests read the finals."""
+    from sit_vit5.experiments import report
+
+    plt = report.pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    rows: dict[tuple[str, int], dict[str, Any]] = {}
+    for long, n, style in ((False, N_PLANNED["digits16"], "--"), (True, N_LONG, "-")):
+        for i, backbone in enumerate(MAIN_PAIR):
+            runs = run_metrics(results, "digits16", backbone, n, long)
+            steps = sorted({step for seed_steps in runs.values() for step in seed_steps})
+            for ax, key, log in ((axes[0], "digits_fid16", True), (axes[1], "heldout_loss", False)):
+                points = []
+                for step in steps:
+                    values = [m[step][key] for m in runs.values() if key in m.get(step, {})]
+                    if not values:
+                        continue
+                    xs = [math.log(v) for v in values] if log else values
+                    mean, sd = statistics.fmean(xs), statistics.stdev(xs) if len(xs) > 1 else 0.0
+                    points.append((step, mean, sd))
+                    row = rows.setdefault(("10k" if long else "2k", step), {
+                        "runs": "10,000 steps" if long else "2,000 steps", "step": step})
+                    shown = f"{math.exp(mean):.2f}" if log else f"{mean:.4f}"
+                    row[f"{backbone} {'FID16' if log else 'loss'}"] = f"{shown} (n={len(xs)})"
+                if not points:
+                    continue
+                x, mean, sd = zip(*points)
+                lo, hi = [m - s for m, s in zip(mean, sd)], [m + s for m, s in zip(mean, sd)]
+                if log:
+                    mean, lo, hi = ([math.exp(v) for v in vs] for vs in (mean, lo, hi))
+                ax.plot(x, mean, style, color=f"C{i}", marker="o", ms=3,
+                        label=f"{backbone}, {'10k' if long else '2k'}-step runs")
+                ax.fill_between(x, lo, hi, color=f"C{i}", alpha=0.12)
+    for ax, label in zip(axes, ("FID16 (16×16 net; geometric mean ± 1 sd)", "held-out loss (mean ± 1 sd)")):
+        ax.set_xlabel("training step")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3, which="both")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    axes[0].set_yscale("log")
+    fig.suptitle("digits16, main pair: sample quality and loss as training goes on (descriptive)")
+    report.save_figure(fig, out / "samples_training_length.png")
+    columns = ["runs", "step", *(f"{b} {k}" for k in ("FID16", "loss") for b in MAIN_PAIR)]
+    return [{c: row.get(c, "–") for c in columns} for _, row in sorted(rows.items(), key=lambda kv: kv[0][1])]
+
+
 def _spearman(dataset: str, group: str, pts: Sequence[tuple[float, float]], stats: Any) -> dict[str, Any]:
     """ρ from 3 points on, its p from 5 (below that the permutation distribution has too few values)."""
     if len(pts) < 3:
@@ -383,6 +454,15 @@ def samples_report(results: Sequence[dict[str, Any]], out_dir: str | os.PathLike
     lines += ["### Held-out loss against FID, run by run (descriptive)\n",
               report.markdown_table(corr, list(corr[0])), "![held-out loss vs FID](samples_loss_vs_fid.png)\n",
               *featnet_lines(out, rows)]
+    length = training_length_rows(results, out)
+    if length:
+        lines += ["### Checkpoint by checkpoint, 2k- and 10k-step runs (descriptive)\n",
+                  "The main pair on digits16 at every checkpoint of its runs: FID16 as the geometric mean over "
+                  "seeds, held-out loss as the mean; n seeds beside each. A 10k-step run trains as the 2k-step "
+                  "run of its seed up to step 2,000 (constant lr): their logged training losses there are "
+                  "identical in {} of {} pairs.\n".format(*same_start(results)),
+                  report.markdown_table(length, list(length[0])),
+                  "![FID16 and loss against training step](samples_training_length.png)\n"]
     return claim_rows, lines
 
 

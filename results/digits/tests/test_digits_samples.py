@@ -209,3 +209,46 @@ def test_the_bottom_line_reads_an_empty_cache():
     text = samples.bottom_line([])
     assert text.startswith(samples.BOTTOM_LINE_MARKERS[0]) and text.endswith(samples.BOTTOM_LINE_MARKERS[1])
     assert "not estimable yet on digits8" in text and "pending (0 of 50 runs)" in text
+
+
+def _curve_run(variant, seed, steps, fids, losses, curve=None, **kw):
+    """A complete digits16 run with a checkpoint at each of ``steps`` (FID16 and held-out loss)."""
+    r = _run("digits16", variant, seed, steps=steps[-1], **kw)
+    r["checkpoints"] = {str(s): {"digits_fid16": f, "heldout_loss": loss}
+                        for s, f, loss in zip(steps, fids, losses)}
+    r["loss_curve"] = curve or [[20, 1.0], [40, 0.5]]
+    return r
+
+
+def test_training_length_rows_are_geometric_means_per_checkpoint_and_the_figure_is_written(tmp_path):
+    short, long = [1000, 2000], [5000, 10_000]
+    results = []
+    for seed, scale in ((0, 1.0), (1, 4.0)):
+        results += [_curve_run("SiT", seed, short, [20 * scale, 10 * scale], [0.2, 0.1]),
+                    _curve_run("ViT-5 (γ0=1)", seed, short, [18 * scale, 9 * scale], [0.19, 0.09]),
+                    _curve_run("SiT (10k steps)", seed, long, [8 * scale, 6 * scale], [0.08, 0.07])]
+    results.append(_curve_run("ViT-5 (γ0=1) (10k steps)", 0, long, [7.0, 5.0], [0.075, 0.065]))
+    rows = samples.training_length_rows(results, tmp_path)
+    assert (tmp_path / "samples_training_length.png").stat().st_size > 0
+    assert [(r["runs"], r["step"]) for r in rows] == [("2,000 steps", 1000), ("2,000 steps", 2000),
+                                                      ("10,000 steps", 5000), ("10,000 steps", 10_000)]
+    # geometric mean of the two seeds: sqrt(a · 4a) = 2a; the loss is the plain mean
+    assert rows[1]["SiT FID16"] == "20.00 (n=2)" and rows[1]["ViT-5 (γ0=1) FID16"] == "18.00 (n=2)"
+    assert rows[3]["SiT FID16"] == "12.00 (n=2)" and rows[3]["ViT-5 (γ0=1) FID16"] == "5.00 (n=1)"
+    assert rows[0]["SiT loss"] == "0.2000 (n=2)" and rows[2]["ViT-5 (γ0=1) loss"] == "0.0750 (n=1)"
+
+
+def test_run_metrics_fill_each_checkpoint_from_the_rerun_and_same_start_compares_the_logged_losses():
+    committed = _curve_run("SiT", 0, [1000, 2000], [0, 0], [0.2, 0.1], curve=[[20, 1.0], [2000, 0.3]])
+    for m in committed["checkpoints"].values():
+        del m["digits_fid16"]  # predates the 16×16 network
+    rerun = _curve_run("SiT (rerun)", 0, [1000, 2000], [30.0, 15.0], [0.21, 0.11])
+    merged = samples.run_metrics([committed, rerun], "digits16", "SiT", 36)
+    assert merged == {0: {1000: {"digits_fid16": 30.0, "heldout_loss": 0.2},
+                          2000: {"digits_fid16": 15.0, "heldout_loss": 0.1}}}  # the committed loss is kept
+    assert samples.final_metrics([committed, rerun], "digits16", "SiT", 36) == {0: merged[0][2000]}
+    same = _curve_run("SiT (10k steps)", 0, [10_000], [5.0], [0.05], curve=[[20, 1.0], [2000, 0.3], [4000, 0.2]])
+    other = _curve_run("SiT (10k steps)", 0, [10_000], [5.0], [0.05], curve=[[20, 1.0], [2000, 0.31]])
+    assert samples.same_start([committed, same]) == (1, 1)
+    assert samples.same_start([committed, other]) == (0, 1)
+    assert samples.same_start([same]) == (0, 0)  # no 2k-step run to compare with
