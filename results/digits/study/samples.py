@@ -327,51 +327,84 @@ def same_start(results: Sequence[dict[str, Any]]) -> tuple[int, int]:
     return same, pairs
 
 
-def training_length_rows(results: Sequence[dict[str, Any]], out: Path) -> list[dict[str, Any]]:
-    """The main pair on digits16 checkpoint by checkpoint: FID16 (geometric mean over seeds) and held-out loss
-    (mean) of the 2k-step runs (steps ≤ 2,000) and of the 10k-step runs, per arm with its n; and the figure
-    ``samples_training_length.png`` (± 1 seed sd, in log for FID). Descriptive: the L tests read the finals."""
-    from sit_vit5.experiments import report
+#: (runs, n per arm, line style) of the two run lengths in the checkpoint-by-checkpoint view
+RUN_LENGTHS = ((False, N_PLANNED["digits16"], "--"), (True, N_LONG, "-"))
+#: (metric key, its column and axis words, read in log?)
+CURVE_METRICS = (("digits_fid16", "FID16", True), ("heldout_loss", "loss", False))
 
-    plt = report.pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    rows: dict[tuple[str, int], dict[str, Any]] = {}
-    for long, n, style in ((False, N_PLANNED["digits16"], "--"), (True, N_LONG, "-")):
-        for i, backbone in enumerate(MAIN_PAIR):
+
+def checkpoint_curves(results: Sequence[dict[str, Any]]
+                      ) -> dict[tuple[bool, str, str], list[tuple[int, float, float, int]]]:
+    """(long, backbone, metric key) → [(step, mean, sd, n)] over the seeds of the main pair's digits16 runs,
+    mean and sd in log for FID16."""
+    curves = {}
+    for long, n, _ in RUN_LENGTHS:
+        for backbone in MAIN_PAIR:
             runs = run_metrics(results, "digits16", backbone, n, long)
             steps = sorted({step for seed_steps in runs.values() for step in seed_steps})
-            for ax, key, log in ((axes[0], "digits_fid16", True), (axes[1], "heldout_loss", False)):
+            for key, _, log in CURVE_METRICS:
                 points = []
                 for step in steps:
-                    values = [m[step][key] for m in runs.values() if key in m.get(step, {})]
-                    if not values:
-                        continue
-                    xs = [math.log(v) for v in values] if log else values
-                    mean, sd = statistics.fmean(xs), statistics.stdev(xs) if len(xs) > 1 else 0.0
-                    points.append((step, mean, sd))
-                    row = rows.setdefault(("10k" if long else "2k", step), {
-                        "runs": "10,000 steps" if long else "2,000 steps", "step": step})
+                    xs = [(math.log if log else float)(m[step][key]) for m in runs.values()
+                          if key in m.get(step, {})]
+                    if xs:
+                        points.append((step, statistics.fmean(xs),
+                                       statistics.stdev(xs) if len(xs) > 1 else 0.0, len(xs)))
+                curves[long, backbone, key] = points
+    return curves
+
+
+def training_length_rows(results: Sequence[dict[str, Any]], out: Path) -> list[dict[str, Any]]:
+    """The main pair on digits16 checkpoint by checkpoint (:func:`checkpoint_curves`) as table rows: FID16
+    as the geometric mean over seeds, held-out loss as the mean, each with its n, and ViT-5 / SiT of each; and
+    the figure ``samples_training_length.png`` (± 1 seed sd; the ratios in a third panel). Descriptive: the L
+    tests read the final checkpoints."""
+    from sit_vit5.experiments import report
+
+    curves = checkpoint_curves(results)
+    plt = report.pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4))
+    rows: dict[tuple[bool, int], dict[str, Any]] = {}
+    for long, _, style in RUN_LENGTHS:
+        runs = "10,000 steps" if long else "2,000 steps"
+        for (key, word, log), ax in zip(CURVE_METRICS, axes):
+            means = {}
+            for i, backbone in enumerate(MAIN_PAIR):
+                points = curves[long, backbone, key]
+                for step, mean, _, n in points:
                     shown = f"{math.exp(mean):.2f}" if log else f"{mean:.4f}"
-                    row[f"{backbone} {'FID16' if log else 'loss'}"] = f"{shown} (n={len(xs)})"
+                    rows.setdefault((long, step), {"runs": runs, "step": step})[f"{backbone} {word}"] = (
+                        f"{shown} (n={n})")
+                    means.setdefault(step, {})[backbone] = mean
                 if not points:
                     continue
-                x, mean, sd = zip(*points)
-                lo, hi = [m - s for m, s in zip(mean, sd)], [m + s for m, s in zip(mean, sd)]
-                if log:
-                    mean, lo, hi = ([math.exp(v) for v in vs] for vs in (mean, lo, hi))
-                ax.plot(x, mean, style, color=f"C{i}", marker="o", ms=3,
-                        label=f"{backbone}, {'10k' if long else '2k'}-step runs")
-                ax.fill_between(x, lo, hi, color=f"C{i}", alpha=0.12)
-    for ax, label in zip(axes, ("FID16 (16×16 net; geometric mean ± 1 sd)", "held-out loss (mean ± 1 sd)")):
+                x, mean, sd, _ = zip(*points)
+                back = math.exp if log else float
+                ax.plot(x, [back(m) for m in mean], style, color=f"C{i}", marker="o", ms=3,
+                        label=f"{backbone}, {runs}")
+                ax.fill_between(x, [back(m - s) for m, s in zip(mean, sd)],
+                                [back(m + s) for m, s in zip(mean, sd)], color=f"C{i}", alpha=0.12)
+            ratios = [(step, math.exp(m[MAIN_PAIR[1]] - m[MAIN_PAIR[0]]) if log else m[MAIN_PAIR[1]] / m[MAIN_PAIR[0]])
+                      for step, m in sorted(means.items()) if len(m) == 2]
+            for step, ratio in ratios:
+                rows[long, step][f"ViT-5 / SiT {word}"] = f"{ratio:.3f}"
+            if ratios:
+                axes[2].plot(*zip(*ratios), style, color="C2" if log else "C3", marker="o", ms=3,
+                             label=f"{word}, {runs}")
+    axes[2].axhline(1.0, color="grey", lw=0.8)
+    labels = ("FID16 (16×16 net; geometric mean ± 1 sd)", "held-out loss (mean ± 1 sd)", "ViT-5 / SiT")
+    axes[2].set_title("ratio of the arms (FID16: geometric means; loss: means)", fontsize=9)
+    for ax, label in zip(axes, labels):
         ax.set_xlabel("training step")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3, which="both")
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
     axes[0].set_yscale("log")
+    axes[1].set_yscale("log")
     fig.suptitle("digits16, main pair: sample quality and loss as training goes on (descriptive)")
     report.save_figure(fig, out / "samples_training_length.png")
-    columns = ["runs", "step", *(f"{b} {k}" for k in ("FID16", "loss") for b in MAIN_PAIR)]
+    columns = ["runs", "step", *(f"{b} {word}" for _, word, _ in CURVE_METRICS for b in (*MAIN_PAIR, "ViT-5 / SiT"))]
     return [{c: row.get(c, "–") for c in columns} for _, row in sorted(rows.items(), key=lambda kv: kv[0][1])]
 
 

@@ -236,6 +236,8 @@ def test_training_length_rows_are_geometric_means_per_checkpoint_and_the_figure_
     assert rows[1]["SiT FID16"] == "20.00 (n=2)" and rows[1]["ViT-5 (γ0=1) FID16"] == "18.00 (n=2)"
     assert rows[3]["SiT FID16"] == "12.00 (n=2)" and rows[3]["ViT-5 (γ0=1) FID16"] == "5.00 (n=1)"
     assert rows[0]["SiT loss"] == "0.2000 (n=2)" and rows[2]["ViT-5 (γ0=1) loss"] == "0.0750 (n=1)"
+    assert rows[1]["ViT-5 / SiT FID16"] == "0.900" and rows[3]["ViT-5 / SiT FID16"] == f"{5 / 12:.3f}"
+    assert rows[0]["ViT-5 / SiT loss"] == "0.950" and rows[2]["ViT-5 / SiT loss"] == f"{0.075 / 0.08:.3f}"
 
 
 def test_run_metrics_fill_each_checkpoint_from_the_rerun_and_same_start_compares_the_logged_losses():
