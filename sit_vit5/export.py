@@ -166,8 +166,9 @@ def export(run_or_ckpt: str | os.PathLike, out_dir: str | os.PathLike, which: st
     try:
         pipe.save_pretrained(staging)
         if fmt == "dit":  # a plain diffusers scheduler: DiTPipeline knows no sampling settings
-            few_step_scheduler(loaded.objective, {}, pixel_space=False)[0].save_pretrained(
-                staging / FEW_STEP_FOLDER)
+            few = few_step_scheduler(loaded.objective, {}, pixel_space=False)
+            if few is not None:
+                few[0].save_pretrained(staging / FEW_STEP_FOLDER)
         else:
             save_few_step_scheduler(pipe, staging)
         if out.exists():

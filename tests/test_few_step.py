@@ -328,3 +328,13 @@ def test_sde_nfe_counts_the_last_step():
     for name, per_step in SDE_STEP_NFE.items():
         spec = SampleSpec(method="sde", sampling_method=name, num_steps=6)
         assert spec.nfe == 5 * per_step + 1 and spec.with_nfe(spec.nfe).num_steps == 6
+
+
+def test_no_few_step_scheduler_where_its_steps_cannot_run():
+    """A 10-step DiT schedule has no 12 distinct solver timesteps: nothing to write (export skips it)."""
+    from sit_vit5.export import few_step_scheduler
+
+    short = {"objective": "ddpm", "diffusion_steps": 10, "noise_schedule": "cosine"}
+    assert few_step_scheduler(short, {}, pixel_space=False) is None
+    scheduler, spec = few_step_scheduler({"objective": "ddpm"}, {}, pixel_space=False)
+    assert type(scheduler).__name__ == "DPMSolverMultistepScheduler" and spec.num_steps == 12
