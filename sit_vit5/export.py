@@ -111,7 +111,8 @@ def few_step_scheduler(objective_settings: dict[str, Any], sampler: dict[str, An
     """The objective's few-step setting (``FEW_STEPS``; sit: diffusers' UniPC with flow sigmas, 9
     grid points = 8 NFE; ddpm: DPM-Solver++ 2M SDE at 12 NFE, clipping x0 in pixel space) as the
     diffusers scheduler sample.py steps with, and its spec (``sampler``: the other settings). None
-    when the model's transport cannot run it (a path that stops short of t = 1)."""
+    when the model cannot run it (a SiT path that stops short of t = 1, a DiT schedule with fewer
+    distinct integer timesteps than the setting's steps)."""
     objective = create_objective(objective_settings or {})
     try:
         spec = SampleSpec(**{**sampler, **FEW_STEPS[objective.name]})

@@ -2,7 +2,8 @@
 
 ``plan_samples`` lists the addition's runs in their pre-registered order (the digits16 reruns, the main
 pair's new seeds, the 5× longer arm); ``spent`` charges them to the addition's budget. The tests (families
-S, L and T), the loss-vs-FID analysis and the report section are below them.
+S, L and T), the loss-vs-FID analysis, the checkpoint-by-checkpoint view of the main pair and the report section
+are below them.
 """
 
 from __future__ import annotations
