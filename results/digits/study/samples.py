@@ -322,9 +322,9 @@ def same_start(results: Sequence[dict[str, Any]]) -> tuple[int, int]:
         base = LONG.get(r["variant"])
         if base is None or not r.get("complete") or (base, r["seed"]) not in short:
             continue
-        prefix = dict(map(tuple, short[base, r["seed"]]["loss_curve"]))
+        prefix, longer = (dict(map(tuple, run["loss_curve"])) for run in (short[base, r["seed"]], r))
         pairs += 1
-        same += all(dict(map(tuple, r["loss_curve"])).get(step) == loss for step, loss in prefix.items())
+        same += all(longer.get(step) == loss for step, loss in prefix.items())
     return same, pairs
 
 
