@@ -153,7 +153,7 @@ _Loader.add_implicit_resolver(
 )
 
 
-def _load_yaml(text) -> Any:
+def _load_yaml(text: str) -> Any:
     return yaml.load(text, Loader=_Loader)  # a SafeLoader subclass: no arbitrary objects
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -19,6 +20,9 @@ from .launcher import (
     check_launcher_env,
     launcher_world_size,
 )
+
+if TYPE_CHECKING:
+    from accelerate import PartialState
 
 __all__ = ["RANK_VARS", "WORLD_SIZE_VARS", "LaunchError", "launcher_world_size", "prepare_launch",
            "check_group", "join_launcher_group", "describe_group", "backend_in_use"]
@@ -62,7 +66,7 @@ def check_group(num_processes: int, cpu: bool, environ: Mapping[str, str] | None
                       "variables (RANK, LOCAL_RANK, MASTER_ADDR)")
 
 
-def join_launcher_group(cpu: bool = False):
+def join_launcher_group(cpu: bool = False) -> PartialState:
     """accelerate's PartialState in the launcher's group (gloo on CPU, NCCL on GPUs; ``cpu``
     forces the CPU). Raises LaunchError on a mismatch."""
     from accelerate import PartialState  # ~0.3 s: only the CLIs that launch pay it

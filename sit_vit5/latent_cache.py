@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -49,6 +49,10 @@ from .image_data import (
 )
 from .latent_norm import LatentNorm, LatentNormError
 from .vae import downsampling_factor, encode_moments, load_vae
+
+if TYPE_CHECKING:
+    from accelerate import PartialState
+    from diffusers import AutoencoderKL
 
 # ----------------------------------------------------------------------------- format
 
@@ -466,7 +470,7 @@ def _collate(items: list[tuple[int, torch.Tensor | None, str]]):
     return index, images, bad
 
 
-def latent_shape_of(vae, image_size: int) -> tuple[int, int, int]:
+def latent_shape_of(vae: AutoencoderKL, image_size: int) -> tuple[int, int, int]:
     """(C, h, w) of the AutoencoderKL's latents for image_size² inputs; CacheArgumentError when
     image_size is not a multiple of its downsampling factor."""
     factor = downsampling_factor(vae)
@@ -477,7 +481,7 @@ def latent_shape_of(vae, image_size: int) -> tuple[int, int, int]:
     return (vae.config.latent_channels, image_size // factor, image_size // factor)
 
 
-def vae_digests(vae) -> dict[str, str]:
+def vae_digests(vae: AutoencoderKL) -> dict[str, str]:
     """SHA-256 of the VAE's config (public keys) and of its loaded state dict (any file format)."""
     config = {k: v for k, v in dict(vae.config).items() if not k.startswith("_")}
     text = json.dumps(config, sort_keys=True, default=str)
@@ -567,7 +571,7 @@ class CacheWriter:
     loads the VAE), ``begin``, ``my_shards``, ``encode_shard`` for each, ``finish``."""
 
     def __init__(self, out: str | os.PathLike, data_dir: str | os.PathLike, options: WriteOptions,
-                 state):
+                 state: PartialState):
         self.out, self.options, self.state = Path(out), options, state
         reason = unwritable_dir_reason(self.out)
         if reason is not None:

@@ -25,7 +25,7 @@ import argparse
 import sys
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 from sit_vit5.atomic_files import unwritable_dir_reason
 from sit_vit5.cli.preflight import check_checkpoint_file, check_torch_pair
@@ -411,7 +411,8 @@ def _bulk(args: argparse.Namespace) -> int:
     return 0
 
 
-def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: TextIO | None = None, line: str | None = None) -> None:
     print(f"warning: {message}", file=sys.stderr)  # one line, without the source echo
 
 

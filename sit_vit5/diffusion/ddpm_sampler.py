@@ -22,7 +22,7 @@ from ..errors import SettingError
 from ..names import DIFFUSION_SOLVERS
 from ..stepwise import refuse_repeated_timesteps
 from ..transport.integrators import index_of
-from ..transport.rng import randn_like, resolve_generator
+from ..transport.rng import GeneratorLike, randn_like, resolve_generator
 from .gaussian_diffusion import GaussianDiffusion
 
 #: numpy 2's DeprecationWarning when diffusers' multistep schedulers call np.array on a torch tensor
@@ -61,7 +61,8 @@ class DiffusionSampler:
         loop = (spaced.p_sample_loop if method == "ddpm"
                 else partial(spaced.ddim_sample_loop, eta=eta))
 
-        def _sample(z: Tensor, model_fn: Callable[..., Tensor], *, generator=None, **model_kwargs
+        def _sample(z: Tensor, model_fn: Callable[..., Tensor], *, generator: GeneratorLike = None,
+                **model_kwargs
                     ) -> list[Tensor]:
             return [loop(model_fn, z.shape, z, clip_denoised=self.clip_denoised,
                          model_kwargs=model_kwargs, progress=progress, generator=generator)]

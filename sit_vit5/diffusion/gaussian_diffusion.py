@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 
 from sit_vit5.names import choose
 from sit_vit5.transport.per_sample import mean_flat
-from sit_vit5.transport.rng import GeneratorLike, randn_like, resolve_generator
+from sit_vit5.transport.rng import GeneratorLike, Resolved, randn_like, resolve_generator
 
 from .losses import discretized_gaussian_log_likelihood, normal_kl
 from .schedule import named_betas, respace_betas, space_timesteps
@@ -401,7 +401,8 @@ class GaussianDiffusion:
 
     # ---------------------------------------------------------------- sampling
     def _initial(
-        self, shape: Sequence[int], noise: Tensor | None, device, model: ModelFn, gen
+        self, shape: Sequence[int], noise: Tensor | None, device: torch.device | str | None,
+        model: ModelFn, gen: Resolved,
     ) -> Tensor:
         if noise is not None:
             if tuple(noise.shape) != tuple(shape):
@@ -445,8 +446,9 @@ class GaussianDiffusion:
         return {"sample": mean + nonzero * sigma * z, "pred_xstart": out["pred_xstart"]}
 
     def _loop(
-        self, step, model: ModelFn, shape, noise, clip_denoised, model_kwargs, progress, device,
-        generator, desc: str, **step_kwargs,
+        self, step: Callable[..., dict[str, Tensor]], model: ModelFn, shape: Sequence[int],
+        noise: Tensor | None, clip_denoised: bool, model_kwargs: dict | None, progress: bool,
+        device: torch.device | str | None, generator: GeneratorLike, desc: str, **step_kwargs,
     ) -> Iterator[dict[str, Tensor]]:
         gen = resolve_generator(generator, shape[0])
         x = self._initial(shape, noise, device, model, gen)
@@ -469,7 +471,7 @@ class GaussianDiffusion:
     def p_sample_loop_progressive(
         self, model: ModelFn, shape: Sequence[int], noise: Tensor | None = None,
         clip_denoised: bool = False, model_kwargs: dict | None = None, progress: bool = False,
-        device=None, *, generator: GeneratorLike = None,
+        device: torch.device | str | None = None, *, generator: GeneratorLike = None,
     ) -> Iterator[dict[str, Tensor]]:
         """Yield each step's ``{sample, pred_xstart}`` of :meth:`p_sample_loop`."""
         yield from self._loop(
@@ -480,7 +482,7 @@ class GaussianDiffusion:
     def p_sample_loop(
         self, model: ModelFn, shape: Sequence[int], noise: Tensor | None = None,
         clip_denoised: bool = False, model_kwargs: dict | None = None, progress: bool = False,
-        device=None, *, generator: GeneratorLike = None,
+        device: torch.device | str | None = None, *, generator: GeneratorLike = None,
     ) -> Tensor:
         """Ancestral (DDPM) sampling from ``noise`` (or fresh N(0, I) of ``shape``) over this
         process's T steps; returns the final sample ``shape``. One model call per step
@@ -493,7 +495,8 @@ class GaussianDiffusion:
     def ddim_sample_loop_progressive(
         self, model: ModelFn, shape: Sequence[int], noise: Tensor | None = None,
         clip_denoised: bool = False, model_kwargs: dict | None = None, progress: bool = False,
-        device=None, eta: float = 0.0, *, generator: GeneratorLike = None,
+        device: torch.device | str | None = None, eta: float = 0.0, *,
+        generator: GeneratorLike = None,
     ) -> Iterator[dict[str, Tensor]]:
         """Yield each step's ``{sample, pred_xstart}`` of :meth:`ddim_sample_loop`."""
         yield from self._loop(
@@ -504,7 +507,8 @@ class GaussianDiffusion:
     def ddim_sample_loop(
         self, model: ModelFn, shape: Sequence[int], noise: Tensor | None = None,
         clip_denoised: bool = False, model_kwargs: dict | None = None, progress: bool = False,
-        device=None, eta: float = 0.0, *, generator: GeneratorLike = None,
+        device: torch.device | str | None = None, eta: float = 0.0, *,
+        generator: GeneratorLike = None,
     ) -> Tensor:
         """DDIM sampling (deterministic for ``eta = 0``) over this process's T steps; returns the
         sample."""

@@ -110,7 +110,7 @@ reference_sha256 = functools.cache(sha256_file)
 
 
 def evaluate_checkpoint(ckpt: Path, out_dir: Path, protocol: dict[str, Any],
-                        args: argparse.Namespace, state) -> dict[str, Any] | None:
+                        args: argparse.Namespace, state: PartialState) -> dict[str, Any] | None:
     """Sample (all processes) and score (main process) one checkpoint; returns the metrics on the
     main process."""
     ev = protocol["eval"]

@@ -7,7 +7,11 @@ import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 def _fmt(value: Any) -> str:
@@ -44,7 +48,7 @@ def write_csv(
     return path
 
 
-def pyplot():
+def pyplot() -> ModuleType:
     """matplotlib's pyplot on the file-only Agg backend (no display needed)."""
     import matplotlib
 
@@ -54,7 +58,7 @@ def pyplot():
     return plt
 
 
-def save_figure(fig, path: str | os.PathLike) -> Path:
+def save_figure(fig: Figure, path: str | os.PathLike) -> Path:
     """Lay out ``fig``, save it to ``path`` (parents created) and close it (pyplot keeps every
     open figure: a report of many plots would hold them all); returns the path."""
     path = Path(path)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Iterable, KeysView
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,15 +115,15 @@ def strip_wrappers(state: dict[str, Tensor]) -> dict[str, Tensor]:
     return out
 
 
-def _depth(keys) -> int:
+def _depth(keys: Iterable[str]) -> int:
     """Number of transformer blocks named in state-dict ``keys`` (``blocks.N.``)."""
     ids = {int(k.split(".")[1]) for k in keys
            if k.startswith("blocks.") and k.split(".")[1].isdigit()}
     return max(ids) + 1 if ids else 0
 
 
-def _hints(model: nn.Module, shapes: dict[str, tuple[tuple, tuple]], own_keys, state_keys
-           ) -> list[str]:
+def _hints(model: nn.Module, shapes: dict[str, tuple[tuple, tuple]], own_keys: KeysView[str],
+           state_keys: KeysView[str]) -> list[str]:
     """Likely causes of a mismatch; each hint fires only when the shapes it reads really show it."""
     hints = []
     hidden = shapes.get("t_embedder.mlp.0.bias")  # (hidden_size,) in every SiT / ViT-5

@@ -28,7 +28,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
@@ -213,7 +213,7 @@ def _write_npz_streamed(
     header = {"descr": np.lib.format.dtype_to_descr(np.dtype(np.uint8)), "fortran_order": False,
               "shape": (num, height, width, 3)}
 
-    def write(file) -> None:
+    def write(file: BinaryIO) -> None:
         with zipfile.ZipFile(file, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
             with zf.open("arr_0.npy", "w", force_zip64=True) as f:
                 np.lib.format.write_array_header_1_0(f, header)

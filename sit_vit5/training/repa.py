@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -494,7 +494,7 @@ class RepaTraining:
         with torch.no_grad(), autocast(self.device, self.precision):
             return self.encoder(images)
 
-    def loss(self, per_sample_loss, features: Tensor) -> Tensor:
+    def loss(self, per_sample_loss: Callable[[], Tensor], features: Tensor) -> Tensor:
         """``per_sample_loss()`` (the objective's (B,) loss, one model forward) plus ``coeff`` times
         the alignment of its hidden state with ``features``; returns the scalar to backpropagate."""
         with self.capture.armed():
@@ -548,7 +548,7 @@ class RepaTraining:
         else:
             self.optimizer.step()
 
-    def step_metrics(self, reduce, accum: int) -> dict[str, float]:
+    def step_metrics(self, reduce: Callable[..., Tensor], accum: int) -> dict[str, float]:
         """The step's all-process means of the two loss parts (``reduce``: accelerate's; resets)."""
         means = reduce(self._sums / accum, reduction="mean").tolist()
         self._sums.zero_()

@@ -69,7 +69,7 @@ def solve_ode(
     first)."""
     first = y0[0] if isinstance(y0, tuple) else y0
 
-    def func(t: Tensor, y):
+    def func(t: Tensor, y: Tensor | tuple[Tensor, ...]) -> Tensor | tuple[Tensor, ...]:
         return drift(y, batch_time(t, first))
 
     method = ode_method(method)
