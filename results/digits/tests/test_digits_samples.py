@@ -254,3 +254,23 @@ def test_run_metrics_fill_each_checkpoint_from_the_rerun_and_same_start_compares
     assert samples.same_start([committed, same]) == (1, 1)
     assert samples.same_start([committed, other]) == (0, 1)
     assert samples.same_start([same]) == (0, 0)  # no 2k-step run to compare with
+
+
+def test_the_bottom_line_gives_both_trained_longer_results_in_their_own_units():
+    """Once the 10k-step arms are complete the paragraph reads L1 in log-% of FID16 and L2 in % of SiT's loss,
+    each with its verdict word instead of "interim"."""
+    fid = samples.SampleTest("L", "x", "digits16", "digits_fid16", samples.N_LONG, long=True)
+    n = samples.N_LONG
+    vit_fid = [3.9 * (1 + 0.01 * ((i % 5) - 2)) for i in range(n)]
+    sit_fid = [3.9 * (1 + 0.01 * ((i % 4) - 1.5)) for i in range(n)]
+    vit_loss = [0.1219 + 0.0001 * ((i % 3) - 1) for i in range(n)]
+    sit_loss = [0.1233 + 0.0001 * ((i % 3) - 1) for i in range(n)]
+    results = _arms(fid, vit_fid, sit_fid, long=True)
+    for run, loss in zip(results, vit_loss + sit_loss):
+        run["checkpoints"][str(digits.LONG_STEPS)]["heldout_loss"] = loss
+    text = samples.bottom_line(results)
+    loss_effect = 100 * (sum(vit_loss) - sum(sit_loss)) / sum(sit_loss)
+    fid_effect = 100 * (sum(map(math.log, vit_fid)) - sum(map(math.log, sit_fid))) / n
+    assert f"held-out loss {loss_effect:+.2f} % [" in text and "ViT-5 better)" in text
+    assert f"FID16 {fid_effect:+.1f} log-% [" in text and "equivalent within ±10 %)" in text
+    assert f"n = {n} / {n}" in text and "interim" not in text.split("After 5×")[1]
