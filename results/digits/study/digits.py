@@ -656,6 +656,36 @@ def fmt(values: Sequence[float], digits: int = 4) -> str:
     return f"{m:.{digits}f} ± {s:.{digits}f}" if len(values) > 1 else f"{m:.{digits}f}"
 
 
+def sample_grid_name(dataset: str, variant: str) -> str:
+    """The report's copy of a variant's seed-0 sample grid."""
+    return f"samples-{dataset}-{slug(variant)}.png"
+
+
+def copy_sample_grid(results: Sequence[dict[str, Any]], dataset: str, variant: str, out: Path) -> None:
+    """Copy seed 0's final sample grid into ``out`` when its run folder still has it (a committed copy
+    stays when the run folder is gone)."""
+    run = next((r for r in _by(results, dataset, variant) if r["seed"] == 0 and r.get("sample_grid")), None)
+    if run and Path(run["sample_grid"]).is_file():
+        shutil.copy(run["sample_grid"], out / sample_grid_name(dataset, variant))
+
+
+def sample_grid_table(out: Path, variants: Sequence[str], columns: Sequence[str],
+                      column_of: Callable[[str, str], tuple[str, str]] | None = None) -> str:
+    """A markdown table of the sample grids in ``out``: a row per variant, a column per entry of ``columns``
+    (a dataset by default; ``column_of(variant, column)`` gives the (dataset, variant) of a cell otherwise).
+    Empty when no grid is there."""
+    cell = column_of or (lambda variant, column: (column, variant))
+    rows, found = [], False
+    for v in variants:
+        row = {"": v}
+        for c in columns:
+            name = sample_grid_name(*cell(v, c))
+            found |= (out / name).is_file()
+            row[c] = f"![{v}, {c}]({name})" if (out / name).is_file() else "–"
+        rows.append(row)
+    return report.markdown_table(rows, ["", *columns]) if found else ""
+
+
 def _by(results: Sequence[dict[str, Any]], dataset: str, variant: str) -> list[dict[str, Any]]:
     return [r for r in results if r["dataset"] == dataset and r["variant"] == variant]
 
@@ -882,10 +912,8 @@ def write_report(results: Sequence[dict[str, Any]], out_dir: str | os.PathLike, 
     report.write_csv(flat, ["dataset", "variant", "seed", "step", "heldout_loss", "digits_fid", "accuracy"],
                      out / "results.csv")
     for d in DATASETS:
-        for v in MAIN:
-            run = next((r for r in _by(results, d, v) if r["seed"] == 0 and r.get("sample_grid")), None)
-            if run and Path(run["sample_grid"]).is_file():
-                shutil.copy(run["sample_grid"], out / f"samples-{d}-{slug(v)}.png")
+        for v in (*MAIN, *LONG):
+            copy_sample_grid(results, d, v, out)
     default, reason = decide_default(results)
     lines = [
         "# Digits proxy: ViT-5 vs SiT\n",
@@ -917,6 +945,11 @@ def write_report(results: Sequence[dict[str, Any]], out_dir: str | os.PathLike, 
               "of the previous 100 steps).\n",
               "![digits-FID vs step](fid_curves.png)\n", "![held-out loss vs step](loss_curves.png)\n",
               "![mean abs(gate·γ)](gates.png)\n", "![training loss](train_loss.png)\n"]
+    grids = sample_grid_table(out, MAIN, DATASETS)
+    if grids:
+        lines += ["## Samples\n", "Seed 0 of each arm at its final checkpoint (2,000 steps): 40 samples of the "
+                  "protocol's fixed noise, rows the classes 0–9 four times (ODE Euler, 50 steps, no guidance), "
+                  "so the same cell is the same noise and class in every grid.\n", grids]
     gates = gate_rows(results)
     if gates:
         lines += ["## LayerScale and the gates at the end of training\n",

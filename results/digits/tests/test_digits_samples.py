@@ -274,3 +274,24 @@ def test_the_bottom_line_gives_both_trained_longer_results_in_their_own_units():
     assert f"held-out loss {loss_effect:+.2f} % [" in text and "ViT-5 better)" in text
     assert f"FID16 {fid_effect:+.1f} log-% [" in text and "equivalent within ±10 %)" in text
     assert f"n = {n} / {n}" in text and "interim" not in text.split("After 5×")[1]
+
+
+def test_sample_grids_are_copied_from_seed_zero_and_tabled_where_present(tmp_path):
+    grid = tmp_path / "run" / "0010000.png"
+    grid.parent.mkdir()
+    grid.write_bytes(b"png bytes")
+    long_sit = next(v for v, b in digits.LONG.items() if b == "SiT")
+    runs = [_run("digits16", long_sit, 1, steps=10_000), _run("digits16", long_sit, 0, steps=10_000)]
+    runs[0]["sample_grid"] = str(tmp_path / "missing.png")  # seed 1's grid: not the one to show
+    runs[1]["sample_grid"] = str(grid)
+    out = tmp_path / "report"
+    out.mkdir()
+    assert digits.sample_grid_table(out, ["SiT"], ["10k"], lambda b, c: ("digits16", long_sit)) == ""
+    digits.copy_sample_grid(runs, "digits16", long_sit, out)
+    name = digits.sample_grid_name("digits16", long_sit)
+    assert name == "samples-digits16-sit-10k-steps.png" and (out / name).read_bytes() == b"png bytes"
+    table = digits.sample_grid_table(out, ["SiT", "ViT-5 (γ0=1)"], ["10k"],
+                                     lambda b, c: ("digits16", next(v for v, x in digits.LONG.items() if x == b)))
+    assert f"| SiT | ![SiT, 10k]({name}) |" in table and "| ViT-5 (γ0=1) | – |" in table
+    digits.copy_sample_grid(runs[:1], "digits16", long_sit, out)  # a run folder gone: the copy stays
+    assert (out / name).is_file()
