@@ -10,9 +10,10 @@ or, with ``--settings``, sampler settings side by side on one model (issue 39's 
 ``sde``: Euler-Maruyama on the SiT SDE (``Sampler.sample_sde``, last step "Mean"): NFE = num_steps.
 ``ode``: Euler on the probability-flow ODE (``sample_ode(sampling_method="euler")``): NFE = num_steps - 1.
 ``--settings SOLVER:NFE ...``: solvers of the NFE study (``python -m sit_vit5.experiments nfe``, e.g.
-``sde-euler-mean:250``, SiT's default 250-step SDE, and ``unipc:8``, the few-step setting of results/nfe),
-timed interleaved per model; ``speedup`` = the first setting's time over this one's (median of the paired
-rounds), i.e. the images/s ratio against the first setting.
+``sde-euler-mean:250``, SiT's default 250-step SDE, and ``unipc:8``, the few-step setting of results/nfe;
+``ddpm:250`` and ``ddpm-dpm++2m-sde:12`` sample the same network as a DiT-objective model), timed interleaved
+per model; ``speedup`` = the first setting's time over this one's (median of the paired rounds), i.e. the
+images/s ratio against the first setting.
 With CFG (scale != 1) every evaluation runs the model on the doubled batch (conditional + null class), as in
 SiT's sample.py. One timed call = one whole sampling run from noise to latents (no VAE decode).
 """
@@ -45,12 +46,13 @@ from bench.common import (
     sync,
     write_json,
 )
+from sit_vit5.diffusion import DiffusionSampler
 from sit_vit5.errors import SettingError
 from sit_vit5.experiments.nfe import SOLVERS
 from sit_vit5.guidance import ClassifierFreeGuidance
 from sit_vit5.models import SIZES
-from sit_vit5.objective import create_objective
-from sit_vit5.sample_spec import FEW_STEP, SampleSpec
+from sit_vit5.objective import StepsSampler, create_objective
+from sit_vit5.sample_spec import FEW_STEP, FEW_STEPS, SampleSpec
 from sit_vit5.transport import Sampler
 
 SAMPLERS = ("sde", "ode")
@@ -59,18 +61,23 @@ COLUMNS = ("model", "size", "sampler", "nfe", "cfg", "precision", "mode", "batch
 SETTING_COLUMNS = ("model", "size", "setting", "nfe", "cfg", "precision", "mode", "batch", "run_s", "img_per_s",
                    "ms_per_nfe", "speedup", "speedup_min", "peak_mem_gb")
 #: issue 39's speed line: SiT's default 250-step SDE, then the few-step setting of results/nfe (UniPC, 8 NFE:
-#: the best found at <= 10 and at <= 20 NFE) and UniPC at 16 NFE (the <= 20 budget; no better in FID)
-FEW_STEP_SETTINGS = ("sde-euler-mean:250", f"unipc:{SampleSpec(**FEW_STEP).nfe}", "unipc:16")
+#: the best found at <= 10 and at <= 20 NFE) and UniPC at 16 NFE (the <= 20 budget; no better in FID); then
+#: the DiT objective's protocol (DDPM, 250 steps) and its few-step setting (DPM-Solver++ 2M SDE, 12 NFE)
+FEW_STEP_SETTINGS = ("sde-euler-mean:250", f"unipc:{SampleSpec(**FEW_STEP).nfe}", "unipc:16", "ddpm:250",
+                     f"ddpm-{FEW_STEPS['ddpm']['sampling_method']}:{SampleSpec(**FEW_STEPS['ddpm']).nfe}")
 
 
-def setting_spec(text: str) -> SampleSpec:
-    """The spec of ``SOLVER:NFE`` (a SiT-objective solver of the NFE study at that NFE); ValueError if none."""
+def setting_spec(text: str) -> tuple[str, SampleSpec]:
+    """(the objective, the spec) of ``SOLVER:NFE``, a solver of the NFE study at that NFE; ValueError (or
+    SettingError) when there is no such solver or it cannot make that NFE (e.g. DDIM's stride for 64 of
+    1000 steps)."""
     name, _, nfe = text.partition(":")
     solver = SOLVERS.get(name)
-    if solver is None or solver.objective != "sit" or not nfe.isdigit():
-        valid = ", ".join(n for n, s in SOLVERS.items() if s.objective == "sit")
-        raise ValueError(f"expected SOLVER:NFE with SOLVER one of {valid}, got {text!r}")
-    return solver.spec(int(nfe))
+    if solver is None or not nfe.isdigit():
+        raise ValueError(f"expected SOLVER:NFE with SOLVER one of {', '.join(SOLVERS)}, got {text!r}")
+    spec = solver.spec(int(nfe))
+    create_objective({"objective": solver.objective}).sampler(spec)  # a respacing it cannot make raises here
+    return solver.objective, spec
 
 
 def setting(text: str) -> str:
@@ -80,7 +87,8 @@ def setting(text: str) -> str:
     except SettingError as err:
         raise argparse.ArgumentTypeError(f"{text}: {err.as_flag()}") from None
     except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
+        raise argparse.ArgumentTypeError(str(err) if str(err).startswith("expected") else f"{text}: {err}"
+                                         ) from None
     return text
 
 
@@ -115,11 +123,12 @@ def sampler_spec(sampler_name: str, num_steps: int) -> SampleSpec:
 
 
 def make_sample_run(model: nn.Module, device: torch.device, precision: str, mode: str, spec: SampleSpec,
-                    cfg_scale: float, batch: int, input_size: int, num_classes: int,
-                    seed: int = 0) -> tuple[Callable[[], None], Sampler]:
+                    cfg_scale: float, batch: int, input_size: int, num_classes: int, seed: int = 0,
+                    objective: str = "sit") -> tuple[Callable[[], None], Sampler | DiffusionSampler | StepsSampler]:
     """A closure sampling ``batch`` latents ``(batch, 4, input_size, input_size)`` from fixed noise and labels
-    with ``spec``'s sampler (SiT's transport); the Sampler reports ``last_nfe``."""
-    built = create_objective({}).sampler(spec)
+    with ``spec``'s sampler of ``objective`` (sit: SiT's transport; ddpm: DiT's diffusion, which reads the
+    learned-variance half of the output); the sampler reports ``last_nfe``."""
+    built = create_objective({"objective": objective}).sampler(spec)
     sampler, sample_fn = built.sampler, built.sample
     net = maybe_compile(model.eval(), mode)
 
@@ -187,8 +196,9 @@ def measure_settings(args: argparse.Namespace, device: torch.device, backbone: s
     runs, rows = {}, {}
     for name in args.settings:
         baseline = memory_baseline(device)
-        run, sampler = make_sample_run(model, device, precision, mode, setting_spec(name), args.cfg_scale, batch,
-                                       args.input_size, args.num_classes, args.seed)
+        objective, spec = setting_spec(name)
+        run, sampler = make_sample_run(model, device, precision, mode, spec, args.cfg_scale, batch,
+                                       args.input_size, args.num_classes, args.seed, objective)
         for _ in range(max(args.warmup, 1)):  # the first run gives the NFE (as counted) and the peak memory
             run()
         sync(device)

@@ -8,6 +8,7 @@ import statistics
 import pytest
 
 from bench import data_path, sample_speed, suite, train_step
+from sit_vit5.sample_spec import FEW_STEPS, SampleSpec
 
 TINY = ["--device", "cpu", "--threads", "1", "--warmup", "1", "--steps", "1", "--rounds", "1", "--depth", "1"]
 
@@ -74,6 +75,21 @@ def test_sample_bench_settings_side_by_side_with_speedups(tmp_path):
     assert all(s in suite.STAGES["sample_fewstep"][1] for s in sample_speed.FEW_STEP_SETTINGS)
 
 
+def test_sample_bench_times_the_dit_objective_on_the_same_network(tmp_path):
+    """DDPM and DPM-Solver++ 2M SDE sample the network as a DiT-objective model (one evaluation a step), beside
+    a SiT setting; the GPU stage carries the DiT objective's few-step setting of sample_spec.FEW_STEPS."""
+    path = tmp_path / "dit.json"
+    sample_speed.main([*TINY, "--models", "SiT", "--sizes", "S", "--input-size", "8", "--batch-size", "2",
+                       "--rounds", "2", "--cfg-scale", "1.5", "--settings", "sde-euler-mean:6", "ddpm:6",
+                       "ddpm-dpm++2m-sde:4", "--json", str(path)])
+    rows = _load(path)["rows"]
+    assert [(r["setting"], r["nfe"]) for r in rows] == [("sde-euler-mean:6", 6), ("ddpm:6", 6),
+                                                        ("ddpm-dpm++2m-sde:4", 4)]
+    assert all(r["run_s"] > 0 and r["speedup"] > 0 for r in rows)
+    few = FEW_STEPS["ddpm"]
+    assert f"ddpm-{few['sampling_method']}:{SampleSpec(**few).nfe}" in sample_speed.FEW_STEP_SETTINGS
+
+
 def test_data_path_bench_fractions(tmp_path):
     path = tmp_path / "data.json"
     data_path.main([*TINY, "--vae", "tiny", "--image-size", "32", "--num-images", "4", "--batch-size", "2",
@@ -97,7 +113,7 @@ def test_suite_runs_every_stage_and_writes_one_json_each(tmp_path):
 
 def test_bad_arguments_are_named():
     for main, bad in ((train_step.main, ["--sizes", "M"]), (sample_speed.main, ["--samplers", "heun"]),
-                      (sample_speed.main, ["--settings", "ode-heun:3"]), (sample_speed.main, ["--settings", "ddim:8"]),
+                      (sample_speed.main, ["--settings", "ode-heun:3"]), (sample_speed.main, ["--settings", "ddim:64"]),
                       (data_path.main, ["--model", "SiT-M/2"]), (train_step.main, ["--rounds", "0"])):
         with pytest.raises(SystemExit) as err:
             main([*TINY, *bad])

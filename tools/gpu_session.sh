@@ -2,7 +2,7 @@
 # One GPU session's measurements: bench.suite stage by stage, each stage's JSON tarred as soon as it ends,
 # so a run stopped at its time limit still returns every finished stage.
 #   tools/gpu_session.sh OUT_DIR [STAGE ...]     (default: every stage of bench.suite, in its order)
-# e.g. tools/gpu_session.sh OUT sample_fewstep: SiT-XL/2's 250-step SDE against UniPC at 8 / 16 NFE (issue 39).
+# e.g. tools/gpu_session.sh OUT sample_fewstep: SiT-XL/2's 250-step SDE against UniPC at 8 / 16 NFE, and as a DiT-objective model DDPM 250 against DPM-Solver++ 2M SDE at 12.
 # With TAR_TO=DIR the tarball (OUT_DIR/h200.tgz) is also copied there after every stage.
 # Wheels missing on the GPU machine (diffusers, torch-fidelity) may be put in .whl/ and are installed first.
 set -uo pipefail
