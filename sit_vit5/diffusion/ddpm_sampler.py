@@ -62,8 +62,7 @@ class DiffusionSampler:
                 else partial(spaced.ddim_sample_loop, eta=eta))
 
         def _sample(z: Tensor, model_fn: Callable[..., Tensor], *, generator: GeneratorLike = None,
-                **model_kwargs
-                    ) -> list[Tensor]:
+                    **model_kwargs: Any) -> list[Tensor]:
             return [loop(model_fn, z.shape, z, clip_denoised=self.clip_denoised,
                          model_kwargs=model_kwargs, progress=progress, generator=generator)]
 

@@ -539,8 +539,9 @@ def _say(row: dict[str, Any]) -> str:
         return f"not estimable yet ({row['verdict']})"
     verdict = row["verdict"] if not row["verdict"].startswith("pending") else (
         f"interim, {row['verdict']}: not judged")
-    unit = {"log": " log-%", "relative": " %", "points": " points"}[row["test"].scale]
-    return (f"{row['effect']:+.{2 if unit == ' %' else 1}f}{unit} [{row['ci'][0]:+.1f}, {row['ci'][1]:+.1f}] "
+    scale = row["test"].scale  # loss effects are ~1 %: two decimals
+    unit, decimals = {"log": (" log-%", 1), "relative": (" %", 2), "points": (" points", 1)}[scale]
+    return (f"{row['effect']:+.{decimals}f}{unit} [{row['ci'][0]:+.1f}, {row['ci'][1]:+.1f}] "
             f"(ViT-5 − SiT; n = {row['n'][0]} / {row['n'][1]}, p {_p(row.get('p'))}, Holm {_p(row['p_holm'])}; "
             f"{verdict})")
 
