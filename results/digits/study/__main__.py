@@ -17,6 +17,7 @@ if not __package__:  # run as a folder: import it as the package ``study``, not 
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
     sys.path.insert(0, str(_HERE.parent))
 
+from sit_vit5.errors import EXIT_TERMINATED, run_cli  # noqa: E402
 from sit_vit5.experiments.report import markdown_table  # noqa: E402
 from study.claims import BUDGET_CORE_HOURS, plan_claims, write_claims  # noqa: E402
 from study.digits import (  # noqa: E402
@@ -24,6 +25,7 @@ from study.digits import (  # noqa: E402
     REPO,
     RESULTS,
     STOP_BY_MARGIN,
+    RunStopped,
     claims_spent,
     ends_by,
     load_results,
@@ -178,4 +180,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # SIGTERM / Ctrl-C and a stopped run: one line, status 3 / 130; the checkpointed runs resume on rerun
+    sys.exit(run_cli(PROG, main, resumable=True, statuses={RunStopped: EXIT_TERMINATED}))

@@ -42,6 +42,7 @@ from fid.metrics import precision_recall
 from sit_vit5 import training
 from sit_vit5.atomic_files import TMP_PREFIX, atomic_write_text
 from sit_vit5.config import configs_dir, load_config
+from sit_vit5.errors import SitVit5Error
 from sit_vit5.experiments import report
 from sit_vit5.image_data import DigitsDataset
 from sit_vit5.models import count_params, flops, load_model, model_from_config
@@ -354,6 +355,10 @@ def same_identity(stored: dict[str, Any] | None, current: dict[str, Any]) -> boo
                for k in current)
 
 
+class RunStopped(SitVit5Error):
+    """A signal stopped a run's training; its checkpoint and record are kept, so the next start resumes it."""
+
+
 def run_one(spec: RunSpec, threads: int | None = None,
             train: Callable[..., Any] = training.train) -> dict[str, Any]:
     """Train (or resume) one run, evaluate its checkpoints and return its result (cached, see module
@@ -375,16 +380,25 @@ def run_one(spec: RunSpec, threads: int | None = None,
         elif result.get("complete"):
             return result
     ckpt_dir = spec.run_dir / "checkpoints"
-    if not result and spec.run_dir.exists():
-        shutil.rmtree(spec.run_dir)
+    if not result:
+        if spec.run_dir.exists():
+            shutil.rmtree(spec.run_dir)  # a folder without this run's record: another request's, start over
+        result = {"dataset": spec.dataset, "variant": spec.variant, "seed": spec.seed, "steps": spec.steps,
+                  "identity": identity, "complete": False}
+        _write_json(spec.result_path, result)  # the folder's record from the start: a stop keeps the folder
     if not (ckpt_dir / checkpoint_name(spec.steps, False)).is_file() and "diverged_at_step" not in result:
         resume = "latest" if latest_checkpoint(ckpt_dir) is not None else None
         start = time.perf_counter()
+        stopped = None
         try:
-            train(cfg, resume=resume)
+            stopped = getattr(train(cfg, resume=resume), "preempted", None)
         except training.NonFiniteLossError as err:  # a diverged run is a result (protocol, C4), not a crash
             result["diverged_at_step"] = err.step
         result["train_seconds"] = result.get("train_seconds", 0.0) + time.perf_counter() - start
+        if stopped:  # checkpointed by train(): record the time and leave the evaluations to the next start
+            _write_json(spec.result_path, result)
+            raise RunStopped(f"{spec.dataset} {spec.variant} seed {spec.seed}: stopped by {stopped} and "
+                             f"checkpointed in {spec.run_dir}; rerun the same command to resume it")
     rows = _read_metrics(spec.run_dir)
     losses = [r.get("loss_diffusion", r["loss"]) for r in rows]  # REPA runs: the diffusion part
     resolved = load_config(spec.run_dir / "config.yaml")  # train() saved it with the data-derived keys

@@ -196,3 +196,44 @@ def test_gate_rows_average_the_final_gamma_and_gates_of_runs_that_cache_them():
     assert rows[0]["mean abs(γ)"] == "– (no LayerScale)" and rows[0]["mean abs(gate·γ)"] == "0.300 / 0.600"
     assert rows[1]["mean abs(γ)"] == "0.030 / 0.060"
     assert rows[1]["spread of gate·γ across the batch"] == "0.020 / 0.040"
+
+
+def test_a_stopped_run_keeps_its_folder_and_record_and_resumes(tmp_path):
+    """A run stopped by a signal (train() checkpoints and returns ``preempted``) or killed during training keeps
+    its run folder: its record is written before training starts, so the next start resumes instead of wiping
+    the folder, and the stop is a one-line RunStopped, not an evaluation of checkpoints that do not exist."""
+    spec = digits.RunSpec("digits8", "SiT", 0, runs_dir=str(tmp_path / "runs"), results_dir=str(tmp_path / "out"),
+                          steps=8, num_samples=20)
+    calls = []
+
+    def stopped_train(cfg, resume=None):
+        calls.append(resume)
+        spec.run_dir.mkdir(parents=True, exist_ok=True)
+        (spec.run_dir / "progress.txt").write_text("trained so far")  # what a checkpoint stands for here
+        return type("Result", (), {"preempted": "SIGTERM", "step": 3})()
+
+    with pytest.raises(digits.RunStopped, match="digits8 SiT seed 0: stopped by SIGTERM.*rerun the same command"):
+        digits.run_one(spec, train=stopped_train)
+    record = json.loads(spec.result_path.read_text())
+    assert record["complete"] is False and record["seed"] == 0 and record["identity"]["overrides"]
+    assert record["train_seconds"] >= 0 and "checkpoints" not in record
+
+    def killed_train(cfg, resume=None):
+        assert (spec.run_dir / "progress.txt").read_text() == "trained so far"  # the folder was kept
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        digits.run_one(spec, train=killed_train)
+    with pytest.raises(digits.RunStopped):
+        digits.run_one(spec, train=stopped_train)
+    assert (spec.run_dir / "progress.txt").is_file() and len(calls) == 2
+    assert json.loads(spec.result_path.read_text())["train_seconds"] >= record["train_seconds"]
+
+    fresh = digits.RunSpec("digits8", "SiT", 1, runs_dir=str(tmp_path / "runs"), results_dir=str(tmp_path / "out"),
+                           steps=8, num_samples=20)
+    fresh.run_dir.mkdir(parents=True)
+    (fresh.run_dir / "stale.txt").write_text("no record says whose folder this is")
+    with pytest.raises(KeyboardInterrupt):  # killed during its first training: the record is already there
+        digits.run_one(fresh, train=lambda cfg, resume=None: (_ for _ in ()).throw(KeyboardInterrupt()))
+    assert not (fresh.run_dir / "stale.txt").exists()  # a folder without a record was started over
+    assert json.loads(fresh.result_path.read_text())["complete"] is False
