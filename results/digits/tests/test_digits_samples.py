@@ -312,3 +312,19 @@ def test_the_hand_written_prose_on_c9l_agrees_with_whether_it_is_pending():
         assert sentences, f"{page} no longer mentions C9L"
         says_pending = any("pending" in s for s in sentences)
         assert says_pending == pending, (page, sentences)
+
+
+def test_every_committed_run_record_is_complete():
+    """A run's record exists from its start (``complete: false`` until evaluated). Only finished records are
+    results; an unfinished one belongs to the machine whose run folder it describes and is not committed."""
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None or not (digits.REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    listed = subprocess.run(["git", "ls-files", "results/digits/runs"], cwd=digits.REPO, capture_output=True,
+                            text=True, check=True).stdout.split()
+    records = [name for name in listed if name.endswith(".json")]
+    assert len(records) > 300
+    unfinished = [name for name in records if not json.loads((digits.REPO / name).read_text()).get("complete")]
+    assert unfinished == []
