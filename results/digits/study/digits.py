@@ -683,21 +683,19 @@ def copy_sample_grid(results: Sequence[dict[str, Any]], dataset: str, variant: s
         shutil.copy(run["sample_grid"], out / sample_grid_name(dataset, variant))
 
 
-def sample_grid_table(out: Path, variants: Sequence[str], columns: Sequence[str],
-                      column_of: Callable[[str, str], tuple[str, str]] | None = None) -> str:
-    """A markdown table of the sample grids in ``out``: a row per variant, a column per entry of ``columns``
-    (a dataset by default; ``column_of(variant, column)`` gives the (dataset, variant) of a cell otherwise).
-    Empty when no grid is there."""
-    cell = column_of or (lambda variant, column: (column, variant))
+def sample_grid_table(out: Path, cells: dict[str, dict[str, tuple[str, str]]]) -> str:
+    """A markdown table of the sample grids in ``out``: ``cells[row][column]`` is the (dataset, variant) whose
+    grid the cell shows ("–" when ``out`` lacks it). Empty when no grid is there."""
     rows, found = [], False
-    for v in variants:
-        row = {"": v}
-        for c in columns:
-            name = sample_grid_name(*cell(v, c))
-            found |= (out / name).is_file()
-            row[c] = f"![{v}, {c}]({name})" if (out / name).is_file() else "–"
+    for label, columns in cells.items():
+        row = {"": label}
+        for column, (dataset, variant) in columns.items():
+            name = sample_grid_name(dataset, variant)
+            present = (out / name).is_file()
+            found |= present
+            row[column] = f"![{label}, {column}]({name})" if present else "–"
         rows.append(row)
-    return report.markdown_table(rows, ["", *columns]) if found else ""
+    return report.markdown_table(rows, ["", *next(iter(cells.values()))]) if found else ""
 
 
 def _by(results: Sequence[dict[str, Any]], dataset: str, variant: str) -> list[dict[str, Any]]:
@@ -926,7 +924,7 @@ def write_report(results: Sequence[dict[str, Any]], out_dir: str | os.PathLike, 
     report.write_csv(flat, ["dataset", "variant", "seed", "step", "heldout_loss", "digits_fid", "accuracy"],
                      out / "results.csv")
     for d in DATASETS:
-        for v in (*MAIN, *LONG):
+        for v in MAIN:  # the grids this report shows (samples_report copies its own)
             copy_sample_grid(results, d, v, out)
     default, reason = decide_default(results)
     lines = [
@@ -959,7 +957,7 @@ def write_report(results: Sequence[dict[str, Any]], out_dir: str | os.PathLike, 
               "of the previous 100 steps).\n",
               "![digits-FID vs step](fid_curves.png)\n", "![held-out loss vs step](loss_curves.png)\n",
               "![mean abs(gate·γ)](gates.png)\n", "![training loss](train_loss.png)\n"]
-    grids = sample_grid_table(out, MAIN, DATASETS)
+    grids = sample_grid_table(out, {v: {d: (d, v) for d in DATASETS} for v in MAIN})
     if grids:
         lines += ["## Samples\n", "Seed 0 of each arm at its final checkpoint (2,000 steps): 40 samples of the "
                   "protocol's fixed noise, rows the classes 0–9 four times (ODE Euler, 50 steps, no guidance), "

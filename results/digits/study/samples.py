@@ -502,8 +502,8 @@ def samples_report(results: Sequence[dict[str, Any]], out_dir: str | os.PathLike
     long_of = {b: v for v, b in LONG.items()}
     for variant in (*MAIN_PAIR, *LONG):
         copy_sample_grid(results, "digits16", variant, out)
-    grids = sample_grid_table(out, MAIN_PAIR, ("2,000 steps", f"{LONG_STEPS:,} steps"),
-                              lambda b, c: ("digits16", b if c.startswith("2,000") else long_of[b]))
+    grids = sample_grid_table(out, {b: {"2,000 steps": ("digits16", b),
+                                        f"{LONG_STEPS:,} steps": ("digits16", long_of[b])} for b in MAIN_PAIR})
     if grids:
         lines += ["Seed 0 of each arm on digits16, after 2,000 and after 10,000 steps: the training grid of 40 "
                   "samples (ODE Euler, 50 steps, no guidance) from the same fixed noise and classes, so a cell "

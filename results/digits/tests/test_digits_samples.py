@@ -286,12 +286,13 @@ def test_sample_grids_are_copied_from_seed_zero_and_tabled_where_present(tmp_pat
     runs[1]["sample_grid"] = str(grid)
     out = tmp_path / "report"
     out.mkdir()
-    assert digits.sample_grid_table(out, ["SiT"], ["10k"], lambda b, c: ("digits16", long_sit)) == ""
+    assert digits.sample_grid_table(out, {"SiT": {"10k": ("digits16", long_sit)}}) == ""
     digits.copy_sample_grid(runs, "digits16", long_sit, out)
     name = digits.sample_grid_name("digits16", long_sit)
     assert name == "samples-digits16-sit-10k-steps.png" and (out / name).read_bytes() == b"png bytes"
-    table = digits.sample_grid_table(out, ["SiT", "ViT-5 (γ0=1)"], ["10k"],
-                                     lambda b, c: ("digits16", next(v for v, x in digits.LONG.items() if x == b)))
+    long_vit = next(v for v, x in digits.LONG.items() if x == "ViT-5 (γ0=1)")
+    table = digits.sample_grid_table(out, {"SiT": {"10k": ("digits16", long_sit)},
+                                           "ViT-5 (γ0=1)": {"10k": ("digits16", long_vit)}})
     assert f"| SiT | ![SiT, 10k]({name}) |" in table and "| ViT-5 (γ0=1) | – |" in table
     digits.copy_sample_grid(runs[:1], "digits16", long_sit, out)  # a run folder gone: the copy stays
     assert (out / name).is_file()
