@@ -284,27 +284,33 @@ def rerun_rows(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+# (row label, dataset, FID key, 10k-step runs?, seeds read): the panels of the loss-against-FID scatter
+LOSS_FID_PANELS = (("digits8", "digits8", "digits_fid", False, N_PLANNED["digits8"]),
+                   ("digits16", "digits16", "digits_fid16", False, N_PLANNED["digits16"]),
+                   ("digits16, 10k steps", "digits16", "digits_fid16", True, N_LONG))  # added 2026-12-05
+
+
 def loss_fid_rows(results: Sequence[dict[str, Any]], out: Path) -> list[dict[str, Any]]:
-    """Spearman's ρ of final held-out loss against the primary FID inside each arm (and pooled), and the
-    per-run scatter ``samples_loss_vs_fid.png``."""
+    """Spearman's ρ of final held-out loss against the primary FID inside each arm (and pooled), for each
+    panel of :data:`LOSS_FID_PANELS`, and the per-run scatter ``samples_loss_vs_fid.png``."""
     from scipy import stats
 
     from sit_vit5.experiments import report
 
     plt = report.pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = plt.subplots(1, len(LOSS_FID_PANELS), figsize=(5.5 * len(LOSS_FID_PANELS), 4))
     rows = []
-    for ax, (d, key) in zip(axes, (("digits8", "digits_fid"), ("digits16", "digits_fid16"))):
+    for ax, (label, d, key, long, n) in zip(axes, LOSS_FID_PANELS):
         pooled: list[tuple[float, float]] = []
         for i, backbone in enumerate(MAIN_PAIR):
-            runs = final_metrics(results, d, backbone, N_PLANNED[d])
+            runs = final_metrics(results, d, backbone, n, long)
             pts = [(m["heldout_loss"], m[key]) for m in runs.values() if key in m]
             pooled += pts
             if pts:
                 ax.scatter(*zip(*pts), color=f"C{i}", label=f"{backbone} (n={len(pts)})", s=18)
-            rows.append(_spearman(d, backbone, pts, stats))
-        rows.append(_spearman(d, "both arms pooled", pooled, stats))
-        ax.set_title(d)
+            rows.append(_spearman(label, backbone, pts, stats))
+        rows.append(_spearman(label, "both arms pooled", pooled, stats))
+        ax.set_title(label)
         ax.set_xlabel("final held-out loss")
         ax.set_ylabel("FID16 (16×16 net)" if key == "digits_fid16" else "digits-FID (8×8 net)")
         ax.set_yscale("log")
@@ -488,6 +494,8 @@ def samples_report(results: Sequence[dict[str, Any]], out_dir: str | os.PathLike
                   report.markdown_table(reruns, list(reruns[0]))]
     corr = loss_fid_rows(results, out)
     lines += ["### Held-out loss against FID, run by run (descriptive)\n",
+              "Final checkpoints; the digits16 rows are the 2,000-step runs. The 10k-step rows (the L arm's "
+              "runs at 10,000 steps) were added on 2026-12-05, after those runs were read: exploratory.\n",
               report.markdown_table(corr, list(corr[0])), "![held-out loss vs FID](samples_loss_vs_fid.png)\n",
               *featnet_lines(out, rows)]
     length = training_length_rows(results, out)

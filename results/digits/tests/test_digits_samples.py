@@ -329,3 +329,33 @@ def test_every_committed_run_record_is_complete():
     assert len(records) > 300
     unfinished = [name for name in records if not json.loads((digits.REPO / name).read_text()).get("complete")]
     assert unfinished == []
+
+
+def _rank_correlation(pts):
+    """Spearman's ρ without scipy: Pearson's r of the ranks (the values below have no ties)."""
+    ranks = [[sorted(col).index(v) for v in col] for col in zip(*pts)]
+    mean = (len(pts) - 1) / 2
+    num = sum((a - mean) * (b - mean) for a, b in zip(*ranks))
+    return num / sum((a - mean) ** 2 for a in ranks[0])
+
+
+def test_loss_against_fid_is_ranked_per_arm_for_each_training_length(tmp_path):
+    rng = random.Random(3)
+    results, expected = [], {}
+    for label, dataset, key, long, n in samples.LOSS_FID_PANELS:
+        steps = digits.LONG_STEPS if long else 2000
+        for backbone in samples.MAIN_PAIR:
+            variant = next(v for v, b in digits.LONG.items() if b == backbone) if long else backbone
+            pts = [(rng.uniform(0.1, 0.2), rng.uniform(3, 30)) for _ in range(5)]
+            results += [_run(dataset, variant, seed, steps, heldout_loss=loss, **{key: fid})
+                        for seed, (loss, fid) in enumerate(pts)]
+            results.append(_run(dataset, variant, n, steps, heldout_loss=0.5, **{key: 1.0}))  # seed n: not read
+            expected[label, backbone] = (5, _rank_correlation(pts))
+    rows = samples.loss_fid_rows(results, tmp_path)
+    assert (tmp_path / "samples_loss_vs_fid.png").stat().st_size > 0
+    got = {(r["dataset"], r["runs"]): (r["n"], float(r["Spearman ρ (loss, FID)"])) for r in rows
+           if r["runs"] != "both arms pooled"}
+    assert got.keys() == expected.keys() and len(got) == 2 * len(samples.LOSS_FID_PANELS)
+    for cell, (n, rho) in expected.items():
+        assert got[cell][0] == n and got[cell][1] == pytest.approx(rho, abs=0.006), cell  # printed to 2 decimals
+    assert [r["n"] for r in rows if r["runs"] == "both arms pooled"] == [10] * len(samples.LOSS_FID_PANELS)
