@@ -139,6 +139,7 @@ REPA_VARIANTS: dict[str, dict[str, Any]] = {"SiT + REPA": {**_SIT_ALL, **REPA_SE
 LONG_STEPS = 10_000
 RERUN = {"SiT (rerun)": "SiT", "ViT-5 (γ0=1) (rerun)": "ViT-5 (γ0=1)"}
 LONG = {"SiT (10k steps)": "SiT", "ViT-5 (γ0=1) (10k steps)": "ViT-5 (γ0=1)"}
+LONG_OF = {base: variant for variant, base in LONG.items()}  # backbone → its 10k-step variant
 SAMPLE_VARIANTS: dict[str, dict[str, Any]] = {v: PROXY_VARIANTS[base] for v, base in {**RERUN, **LONG}.items()}
 FIRST_SAMPLE_SEED = 6  # the main pair's seeds 0–5 belong to the earlier additions, 6 on to the sample-quality one
 VARIANTS: dict[str, dict[str, Any]] = {**PROXY_VARIANTS, **CLAIM_VARIANTS, **REPA_VARIANTS, **SAMPLE_VARIANTS}

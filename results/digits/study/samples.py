@@ -21,6 +21,7 @@ from .claims import MAIN_PAIR, evaluate_family
 from .digits import (
     FIRST_SAMPLE_SEED,
     LONG,
+    LONG_OF,
     LONG_STEPS,
     RERUN,
     RESULTS,
@@ -127,7 +128,7 @@ def run_metrics(results: Sequence[dict[str, Any]], dataset: str, backbone: str, 
     """Seed → step → the checkpoint metrics of ``backbone``'s complete runs, seeds 0 … n − 1 (``long``: its
     10k-step runs). A 2k-step run's rerun fills in the keys the committed run lacks (FID16, accuracy16, pixel
     numbers); the committed run's own numbers, its held-out loss among them, are kept."""
-    name = next(v for v, b in LONG.items() if b == backbone) if long else backbone
+    name = LONG_OF[backbone] if long else backbone
     rerun = next(v for v, b in RERUN.items() if b == backbone)
     own: dict[int, dict[int, dict[str, float]]] = {}
     filled: dict[int, dict[int, dict[str, float]]] = {}
@@ -507,11 +508,10 @@ def samples_report(results: Sequence[dict[str, Any]], out_dir: str | os.PathLike
                   "identical in {} of {} pairs.\n".format(*same_start(results)),
                   report.markdown_table(length, list(length[0])),
                   "![FID16 and loss against training step](samples_training_length.png)\n"]
-    long_of = {b: v for v, b in LONG.items()}
     for variant in (*MAIN_PAIR, *LONG):
         copy_sample_grid(results, "digits16", variant, out)
     grids = sample_grid_table(out, {b: {"2,000 steps": ("digits16", b),
-                                        f"{LONG_STEPS:,} steps": ("digits16", long_of[b])} for b in MAIN_PAIR})
+                                        f"{LONG_STEPS:,} steps": ("digits16", LONG_OF[b])} for b in MAIN_PAIR})
     if grids:
         lines += ["Seed 0 of each arm on digits16, after 2,000 and after 10,000 steps: the training grid of 40 "
                   "samples (ODE Euler, 50 steps, no guidance) from the same fixed noise and classes, so a cell "

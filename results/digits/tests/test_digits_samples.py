@@ -69,7 +69,7 @@ def test_a_rerun_fills_in_the_keys_the_committed_run_lacks_and_keeps_its_loss():
 
 def _arms(test, vit, sit, key=None, long=False):
     key = key or test.metric
-    variant = (lambda b: next(v for v, x in digits.LONG.items() if x == b)) if long else (lambda b: b)
+    variant = (lambda b: digits.LONG_OF[b]) if long else (lambda b: b)
     steps = digits.LONG_STEPS if long else 2000
     return ([_run(test.dataset, variant("ViT-5 (γ0=1)"), i, steps, **{key: v}) for i, v in enumerate(vit)]
             + [_run(test.dataset, variant("SiT"), i, steps, **{key: v}) for i, v in enumerate(sit)])
@@ -280,7 +280,7 @@ def test_sample_grids_are_copied_from_seed_zero_and_tabled_where_present(tmp_pat
     grid = tmp_path / "run" / "0010000.png"
     grid.parent.mkdir()
     grid.write_bytes(b"png bytes")
-    long_sit = next(v for v, b in digits.LONG.items() if b == "SiT")
+    long_sit = digits.LONG_OF["SiT"]
     runs = [_run("digits16", long_sit, 1, steps=10_000), _run("digits16", long_sit, 0, steps=10_000)]
     runs[0]["sample_grid"] = str(tmp_path / "missing.png")  # seed 1's grid: not the one to show
     runs[1]["sample_grid"] = str(grid)
@@ -290,7 +290,7 @@ def test_sample_grids_are_copied_from_seed_zero_and_tabled_where_present(tmp_pat
     digits.copy_sample_grid(runs, "digits16", long_sit, out)
     name = digits.sample_grid_name("digits16", long_sit)
     assert name == "samples-digits16-sit-10k-steps.png" and (out / name).read_bytes() == b"png bytes"
-    long_vit = next(v for v, x in digits.LONG.items() if x == "ViT-5 (γ0=1)")
+    long_vit = digits.LONG_OF["ViT-5 (γ0=1)"]
     table = digits.sample_grid_table(out, {"SiT": {"10k": ("digits16", long_sit)},
                                            "ViT-5 (γ0=1)": {"10k": ("digits16", long_vit)}})
     assert f"| SiT | ![SiT, 10k]({name}) |" in table and "| ViT-5 (γ0=1) | – |" in table
@@ -345,7 +345,7 @@ def test_loss_against_fid_is_ranked_per_arm_for_each_training_length(tmp_path):
     for label, dataset, key, long, n in samples.LOSS_FID_PANELS:
         steps = digits.LONG_STEPS if long else 2000
         for backbone in samples.MAIN_PAIR:
-            variant = next(v for v, b in digits.LONG.items() if b == backbone) if long else backbone
+            variant = digits.LONG_OF[backbone] if long else backbone
             pts = [(rng.uniform(0.1, 0.2), rng.uniform(3, 30)) for _ in range(5)]
             results += [_run(dataset, variant, seed, steps, heldout_loss=loss, **{key: fid})
                         for seed, (loss, fid) in enumerate(pts)]
