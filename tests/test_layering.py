@@ -5,6 +5,7 @@ part of an import cycle."""
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
 from pathlib import Path
 
@@ -21,15 +22,31 @@ LAYERS: list[tuple[str, ...]] = [
     ("atomic_files", "guidance", "precision", "vae", "distributed", "cpu_threads",
      "stepwise"),  # stepwise: the step-wise loop, shared by transport's flow solvers and objective
     ("images", "transport", "run_files"),
-    ("models", "diffusion"),
+    ("models",),
     ("sample_spec",),
     ("objective",),
-    ("config", "image_data"),
+    ("config", "image_data", "diffusion"),  # diffusion: DiT's objective, an Objective subclass
     ("sampling", "latent_cache"),  # latent_cache: the cache's format, writer, reader and verifier
     ("training", "hub"),
     ("experiments", "export", "pipeline"),  # pipeline: the import path exported folders run
     ("cli", "cache_latents"),  # cache_latents: the command line over latent_cache
 ]
+#: The platform: optional layers around the research core (backbones, the SiT objective, samplers,
+#: the training step and loop). An entry point or builder imports one only when a config or flag
+#: asks for it; a core module never imports one at module top (issue 52).
+PLATFORM: tuple[str, ...] = (
+    "sit_vit5.diffusion", "sit_vit5.hub", "sit_vit5.pipeline", "sit_vit5.export",
+    "sit_vit5.latent_cache", "sit_vit5.cache_latents", "sit_vit5.experiments",
+    "sit_vit5.models.official", "sit_vit5.models.diffusers_dit", "sit_vit5.sampling.bulk",
+    "sit_vit5.training.fsdp", "sit_vit5.training.repa", "sit_vit5.cli",
+)
+#: Core modules that build from a config: each imports a platform layer inside a function, only
+#: when the config (or the file it is given) names that layer.
+BUILDERS = {
+    "sit_vit5/objective/__init__.py": "objective_class imports DiT's objective for objective=ddpm",
+    "sit_vit5/training/build.py": "REPA, FSDP2 and the latent cache when the config sets them",
+    "sit_vit5/models/loading.py": "the diffusers DiT conversion for a diffusers DiT folder",
+}
 #: Modules that import some project modules inside functions, and why: they check their inputs before
 #: the heavy imports (torch, diffusers: seconds), so that a bad flag or key is reported at once
 #: (issue 41). The direction rule still holds for these imports.
@@ -38,6 +55,7 @@ DEFERRED_IMPORTS = {
     "sit_vit5/sample_spec.py": "parsing sample.py's flags needs no torch",
     "sit_vit5/cli/train.py": "the config and paths before the trainer",
     "sit_vit5/cli/sample.py": "the flags and --ckpt file before the models",
+    **{builder: f"a builder: {why}" for builder, why in BUILDERS.items()},
 }
 RANK = {component: rank for rank, layer in enumerate(LAYERS) for component in layer}
 CLI_RANK = len(LAYERS)  # sample.py, train.py: on top of everything
@@ -56,6 +74,10 @@ PACKAGE_LAYERS: dict[str, list[tuple[str, ...]]] = {
         ("labels", "loader", "scheduler"),
         ("sit_pipeline",),
     ],
+    "objective": [
+        ("base",),  # the interface every objective implements
+        ("sit",),
+    ],
 }
 PACKAGE_RANK = {package: {module: rank for rank, layer in enumerate(layers) for module in layer}
                 for package, layers in PACKAGE_LAYERS.items()}
@@ -67,15 +89,28 @@ def _module_name(path: Path, root: Path | None = None) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def _type_checking_blocks(tree: ast.Module) -> set[int]:
+    """ids of the import nodes under ``if TYPE_CHECKING:`` (annotations only: never executed)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            found |= {id(n) for child in node.body for n in ast.walk(child)}
+    return found
+
+
 def _imports(path: Path, root: Path | None = None) -> list[tuple[str, int, bool]]:
-    """(absolute module imported, line, at module top?) for every import statement in ``path``."""
+    """(absolute module imported, line, at module top?) for every import statement in ``path``
+    that runs (not those under ``if TYPE_CHECKING:``)."""
     tree = ast.parse(path.read_text(), str(path))
+    annotations_only = _type_checking_blocks(tree)
     package = _module_name(path, root).split(".")
     if path.name != "__init__.py":
         package = package[:-1]
     top_level = {id(node) for node in tree.body}
     found = []
     for node in ast.walk(tree):
+        if id(node) in annotations_only:
+            continue
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -113,10 +148,64 @@ def test_no_upward_or_hidden_imports(path):
         if target is None or target == own:
             continue
         where = f"{path.relative_to(ROOT)}:{line} imports {module}"
+        if not at_top and _is_platform(module) and path.relative_to(ROOT).as_posix() in BUILDERS:
+            continue  # a builder reaches up into the platform when a config asks for it
         assert RANK[target] < own_rank, f"{where}: upward or sideways edge ({own} -> {target})"
         deferred = path.relative_to(ROOT).as_posix() in DEFERRED_IMPORTS
         assert at_top or deferred, (f"{where} inside a function: project imports belong at module "
                                     "top (or in DEFERRED_IMPORTS, with the reason)")
+
+
+def _is_platform(module: str) -> bool:
+    return any(module == p or module.startswith(f"{p}.") for p in PLATFORM)
+
+
+def _core_sources() -> list[Path]:
+    return [p for p in sorted((ROOT / "sit_vit5").rglob("*.py"))
+            if not _is_platform(_module_name(p))]
+
+
+def test_the_platform_table_names_modules_that_exist():
+    for module in PLATFORM:
+        path = ROOT / Path(*module.split("."))
+        assert path.with_suffix(".py").is_file() or (path / "__init__.py").is_file(), module
+    assert set(BUILDERS) <= {p.relative_to(ROOT).as_posix() for p in _core_sources()}
+
+
+@pytest.mark.parametrize("path", _core_sources(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_core_imports_no_platform_layer(path):
+    """A core module imports a platform layer only as a builder, inside a function (a config asks)."""
+    rel = path.relative_to(ROOT).as_posix()
+    for module, line, at_top in _imports(path):
+        if not _is_platform(module):
+            continue
+        assert not at_top and rel in BUILDERS, (
+            f"{rel}:{line} imports the platform layer {module}: the core must not (a builder may, "
+            "inside the function that reads the config; list it in BUILDERS with the reason)")
+
+
+def test_the_core_check_can_fail(tmp_path, monkeypatch):
+    """A planted top-level import of REPA in the loop is refused; a builder's deferred one is not."""
+    fake = tmp_path / "sit_vit5" / "training"
+    fake.mkdir(parents=True)
+    (fake / "loop.py").write_text("from .repa import RepaTraining\n")
+    (fake / "build.py").write_text("def build():\n    from .repa import RepaTraining\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    test_the_core_imports_no_platform_layer(fake / "build.py")
+    with pytest.raises(AssertionError, match="platform layer sit_vit5.training.repa"):
+        test_the_core_imports_no_platform_layer(fake / "loop.py")
+
+
+def test_the_demo_path_loads_no_platform_module():
+    """Importing what ``python train.py`` and ``sample.py grid`` run (training, the sampling pipeline,
+    the SiT objective, checkpoint loading) loads no platform module."""
+    code = ("import sys, sit_vit5.cli.train, sit_vit5.training, sit_vit5.sampling, sit_vit5.objective, "
+            "sit_vit5.models.loading; print('\\n'.join(sorted(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=ROOT).stdout.split()
+    assert "sit_vit5.training.loop" in out and "sit_vit5.objective.sit" in out, out
+    loaded = [m for m in out if _is_platform(m) and not m.startswith("sit_vit5.cli")]
+    assert not loaded, f"the core loaded platform modules: {loaded}"
 
 
 @pytest.mark.parametrize("package", sorted(PACKAGE_RANK))

@@ -26,7 +26,6 @@ from .checkpoint_files import (
     read_checkpoint,
     strip_wrappers,
 )
-from .diffusers_dit import load_dit_folder
 from .registry import (
     create_model,
     list_models,
@@ -175,6 +174,8 @@ def load_model(
     if which not in ("ema", "model"):
         raise ValueError(f"which={which!r}; valid: ema, model")
     if os.path.isdir(path):  # a diffusers DiT folder (facebook/DiT-XL-2-256's layout)
+        from .diffusers_dit import load_dit_folder  # platform: only for such a folder
+
         if sha256 or overrides:
             raise ValueError(f"{path}: sha256 / overrides apply to checkpoint files, not folders")
         return load_dit_folder(path, model_name, objective)

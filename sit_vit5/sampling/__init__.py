@@ -14,16 +14,12 @@ batch, so their images depend on the batch composition within the solver toleran
 solvers and all SDE samplers have no such coupling.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 from ..sample_spec import DEFAULT_SAMPLING_METHOD, METHODS, SampleSpec
-from .bulk import (
-    METADATA_KEY,
-    BulkResult,
-    ResumeError,
-    merge_parts,
-    sample_bulk,
-    sample_metadata,
-    scan_parts,
-)
 from .grid import GridResult, generate_first, sample_grid
 from .labels import LABEL_SAMPLINGS, class_histogram, equal_labels, sample_labels
 from .sampling_pipeline import (
@@ -35,10 +31,23 @@ from .sampling_pipeline import (
     random_labels,
 )
 
+#: resumable bulk sampling (FID sets) is a platform layer: its names resolve from here on first use
+_BULK = ("METADATA_KEY", "BulkResult", "ResumeError", "merge_parts", "sample_bulk",
+         "sample_metadata", "scan_parts")
+
 __all__ = [
-    "DEFAULT_SAMPLING_METHOD", "LABEL_SAMPLINGS", "LABEL_STREAM", "METADATA_KEY", "NOISE_STREAM",
-    "METHODS", "BulkResult", "Generated", "GridResult", "NonFiniteSampleError", "ResumeError",
-    "SampleSpec", "SamplingPipeline", "class_histogram", "equal_labels", "generate_first",
-    "merge_parts", "random_labels", "sample_bulk", "sample_grid", "sample_labels",
-    "sample_metadata", "scan_parts",
+    "DEFAULT_SAMPLING_METHOD", "LABEL_SAMPLINGS", "LABEL_STREAM", "NOISE_STREAM", "METHODS",
+    "Generated", "GridResult", "NonFiniteSampleError", "SampleSpec", "SamplingPipeline",
+    "class_histogram", "equal_labels", "generate_first", "random_labels", "sample_grid",
+    "sample_labels", *_BULK,
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _BULK:
+        return getattr(importlib.import_module(f"{__name__}.bulk"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_BULK])

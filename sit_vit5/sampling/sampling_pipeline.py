@@ -8,7 +8,7 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -16,12 +16,10 @@ from diffusers import AutoencoderKL
 from torch import Tensor, nn
 
 from ..checksums import json_safe, payload_sha256
-from ..diffusion import DiffusionSampler, GaussianDiffusion
 from ..errors import SettingError, SitVit5Error
 from ..guidance import ClassifierFreeGuidance
 from ..images import to_uint8
 from ..latent_norm import LatentNorm, LatentNormError
-from ..models import LoadedModel
 from ..objective import Objective, as_objective, create_objective
 from ..precision import PRECISION_OF_DTYPE, autocast, check_precision
 from ..sample_spec import SampleSpec, check_cfg_scale
@@ -35,6 +33,10 @@ from ..vae import (
     load_vae,
     vae_enabled,
 )
+
+if TYPE_CHECKING:
+    from ..diffusion import DiffusionSampler, GaussianDiffusion
+    from ..models.checkpoint_files import LoadedModel
 
 NOISE_STREAM, LABEL_STREAM = 0, 1  # per-sample generator streams: noise (initial + SDE) and label
 

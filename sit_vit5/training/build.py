@@ -8,7 +8,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -21,14 +21,12 @@ from ..config import Config, ConfigError, check_out_dir, save_config, validate_a
 from ..cpu_threads import set_cpu_threads
 from ..distributed import check_group, describe_group, prepare_launch
 from ..image_data import DataRootError, DigitsDataset, ImageFolderDataset
-from ..latent_cache import MANIFEST_NAME, CacheMismatchError, LatentCacheDataset
 from ..latent_norm import LatentNorm, LatentNormError
 from ..models import count_params, model_from_config
 from ..objective import Objective, create_objective
 from ..precision import grad_scaler
 from ..run_files import previous_checkpoint
 from ..vae import downsampling_factor, load_vae, vae_enabled
-from . import fsdp
 from .batching import StepBatchSampler
 from .checkpoint import (
     CKPT_DIR,
@@ -43,8 +41,10 @@ from .diagnostics import GateMonitor
 from .ema import create_ema
 from .logging import MetricLogger
 from .optim import param_groups
-from .repa import METRICS as REPA_METRICS
-from .repa import RepaTraining
+
+if TYPE_CHECKING:
+    from .fsdp import Sharded
+    from .repa import RepaTraining
 
 #: (objective, model, x (B, C, H, W), y (B,)) -> per-sample loss (B,): ``objective_loss`` or a
 #: stand-in a test passes to ``train``
@@ -90,7 +90,9 @@ class Position:
 class Run:
     """Everything a ``train`` call builds; the steps read it and update ``position``/``result``.
     ``model``: the DDP-prepared or FSDP2-sharded model, ``unwrapped`` the module behind it;
-    ``vae``: None in pixel space or where unused; ``ema_shards``: the EMA's shards under FSDP.
+    ``vae``: None in pixel space or where unused; ``sharding``: the FSDP2 side (None: DDP or one
+    process). The platform parts (FSDP2, REPA, the latent cache) are imported here only when the
+    config asks for them.
     """
 
     cfg: Config
@@ -109,14 +111,14 @@ class Run:
     logger: MetricLogger
     position: Position
     result: TrainResult
-    ema_shards: fsdp.ShardedEMA | None = None
+    sharding: Sharded | None = None
     scaler: torch.amp.GradScaler | None = None  # fp16's loss scaler (None in fp32 / bf16)
     loss_fn: LossFn = objective_loss
     repa: RepaTraining | None = None  # encoder, projector, hook when repa.encoder is set
 
     @property
     def sharded(self) -> bool:
-        return self.ema_shards is not None
+        return self.sharding is not None
 
     @property
     def device(self) -> torch.device:
@@ -149,6 +151,8 @@ def _build_imagefolder(cfg: dict[str, Any]) -> Dataset:
 
 
 def _build_latents(cfg: dict[str, Any]) -> Dataset:
+    from ..latent_cache import MANIFEST_NAME, CacheMismatchError, LatentCacheDataset  # platform
+
     dataset = LatentCacheDataset(_require(cfg, "root"), random_flip=cfg.get("random_flip", True),
                                  seed=cfg.get("seed", 0), image_root=cfg.get("image_root"))
     if cfg.get("image_size") is not None and int(cfg["image_size"]) != dataset.image_size:
@@ -358,11 +362,15 @@ def build(cfg: Config, resume: str | None, loss_fn: LossFn = objective_loss) -> 
     repa = None
     if cfg["repa"]["encoder"] is not None:  # after the EMA copy: its hook stays off the EMA
         channels = 3 if cfg["data"]["kind"] == "latents" else dataset.sample_shape[0]  # RGB beside
+        from .repa import RepaTraining  # platform: only when repa.encoder is set
+
         repa = RepaTraining(cfg, model, channels, device)
         if checkpoint is not None:
             repa.load_state_dict(checkpoint.pop("repa", None), ckpt_path)
     sharded = t["distributed"] == "fsdp" and accelerator.num_processes > 1  # one: nothing to shard
     if sharded:
+        from . import fsdp  # platform: only under train.distributed=fsdp with several processes
+
         model = fsdp.shard_model(model.to(device))
         if t["compile"]:
             model.compile()
@@ -374,7 +382,7 @@ def build(cfg: Config, resume: str | None, loss_fn: LossFn = objective_loss) -> 
         fsdp.load_optimizer_state(model, optimizer, checkpoint.pop("opt"))
     elif checkpoint is not None:
         optimizer.load_state_dict(checkpoint.pop("opt"))
-    ema_shards = fsdp.ShardedEMA(model, ema) if sharded else None
+    sharding = fsdp.Sharded(model, ema) if sharded else None
     if not sharded:  # FSDP keeps the bare optimizer: no scaler in bf16, the wrapper adds nothing
         optimizer = accelerator.prepare(optimizer)
     scaler = grad_scaler(device, t["precision"])
@@ -394,11 +402,11 @@ def build(cfg: Config, resume: str | None, loss_fn: LossFn = objective_loss) -> 
     gates = GateMonitor(unwrapped, persistent=t["compile"])
     logger = MetricLogger(run_dir, enabled=main, tensorboard=t["tensorboard"], wandb=t["wandb"],
                           config=cfg, wandb_project=t["wandb_project"], resume_step=position.step,
-                          extra_fields=(*(REPA_METRICS if repa else ()), *gates.keys))
+                          extra_fields=(*(repa.metric_names if repa else ()), *gates.keys))
     last = latest_checkpoint(run_dir / CKPT_DIR)
     result = TrainResult(run_dir, position.step, last, None, config=cfg, cpu_threads=threads)
     return Run(cfg, accelerator, run_dir, dataset, batches, loader, vae, model, unwrapped, ema,
-               optimizer, objective, gates, logger, position, result, ema_shards, scaler,
+               optimizer, objective, gates, logger, position, result, sharding, scaler,
                loss_fn, repa)
 
 

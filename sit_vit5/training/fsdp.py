@@ -118,3 +118,20 @@ class ShardedEMA:
                                       stride=p.stride())
             targets[name].copy_(full.full_tensor())
         return ema
+
+
+class Sharded:
+    """The FSDP2 side of a run, as the loop calls it (the loop imports nothing of FSDP): the sharded
+    ``model``, its fp32 EMA shards (``ema``), the global gradient norm and full state dicts."""
+
+    def __init__(self, model: nn.Module, ema: nn.Module) -> None:
+        self.model, self.ema = model, ShardedEMA(model, ema)
+
+    def clip_grad_norm(self, max_norm: float) -> float:
+        """:func:`clip_grad_norm` of the sharded model."""
+        return clip_grad_norm(self.model, max_norm)
+
+    def full_states(self, optimizer: torch.optim.Optimizer
+                    ) -> tuple[dict[str, Tensor], dict[str, Any]]:
+        """(model, optimizer) full state dicts on rank 0, {} elsewhere (collective)."""
+        return full_model_state(self.model), full_optimizer_state(self.model, optimizer)

@@ -26,7 +26,6 @@ from ..latent_norm import LatentNorm
 from ..precision import autocast
 from ..transport.rng import mix_seed
 from ..vae import encode
-from . import fsdp
 from .build import LossFn, Run, TrainResult, build, describe, objective_loss
 from .checkpoint import latest_checkpoint, package_versions, rng_state, save_checkpoint
 from .ema import update_ema
@@ -125,7 +124,7 @@ def train_step(run: Run, x: Tensor, y: Tensor, lr: float,
         if run.repa is not None:
             run.repa.step(None)
     if run.sharded:
-        run.ema_shards.update(o["ema_decay"])
+        run.sharding.ema.update(o["ema_decay"])
     else:
         update_ema(run.ema, run.unwrapped, o["ema_decay"])
     return loss_value, grad_norm
@@ -136,12 +135,12 @@ def clip_gradients(run: Run, max_norm: float) -> float:
     With REPA the projector's gradients count in the norm, as in REPA."""
     model = run.model
     if run.repa is None:
-        return (fsdp.clip_grad_norm(model, max_norm) if run.sharded
+        return (run.sharding.clip_grad_norm(max_norm) if run.sharded
                 else float(run.accelerator.clip_grad_norm_(model.parameters(), max_norm)))
     run.repa.sync_gradients(run.accelerator.num_processes)
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     if run.sharded:  # the full norm over the shards, then the local shards scaled in place
-        model_norm = fsdp.clip_grad_norm(model, math.inf)
+        model_norm = run.sharding.clip_grad_norm(math.inf)
         grads = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
     else:  # what accelerate's clip_grad_norm_ computes (torch's, gradients already unscaled)
         model_norm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
@@ -163,9 +162,8 @@ def checkpoint(run: Run) -> None:
     accelerator, t, pos = run.accelerator, run.cfg["train"], run.position
     accelerator.wait_for_everyone()
     if run.sharded:  # full state dicts in the usual layout: resumable under DDP or FSDP, any count
-        model_state = fsdp.full_model_state(run.model)
-        opt_state = fsdp.full_optimizer_state(run.model, run.optimizer)
-        run.ema_shards.gather_into(run.ema)
+        model_state, opt_state = run.sharding.full_states(run.optimizer)
+        run.sharding.ema.gather_into(run.ema)
     else:
         model_state, opt_state = run.unwrapped.state_dict(), run.optimizer.state_dict()
     if run.main:
@@ -187,7 +185,7 @@ def checkpoint(run: Run) -> None:
 def sample(run: Run) -> None:
     """Write the EMA's sample grid ``samples/{step:07d}.png`` (main process) and log it."""
     if run.sharded:
-        run.ema_shards.gather_into(run.ema)  # collective
+        run.sharding.ema.gather_into(run.ema)  # collective
     if run.main:
         path = write_grid(run.ema, run.objective, run.cfg, run.device, run.vae, run.position.step)
         run.logger.log_image(run.position.step, path)

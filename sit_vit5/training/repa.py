@@ -467,6 +467,8 @@ class RepaTraining:
     """REPA's state and step pieces for the bare ``model`` (before DDP / FSDP); ``channels``: the
     data's image channels. The projector has its own AdamW (equal to REPA's single optimizer)."""
 
+    metric_names = METRICS  # the columns it adds to the metric log
+
     def __init__(self, cfg: Config, model: nn.Module, channels: int, device: torch.device) -> None:
         r, o = cfg["repa"], cfg["optim"]
         self.device, self.precision = device, cfg["train"]["precision"]
