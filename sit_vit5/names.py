@@ -73,8 +73,15 @@ OFFICIAL_NAMES: tuple[str, ...] = (
 )
 
 
-#: registry names ``<backbone>-<size>/<patch>`` and the backbones that imply an objective
-#: (``models.registry._NAME`` / ``NAME_OBJECTIVES``)
+#: size -> (depth, hidden_size, num_heads), as in DiT/SiT; the patch sizes offered
+SIZES: dict[str, tuple[int, int, int]] = {
+    "S": (12, 384, 6), "B": (12, 768, 12), "L": (24, 1024, 16), "XL": (28, 1152, 16),
+}
+PATCH_SIZES: tuple[int, ...] = (2, 4, 8)
+#: the backbone prefixes of registry names (the keys of ``models.registry.BACKBONES``)
+BACKBONE_NAMES: tuple[str, ...] = ("SiT", "ViT5", "DiT")
+#: registry names ``<backbone>-<size>/<patch>`` and the backbones that imply an objective (DiT =
+#: the SiT network under the ddpm objective)
 MODEL_NAME = re.compile(r"^(?P<backbone>\w+?)-(?P<size>S|B|L|XL)/(?P<patch>\d+)$")
 NAME_OBJECTIVES: dict[str, str] = {"DiT": "ddpm"}
 #: config overrides train.py adds for a name that implies an objective (DiT-*: DiT's recipe)
@@ -82,8 +89,8 @@ OBJECTIVE_OVERRIDES: dict[str, tuple[str, ...]] = {
     "ddpm": ("transport.objective=ddpm", "model.learn_sigma=true", "sample.method=ddpm"),
 }
 #: every registered name (``models.list_models()``): backbone x size x patch
-MODEL_NAMES: tuple[str, ...] = tuple(f"{b}-{s}/{p}" for b in ("SiT", "ViT5", "DiT")
-                                     for s in ("S", "B", "L", "XL") for p in (2, 4, 8))
+MODEL_NAMES: tuple[str, ...] = tuple(f"{b}-{s}/{p}" for b in BACKBONE_NAMES for s in SIZES
+                                     for p in PATCH_SIZES)
 #: the keys of the config's ``model`` section: ``name`` and ``models.valid_overrides()``
 MODEL_KEYS: tuple[str, ...] = (
     "name", "class_dropout_prob", "depth", "grad_checkpointing", "hidden_size", "in_channels",

@@ -18,12 +18,12 @@ import torch
 
 from . import hub_access
 from .latent_norm import LatentNorm
+from .names import SD_VAE_IDS as SD_VAE_IDS  # SiT/DiT's decoders (ft-EMA, ft-MSE)
 
 if TYPE_CHECKING:
     from diffusers import AutoencoderKL
 
 SD_VAE_NORM = LatentNorm()  # DiT / SiT: × 0.18215, no shift
-SD_VAE_IDS = ("stabilityai/sd-vae-ft-ema", "stabilityai/sd-vae-ft-mse")
 SD_VAE_EMA = SD_VAE_IDS[0]  # SiT's sample.py decoder (--vae ema), behind the released numbers
 
 

@@ -235,30 +235,30 @@ def test_a_mismatched_torchvision_is_one_line_naming_both(monkeypatch, capsys):
 # --------------------------------------------------------------------- the copies of the names
 
 
-def test_the_name_copies_equal_their_sources():
+def test_the_torch_modules_take_their_names_from_the_torch_free_tables():
+    """One place per name list: the torch modules import the tables of ``names`` (the same objects),
+    and the registries that map a name to code are keyed by exactly those names."""
     from fid import inception, reference
     from fid.evaluate import METRICS
-    from sit_vit5 import objective, precision, vae
+    from sit_vit5 import precision, vae
     from sit_vit5.diffusion import METHODS as DIFFUSION_METHODS
-    from sit_vit5.models import list_models, name_objective, valid_overrides
+    from sit_vit5.models import registry
     from sit_vit5.models.official import ALIASES, OFFICIAL_WEIGHTS
     from sit_vit5.training import repa
     from sit_vit5.transport import DIFFUSION_FORMS, LAST_STEPS, PATHS, PREDICTIONS, integrators
     from sit_vit5.transport.sampler import METHODS as TRANSPORT_METHODS
 
-    assert names.TRANSPORT_METHODS == TRANSPORT_METHODS and names.DIFFUSION_METHODS == DIFFUSION_METHODS
-    assert names.DIFFUSION_FORMS == tuple(DIFFUSION_FORMS) and names.LAST_STEPS == tuple(LAST_STEPS)
-    assert names.PATHS == tuple(PATHS) and names.PREDICTIONS == tuple(PREDICTIONS)
-    assert names.SDE_STEP_NFE == integrators.SDE_STEP_NFE
-    assert names.OBJECTIVES == objective.OBJECTIVES and names.DDPM_DEFAULTS == objective.DDPM_DEFAULTS
-    assert names.PRECISIONS == tuple(precision.PRECISIONS)
-    assert (names.SD_VAE_IDS, names.SD_VAE_SCALING_FACTOR) == (vae.SD_VAE_IDS, vae.SD_VAE_NORM.scale)
-    assert names.INTERPOLATIONS == repa.INTERPOLATIONS
+    assert names.TRANSPORT_METHODS is TRANSPORT_METHODS and names.DIFFUSION_METHODS is DIFFUSION_METHODS
+    assert names.SDE_STEP_NFE is integrators.SDE_STEP_NFE and names.INTERPOLATIONS is repa.INTERPOLATIONS
+    assert names.SD_VAE_IDS is vae.SD_VAE_IDS and names.SIZES is registry.SIZES
+    assert names.name_objective is registry.name_objective and registry.list_models() == list(names.MODEL_NAMES)
+    # registries: name -> code, keyed by the torch-free names in their order
+    assert tuple(DIFFUSION_FORMS) == names.DIFFUSION_FORMS and tuple(LAST_STEPS) == names.LAST_STEPS
+    assert tuple(PATHS) == names.PATHS and tuple(PREDICTIONS) == names.PREDICTIONS
+    assert tuple(precision.PRECISIONS) == names.PRECISIONS and tuple(registry.BACKBONES) == names.BACKBONE_NAMES
+    assert names.SD_VAE_SCALING_FACTOR == vae.SD_VAE_NORM.scale
     assert names.OFFICIAL_NAMES == (*OFFICIAL_WEIGHTS, *ALIASES)
-    assert list(names.MODEL_NAMES) == list_models()
-    assert names.MODEL_KEYS == ("name", *valid_overrides())
-    for name in [*list_models(), "DiT-foo", "x"]:
-        assert names.name_objective(name) == name_objective(name)
+    assert names.MODEL_KEYS == ("name", *registry.valid_overrides())  # the constructors' keywords
     assert fid_cli.METRICS is METRICS and fid_cli.PR_IMAGES == reference.PR_IMAGES  # one registry
     assert fid_cli.INCEPTION_SHA256 == inception.INCEPTION_SHA256
     assert (fid_cli.FEATURE_DIMS["fid"], fid_cli.FEATURE_DIMS["sfid"]) == (inception.POOL_DIM,

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from sit_vit5.names import choose
+from sit_vit5.names import DIFFUSION_METHODS, choose
 from sit_vit5.transport.per_sample import mean_flat
 from sit_vit5.transport.rng import GeneratorLike, Resolved, randn_like, resolve_generator
 
@@ -33,7 +33,7 @@ ModelFn = Callable[..., Tensor]
 
 #: samplers: ancestral DDPM (DiT's p_sample_loop) or DDIM (eta 0): the ``method`` of configs and
 #: CLIs
-METHODS = ("ddpm", "ddim")
+METHODS = DIFFUSION_METHODS
 #: what the first C output channels are: the noise (DiT) or the clean data
 MEAN_TYPES = ("epsilon", "start_x")
 #: learned_range: IDDPM interpolation (DiT); fixed_small: beta~_t; fixed_large: beta_t (beta~_1 at t

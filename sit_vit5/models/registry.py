@@ -5,38 +5,28 @@ key) that is trained and sampled with DiT's objective: :func:`name_objective` sa
 from __future__ import annotations
 
 import inspect
-import re
 from typing import Any
 
 from torch import nn
 
+from ..names import MODEL_NAME as _NAME
+from ..names import MODEL_NAMES, NAME_OBJECTIVES, PATCH_SIZES, SIZES, name_objective
 from .sit import SIT_SWITCHES, SiT
 from .vit5 import ViT5
 
-#: size -> (depth, hidden_size, num_heads), as in DiT/SiT.
-SIZES: dict[str, tuple[int, int, int]] = {
-    "S": (12, 384, 6), "B": (12, 768, 12), "L": (24, 1024, 16), "XL": (28, 1152, 16),
-}
-PATCH_SIZES = (2, 4, 8)
+__all__ = ["BACKBONES", "NAME_OBJECTIVES", "SIZES", "architecture_name", "count_params",
+           "create_model", "flops", "list_models", "model_from_config", "name_objective",
+           "name_objective_conflict", "valid_overrides"]
+
+#: backbone prefix -> class, in ``names.BACKBONE_NAMES`` order (DiT: SiT under the ddpm objective)
 BACKBONES: dict[str, type[SiT]] = {"SiT": SiT, "ViT5": ViT5, "DiT": SiT}
-#: backbone prefixes that also name a training objective (DiT = the SiT network under the ddpm
-#: objective)
-NAME_OBJECTIVES: dict[str, str] = {"DiT": "ddpm"}
 #: ``model`` config keys whose None means "take it from the data" (training fills them in).
 DATA_DERIVED_KEYS = ("input_size", "in_channels", "num_classes")
-_NAME = re.compile(r"^(?P<backbone>\w+?)-(?P<size>S|B|L|XL)/(?P<patch>\d+)$")
 
 
 def list_models() -> list[str]:
     """All registered names, e.g. ``SiT-XL/2``."""
-    return [f"{b}-{s}/{p}" for b in BACKBONES for s in SIZES for p in PATCH_SIZES]
-
-
-def name_objective(name: str) -> str | None:
-    """The objective a model name implies ("ddpm" for ``DiT-*``), or None when the name leaves it
-    open."""
-    match = _NAME.match(name)
-    return NAME_OBJECTIVES.get(match["backbone"]) if match else None
+    return list(MODEL_NAMES)
 
 
 def architecture_name(name: str) -> str:

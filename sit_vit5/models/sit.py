@@ -92,7 +92,7 @@ def _compute_dtype(x: Tensor) -> torch.dtype:
 
 class SiT(ModelMixin, ConfigMixin):
     """Class-conditional velocity network: (x (B, C, H, W), t (B,) in [0, 1], y (B,)) ->
-    (B, C, H, W).
+    (B, C, H, W); a :class:`~sit_vit5.models.backbone.Backbone`.
 
     ``t_freq_shift`` (0) and ``mlp_norm_eps`` (1e-6) are DiT/SiT's timestep frequencies and MLP-norm
     eps; a model converted from diffusers' ``DiTTransformer2DModel`` keeps that class's 1 and its
@@ -135,6 +135,7 @@ class SiT(ModelMixin, ConfigMixin):
         self.input_size, self.patch_size, self.in_channels = input_size, patch_size, in_channels
         self.out_channels = in_channels * 2 if learn_sigma else in_channels
         self.learn_sigma, self.num_classes, self.num_heads = learn_sigma, num_classes, num_heads
+        self.hidden_size = hidden_size
         self.grad_checkpointing = grad_checkpointing
         self.grid = (input_size // patch_size, input_size // patch_size)  # training (rows, cols)
         self.num_registers = sw["num_registers"]
@@ -252,6 +253,11 @@ class SiT(ModelMixin, ConfigMixin):
         for layer in (self.final_layer.adaLN_modulation[-1], self.final_layer.linear):
             nn.init.zeros_(layer.weight)
             nn.init.zeros_(layer.bias)
+
+    @property
+    def has_null_class(self) -> bool:
+        """Whether the label table has the null row ``num_classes`` (trained with class dropout)."""
+        return self.y_embedder.embedding_table.num_embeddings > self.num_classes
 
     def set_grad_checkpointing(self, enabled: bool = True) -> None:
         """Recompute each block in the backward pass (saves activation memory, ~30% more

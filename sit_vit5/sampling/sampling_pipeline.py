@@ -129,8 +129,7 @@ class SamplingPipeline:
         if spec.cfg_channels is not None and spec.cfg_channels > channels:
             raise ValueError(f"cfg_channels={spec.cfg_channels} but the model has {channels} "
                              "channels")
-        table = getattr(getattr(self.model, "y_embedder", None), "embedding_table", None)
-        if spec.cfg_scale != 1.0 and table is not None and table.num_embeddings <= self.num_classes:
+        if spec.cfg_scale != 1.0 and not getattr(self.model, "has_null_class", True):
             raise ValueError(f"cfg_scale={spec.cfg_scale} needs a null class, but the model was "
                              "built with class_dropout_prob=0 (no null row in its label table); "
                              "use cfg_scale 1")

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
-from ..models.layers import Block
+from ..models.backbone import Backbone, BackboneBlock
 
 #: Attention and MLP gates among the six adaLN chunks (shift, scale, gate) × (attn, mlp).
 _GATES = {"attn": (2, "gamma_1"), "mlp": (5, "gamma_2")}
@@ -28,10 +28,10 @@ class GateMonitor:
     and ``gate/b/mean`` over blocks.
     """
 
-    def __init__(self, model: nn.Module, persistent: bool = False) -> None:
+    def __init__(self, model: Backbone, persistent: bool = False) -> None:
         """``persistent``: hook every forward from now on (for a model about to be compiled); else
         only the forwards inside :meth:`capture`."""
-        self.blocks = [m for m in model.modules() if isinstance(m, Block)]
+        self.blocks: list[BackboneBlock] = list(model.blocks)
         # one slot per block, never resized: a compiled graph guards on the container's keys/length
         self._outputs: list[Tensor | None] = [None] * len(self.blocks)
         self._captured: list[Tensor | None] = []

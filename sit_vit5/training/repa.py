@@ -37,6 +37,7 @@ from torch import Tensor, nn
 from .. import hub_access
 from ..config import Config
 from ..errors import SitVit5Error
+from ..names import INTERPOLATIONS as INTERPOLATIONS  # REPA's resize modes
 from ..precision import autocast
 from ..transport.rng import mix_seed
 from .checkpoint import IncompatibleCheckpointError
@@ -44,7 +45,6 @@ from .optim import param_groups
 
 #: ImageNet mean / std: REPA normalises DINOv2's input with timm's IMAGENET_DEFAULT_* (train.py)
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-INTERPOLATIONS = ("bicubic", "bilinear", "nearest", "area")
 DIGITS = "digits"
 SALT_REPA = 0x4E9A  # the projector's init stream, apart from the model's (the global RNG)
 METRICS = ("loss_diffusion", "loss_repa")  # the log's columns: diffusion loss, alignment loss
@@ -100,7 +100,7 @@ class HiddenCapture:
             count = "no" if blocks is None else len(blocks)
             raise RepaError(f"repa.depth={depth}: the model has {count} blocks; choose 1..{count} "
                             "(REPA: 8 of SiT-XL/2's 28)")
-        self.depth, self.extra_tokens = depth, int(getattr(model, "num_registers", 0) or 0)
+        self.depth, self.extra_tokens = depth, model.num_registers
         self._armed, self._hidden, self._calls = False, None, 0
         self._handle = blocks[depth - 1].register_forward_hook(self._store)
 
@@ -477,7 +477,7 @@ class RepaTraining:
         self.encoder: FrozenEncoder = load_encoder(r, cfg["data"]["image_size"], model.grid,
                                                    channels, device)
         generator = torch.Generator().manual_seed(mix_seed(cfg["train"]["seed"], SALT_REPA))
-        hidden = model.x_embedder.proj.out_channels  # D
+        hidden = model.hidden_size  # D
         self.projector = Projector(hidden, r["projector_dim"], self.encoder.feature_dim)
         self.projector.reset_parameters(generator).to(device).train()
         self.optimizer = torch.optim.AdamW(param_groups(self.projector, o["weight_decay"]),

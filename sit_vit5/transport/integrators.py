@@ -19,6 +19,7 @@ from torchdiffeq import odeint
 from ..names import ODE_ADAPTIVE_METHODS as ADAPTIVE_METHODS
 from ..names import ODE_ALIASES, choose
 from ..names import ODE_FIXED_STEP_METHODS as FIXED_STEP_METHODS
+from ..names import SDE_STEP_NFE as SDE_STEP_NFE  # model calls per SDE step (progress bars)
 
 
 def ode_method(name: str) -> str:
@@ -110,7 +111,6 @@ def heun_step(
 
 
 SDE_STEPS: dict[str, Callable[..., Tensor]] = {"Euler": euler_maruyama_step, "Heun": heun_step}
-SDE_STEP_NFE = {"Euler": 1, "Heun": 2}  # model calls per SDE step (progress bars count them)
 
 
 def index_of(timesteps: Tensor, timestep: float | Tensor) -> int:

@@ -18,7 +18,14 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..errors import SettingError
-from ..names import DEFAULT_ATOL, DEFAULT_RTOL, FLOW_SOLVERS, ODE_ALIASES, choose
+from ..names import (
+    DEFAULT_ATOL,
+    DEFAULT_RTOL,
+    FLOW_SOLVERS,
+    ODE_ALIASES,
+    TRANSPORT_METHODS,
+    choose,
+)
 from ..stepwise import denoise, refuse_repeated_timesteps
 from .integrators import (
     SDE_STEPS,
@@ -36,7 +43,7 @@ from .per_sample import expand_t_like_x
 from .rng import GeneratorLike, randn_like, resolve_generator
 from .transport import Transport
 
-METHODS = ("ode", "sde")  # probability-flow ODE or SDE: the ``method`` of configs and CLIs
+METHODS = TRANSPORT_METHODS  # probability-flow ODE or SDE: the ``method`` of configs and CLIs
 
 # Last SDE step from t1 to 1 (size h), given x, v, s, D at t1 and the path's alpha, sigma at t1.
 LastStep = Callable[[Tensor, Tensor, Tensor, Tensor, float, Tensor, Tensor], Tensor]
