@@ -335,7 +335,7 @@ def validate_model_section(cfg: Config) -> None:
     """Check the ``model`` keys' names, types, ranges and choices (ConfigError naming
     ``model.<key>=<value>``). Sizes that do not fit together: ``validate_architecture``."""
     from .models.layers import resolve_layer_scale_init
-    from .models.sit import SWITCH_CHOICES
+    from .models.sit import check_switches
 
     m = cfg["model"]
     check_model_keys(m)  # also run by validate_settings; here for direct callers
@@ -365,41 +365,24 @@ def validate_model_section(cfg: Config) -> None:
                               f"expected {expected.__name__}{' or null' if nullable else ''}")
         if key in MODEL_RANGES and not MODEL_RANGES[key].holds(value):
             raise ConfigError(f"model.{key}={value!r}; must be {MODEL_RANGES[key].describe()}")
-        choices = SWITCH_CHOICES.get(key)
-        if choices and value not in choices:
-            raise ConfigError(f"model.{key}={value!r}; valid: {', '.join(choices)}")
+    try:  # the choices: the model's own check (sizes that fit together: validate_architecture)
+        check_switches(m, prefix="model.")
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
 
 
 def validate_architecture(m: dict[str, Any]) -> None:
-    """Raise ConfigError when a (type-checked) ``model`` section's sizes cannot build a model:
-    hidden_size % num_heads, a head dim RoPE cannot rotate, a non-square register grid."""
+    """Raise ConfigError when a (type-checked) ``model`` section cannot build a model: the model's
+    own :func:`~sit_vit5.models.sit.check_architecture` on the name's sizes with the overrides."""
     from .models.registry import _NAME, SIZES
-    from .models.rope import check_head_dim, register_grid
-    from .models.sit import rope_thetas
+    from .models.sit import check_architecture
 
     _, hidden, heads = SIZES[_NAME.match(m["name"])["size"]]  # the name's sizes, then overrides
-    hidden, heads = m.get("hidden_size", hidden), m.get("num_heads", heads)
-    if hidden % heads:
-        raise ConfigError(f"model.hidden_size={hidden} is not divisible by model.num_heads={heads} "
-                          f"(sizes of {m['name']} with the overrides applied)")
-    # the model's own RoPE rules (models/rope.py), on the parts the model rotates (sit.rope_thetas)
-    switches = _switches_of(m)
-    patch_theta, register_theta = rope_thetas(switches)
-    parts = (("model.rope=false", patch_theta), ("model.register_rope_theta=null", register_theta))
-    offs = [off for off, theta in parts if theta is not None]  # the switches that turn RoPE off
     try:
-        if offs:
-            check_head_dim(hidden // heads)
-    except ValueError:
-        raise ConfigError(f"model.hidden_size={hidden} / model.num_heads={heads} = head dim "
-                          f"{hidden // heads}: 2-D RoPE needs a head dim divisible by 4 "
-                          f"(or {' and '.join(offs)})") from None
-    regs = switches["num_registers"]
-    try:
-        register_grid(regs, register_theta)
-    except ValueError:
-        raise ConfigError(f"model.num_registers={regs}: register RoPE needs a perfect square "
-                          "(or model.register_rope_theta=null)") from None
+        check_architecture(m.get("hidden_size", hidden), m.get("num_heads", heads), _switches_of(m),
+                           prefix="model.")
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
 
 
 def _switches_of(cfg_model: dict[str, Any]) -> dict[str, Any]:

@@ -71,7 +71,7 @@ def test_exact_gelu_changes_the_model_function():
 
 
 def test_bad_value_is_a_clear_error():
-    with pytest.raises(ValueError, match="mlp_act"):
-        Mlp(4, 8, "relu")
+    with pytest.raises(ValueError, match="mlp_act='relu'"):  # checked once, where the model is built
+        create_model("ViT5-S/2", depth=1, hidden_size=32, num_heads=2, mlp_act="relu")
     with pytest.raises(ConfigError, match="mlp_act"):
         load_config(None, ["model.name=ViT5-S/2", "model.mlp_act=relu"])

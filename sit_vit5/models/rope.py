@@ -75,19 +75,9 @@ class Rotation:
         return x * self.cos + swap_pairs(x) * self.sin_folded
 
 
-def check_head_dim(head_dim: int) -> None:
-    """Raise ValueError unless 2-D RoPE can rotate heads of this size (2 axes of channel pairs)."""
-    if head_dim % 4:
-        raise ValueError(f"2-D RoPE needs head_dim divisible by 4, got {head_dim}")
-
-
-def register_grid(num_registers: int, register_theta: float | None) -> tuple[int, int]:
-    """The (side, side) grid registers rotate on; raises ValueError when register RoPE is on
-    (``register_theta`` set, registers present) and ``num_registers`` is not a perfect square."""
+def register_grid(num_registers: int) -> tuple[int, int]:
+    """The (side, side) grid registers rotate on (a square count: ``sit.check_architecture``)."""
     side = math.isqrt(num_registers)
-    if register_theta is not None and side * side != num_registers:
-        raise ValueError("num_registers must be a perfect square with register RoPE, "
-                         f"got {num_registers}")
     return side, side
 
 
@@ -99,8 +89,8 @@ def axis_positions(n: int, n_train: int) -> Tensor:
 def rope_angles_2d(
     head_dim: int, theta: float, grid: tuple[int, int], train_grid: tuple[int, int]
 ) -> Tensor:
-    """Rotation angles (h*w, head_dim) in float64 for a row-major (h, w) token grid."""
-    check_head_dim(head_dim)
+    """Rotation angles (h*w, head_dim) in float64 for a row-major (h, w) token grid; head_dim a
+    multiple of 4."""
     d = head_dim // 2
     exponents = -torch.arange(0, d, 2, dtype=torch.float64) / d  # on cpu: angles
     freqs = (theta**exponents).repeat_interleave(2)
@@ -126,9 +116,7 @@ class RopeTables:
     ) -> None:
         self.head_dim, self.train_grid, self.theta = head_dim, train_grid, theta
         self.num_registers, self.register_theta = num_registers, register_theta
-        if theta is not None or (register_theta is not None and num_registers):
-            check_head_dim(head_dim)  # now, not at the first forward (angles are built lazily)
-        self.register_grid = register_grid(num_registers, register_theta)
+        self.register_grid = register_grid(num_registers)
         # (grid, device, dtype) -> (cos, sin), and -> the Rotation (rebuilt if its tables change)
         self._cache: dict[tuple, tuple[Tensor, Tensor]] = {}
         self._rotations: dict[tuple, Rotation] = {}

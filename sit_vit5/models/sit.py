@@ -18,6 +18,7 @@ patch tokens, R registers, N = T + R the sequence the blocks see (layers.py's N)
 from __future__ import annotations
 
 import inspect
+import math
 import os
 from typing import Any
 
@@ -81,6 +82,43 @@ def rope_thetas(sw: dict[str, Any]) -> tuple[float | None, float | None]:
     return patch, register
 
 
+def check_switches(switches: dict[str, Any], prefix: str = "") -> None:
+    """The choice-valued switches given in ``switches`` and LayerScale's named inits: ValueError
+    naming ``<prefix>key=value`` and the valid values (``prefix`` "model." for the config)."""
+    for key, choices in SWITCH_CHOICES.items():
+        if key in switches and switches[key] not in choices:
+            raise ValueError(f"{prefix}{key}={switches[key]!r}; valid: {', '.join(choices)}")
+    try:
+        resolve_layer_scale_init(switches.get("layer_scale_init"))
+    except ValueError as err:
+        raise ValueError(f"{prefix}{err}") from None
+
+
+def check_architecture(hidden_size: int, num_heads: int, switches: dict[str, Any],
+                       prefix: str = "") -> None:
+    """The one check of a model's sizes and switches, for ``SiT.__init__`` and for the config's
+    ``model`` section (``prefix`` "model."): :func:`check_switches`, heads that divide the width,
+    a head dim 2-D RoPE can rotate (when anything rotates) and a square register grid (with
+    register RoPE). ValueError naming ``<prefix>key=value``."""
+    check_switches(switches, prefix)
+    if hidden_size % num_heads:
+        raise ValueError(f"{prefix}hidden_size={hidden_size} is not divisible by "
+                         f"{prefix}num_heads={num_heads}")
+    patch_theta, register_theta = rope_thetas(switches)
+    offs = [f"{prefix}{off}" for off, theta in (("rope=false", patch_theta),
+                                                 ("register_rope_theta=null", register_theta))
+            if theta is not None]  # the switches that would turn RoPE off
+    head_dim = hidden_size // num_heads
+    if offs and head_dim % 4:  # rows and columns each rotate channel pairs
+        raise ValueError(f"{prefix}hidden_size={hidden_size} / {prefix}num_heads={num_heads} = "
+                         f"head dim {head_dim}: 2-D RoPE needs a head dim divisible by 4 (or "
+                         f"{' and '.join(offs)})")
+    regs = switches["num_registers"]
+    if register_theta is not None and math.isqrt(regs) ** 2 != regs:
+        raise ValueError(f"{prefix}num_registers={regs}: register RoPE needs a perfect square "
+                         f"(or {prefix}register_rope_theta=null)")
+
+
 def _compute_dtype(x: Tensor) -> torch.dtype:
     """The dtype matmuls run in: the autocast dtype when autocast is on for x's device, else
     x.dtype."""
@@ -121,13 +159,9 @@ class SiT(ModelMixin, ConfigMixin):
             raise TypeError(f"unknown model option(s) {sorted(unknown)}; "
                             f"valid switches: {sorted(SIT_SWITCHES)}")
         sw = {**SIT_SWITCHES, **switches}
+        check_architecture(hidden_size, num_heads, sw)  # the layers below trust these values
         # names resolved here, for every backbone: config.json records the number
         sw["layer_scale_init"] = resolve_layer_scale_init(sw["layer_scale_init"])
-        if sw["pos_embed"] not in POS_EMBED_KINDS:
-            raise ValueError(f"pos_embed must be one of {POS_EMBED_KINDS}, "
-                             f"got {sw['pos_embed']!r}")
-        if hidden_size % num_heads:
-            raise ValueError(f"hidden_size {hidden_size} is not divisible by num_heads {num_heads}")
         if t_freq_shift not in (0, 1) or not mlp_norm_eps > 0:
             raise ValueError(f"t_freq_shift must be 0 (DiT/SiT) or 1 (diffusers' DiT), got "
                              f"{t_freq_shift!r}; mlp_norm_eps must be > 0, got {mlp_norm_eps!r}")

@@ -45,6 +45,8 @@ from .transport import Transport
 
 METHODS = TRANSPORT_METHODS  # probability-flow ODE or SDE: the ``method`` of configs and CLIs
 
+HOST_FLOATS = torch.empty(0, dtype=torch.float64)  # time_grid's `like` for host-side grids
+
 # Last SDE step from t1 to 1 (size h), given x, v, s, D at t1 and the path's alpha, sigma at t1.
 LastStep = Callable[[Tensor, Tensor, Tensor, Tensor, float, Tensor, Tensor], Tensor]
 LAST_STEPS: dict[str | None, LastStep | None] = {
@@ -175,10 +177,7 @@ class Sampler:
             tr.train_eps, tr.sample_eps, diffusion_form=diffusion_form, sde=True, eval=True,
             last_step_size=last_step_size,
         )
-        if num_steps < 2:
-            raise ValueError(
-                f"num_steps must be >= 2 (grid points including both ends), got {num_steps}")
-        grid = torch.linspace(t0, t1, num_steps, dtype=torch.float64)  # on cpu: host floats
+        grid = time_grid(t0, t1, num_steps, HOST_FLOATS)  # float64 on the CPU: the steps' floats
         times = shift_times(grid, time_shift).tolist()
         # uniform: SiT's one dt; shifted: each step its own
         dts = [times[1] - times[0]] * (num_steps - 1) if time_shift in (None, 1.0) else \

@@ -234,9 +234,7 @@ def create_transport(
 ) -> Transport:
     """SiT-compatible factory. ``path_type``: Linear | GVP | VP; ``prediction``: velocity | score |
     noise; ``loss_weight``: None | velocity | likelihood; an eps left as None takes its
-    :func:`default_eps` value."""
-    choose(PATHS, path_type, "path_type")
-    choose(PREDICTIONS, prediction, "prediction")
+    :func:`default_eps` value; the names are checked where Transport looks them up."""
     default_train, default_sample = default_eps(path_type, prediction)
     return Transport(
         path_type=path_type, prediction=prediction, loss_weight=loss_weight,
