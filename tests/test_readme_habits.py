@@ -1,5 +1,5 @@
-"""Every SiT/DiT command line quoted in the README's habits section parses as typed, into the settings
-it promises (train.py: the config keys; sample.py / sample_ddp.py: the command and flags)."""
+"""Every SiT/DiT command line quoted in the manual's habits section (docs/sampling.md) parses as typed,
+into the settings it promises (train.py: the config keys; sample.py / sample_ddp.py: the command and flags)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def habit_lines() -> list[list[str]]:
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("### SiT and DiT habits"):]
+    page = (ROOT / "docs" / "sampling.md").read_text()
+    section = page[page.index("## SiT and DiT habits"):]
     block = re.search(r"```bash\n(.*?)```", section, re.S)
     assert block, "the habits section has no bash block"
     lines = [shlex.split(line) for line in block.group(1).splitlines() if line.strip()]
