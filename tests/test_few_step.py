@@ -120,26 +120,25 @@ def test_sample_py_nfe_is_the_same_images_as_the_steps_it_stands_for(pixel_ckpt,
     assert not all(np.array_equal(a, b) for a, b in zip(few, euler, strict=True))  # another solver
 
 
-def readme_few_step_lines() -> list[list[str]]:
-    """The ``python sample.py ...`` lines of the README's few-step section (its bash block)."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## Few-step sampling"):]
-    block = re.search(r"```bash\n(.*?)```", section, re.S)
-    assert block, "the few-step section has no bash block"
+def few_step_page_lines() -> list[list[str]]:
+    """The ``python sample.py ...`` lines of the manual's few-step page (its first bash block)."""
+    page = (ROOT / "docs" / "few-step.md").read_text()
+    block = re.search(r"```bash\n(.*?)```", page, re.S)
+    assert block, "docs/few-step.md has no bash block"
     lines = [shlex.split(line) for line in block.group(1).splitlines()
              if line.startswith("python sample.py")]
     assert len(lines) >= 2
     return lines
 
 
-def test_the_readme_few_step_lines_run_at_the_nfe_they_state(pixel_ckpt, tmp_path, capsys):
-    lines = readme_few_step_lines()
+def test_the_few_step_page_lines_run_at_the_nfe_they_state(pixel_ckpt, tmp_path, capsys):
+    lines = few_step_page_lines()
     dit = [words for words in lines if "demo-dit" in words[words.index("--ckpt") + 1]]
     assert dit and len(dit) < len(lines)  # both objectives' settings are shown
     dit_ckpt = ddpm_checkpoint(tmp_path / "dit")
     for i, words in enumerate(lines):
         argv = words[2:]
-        at = argv.index("--ckpt") + 1  # a tiny checkpoint of the objective of the README's run
+        at = argv.index("--ckpt") + 1  # a tiny checkpoint of the objective of the page's run
         argv[at] = dit_ckpt if words in dit else pixel_ckpt
         out = tmp_path / str(i)
         assert sample.main([*argv, "--num-images", "2", "--out", str(out), "--no-progress"]) == 0
@@ -287,7 +286,7 @@ def test_export_writes_the_few_step_scheduler_beside_the_default(pixel_ckpt, tmp
                        output_type="uint8").images
     assert np.array_equal(swapped, expected)
     assert not np.array_equal(swapped, default_images)  # the default scheduler is unchanged
-    # the README's sample.py line gives the same pixels
+    # the few-step page's sample.py line gives the same pixels
     nfe = str(SampleSpec(**FEW_STEP).nfe)
     grid = grid_images(pixel_ckpt, tmp_path / "grid", labels, 5, "--method", FEW_STEP["method"],
                        "--sampling-method", FEW_STEP["sampling_method"], "--nfe", nfe)
@@ -311,7 +310,7 @@ def test_a_ddpm_export_has_its_own_few_step_scheduler_and_a_push_uploads_it(pixe
     nfe = str(SampleSpec(**setting).nfe)
     grid = grid_images(ckpt, tmp_path / "grid", labels, 5, "--method", setting["method"],
                        "--sampling-method", setting["sampling_method"], "--nfe", nfe)
-    assert np.array_equal(swapped[..., 0], np.stack(grid))  # the README's sample.py line
+    assert np.array_equal(swapped[..., 0], np.stack(grid))  # the few-step page's sample.py line
     import huggingface_hub
 
     pushed, uploaded = [], []

@@ -1,5 +1,6 @@
-"""Every SiT/DiT command line quoted in the README's habits section parses as typed, into the settings
-it promises (train.py: the config keys; sample.py / sample_ddp.py: the command and flags)."""
+"""Every SiT/DiT command line quoted in the manual's habits section (docs/sampling.md) parses as typed,
+into the settings it promises (train.py: the config keys; sample.py / sample_ddp.py: the command and flags);
+and the README stays an entry: at most 200 lines, every manual page it links there."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def habit_lines() -> list[list[str]]:
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("### SiT and DiT habits"):]
+    page = (ROOT / "docs" / "sampling.md").read_text()
+    section = page[page.index("## SiT and DiT habits"):]
     block = re.search(r"```bash\n(.*?)```", section, re.S)
     assert block, "the habits section has no bash block"
     lines = [shlex.split(line) for line in block.group(1).splitlines() if line.strip()]
@@ -55,3 +56,23 @@ def test_each_habit_line_parses_as_typed(words):
         assert cli_sample.default_checkpoint(args.model, args.image_size) in {"DiT-XL-2-256x256.pt"}
     if "--last-step" in argv:
         assert cli_sample.resolve_spec(args, {}).last_step is None
+
+
+def test_the_readme_is_an_entry_of_at_most_200_lines():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert 0 < len(lines) <= 200, f"README.md has {len(lines)} lines: move the detail to a page under docs/"
+
+
+#: the line each page of the manual opens with
+MANUAL_PAGE = "Part of the manual; the entry point is the [README](../README.md)."
+
+
+def test_every_manual_page_the_readme_links_exists_and_every_page_is_linked():
+    links = re.findall(r"\]\((docs/[^)#\s]+\.md)(?:#[^)]*)?\)", (ROOT / "README.md").read_text())
+    assert len(links) >= 10, links  # the manual: one page per topic, linked from the README
+    missing = sorted({link for link in links if not (ROOT / link).is_file()})
+    assert not missing, f"README.md links pages that do not exist: {missing}"
+    manual = [path for path in sorted((ROOT / "docs").glob("*.md")) if MANUAL_PAGE in path.read_text()]
+    assert len(manual) >= 10, manual
+    unlinked = [path.name for path in manual if f"docs/{path.name}" not in links]
+    assert not unlinked, f"manual pages the README does not link: {unlinked}"

@@ -608,7 +608,7 @@ def test_repa_configs_are_the_xl_configs_plus_repas_changes():
 
 
 def test_the_demo_with_repa_trains_and_resumes_exactly_from_the_command_line(tmp_path, capsys):
-    """The README's `python train.py --config demo repa.encoder=digits ...`, 4 steps straight and
+    """docs/repa.md's `python train.py --config demo repa.encoder=digits ...`, 4 steps straight and
     2 + 2
     resumed with --resume latest: the same checkpoint, bit for bit."""
     argv = [

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A new user's first hour, replayed: a fresh clone, the README's install, then every command of the
-# README's ```bash blocks in order, each timed. Reports each command whose exit status or time differs
-# from what the README says (a "N minutes" / "N s" claim in its comment; over 1.5x the claim counts).
+# ```bash blocks of the README and of the manual pages it links (docs/), in order, each timed. Reports
+# each command whose exit status or time differs from what the docs say (a "N minutes" / "N s" claim in
+# its comment; over 1.5x the claim counts).
 #
 #   tools/newcomer.sh [REPO_URL_OR_PATH] [WORKDIR]      # default: this checkout, a new temp dir
 #
@@ -32,12 +33,17 @@ pip install -q -e ".[dev]" >>"$work/logs/install.log" 2>&1
 install_status=$?
 install_s=$(( $(date +%s) - start ))
 
-# the README's ```bash blocks, one command per line (backslash continuations joined), in order;
-# the clone and install lines were run above
+# the README's ```bash blocks, then those of the manual's pages (docs/*.md) in the order the README links
+# them, one command per line (backslash continuations joined), in order; the clone and install lines were
+# run above
 commands="$work/commands.txt"
 python3 - README.md >"$commands" <<'EOF'
 import re, sys
-text = open(sys.argv[1]).read()
+from pathlib import Path
+readme = Path(sys.argv[1])
+pages = dict.fromkeys(readme.parent / link for link in re.findall(r"\]\((docs/[^)#\s]+\.md)", readme.read_text()))
+manual = [page for page in pages if page.is_file() and "Part of the manual" in page.read_text()]
+text = "\n".join(page.read_text() for page in [readme, *manual])
 for block in re.findall(r"```bash\n(.*?)```", text, re.S):
     for command in re.sub(r"\\\n\s*", " ", block).splitlines():
         command = command.strip()

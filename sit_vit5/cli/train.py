@@ -8,7 +8,7 @@ installed).
     python train.py --resume runs/X               # the same, with the run's saved config.yaml
     accelerate launch --multi_gpu --num_processes 8 train.py --config configs/X.yaml
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d ... train.py --config configs/X.yaml
-    sbatch --nodes 4 examples/slurm/train.sbatch  # Slurm: README, Multi-node training
+    sbatch --nodes 4 examples/slurm/train.sbatch  # Slurm: docs/multinode.md
 
 Settings: see sit_vit5/config.py (every key documented). ``--config`` also finds the shipped configs
 from any directory (``configs/demo.yaml``, ``demo``, ``imagenet/sit-xl-2``). The resolved config is

@@ -36,6 +36,7 @@ from study.digits import (  # noqa: E402
 )
 from study.repa import REPA_BUDGET_CORE_HOURS, plan_repa, repa_report, spent  # noqa: E402
 from study.samples import (  # noqa: E402
+    COMPARISON_PAGE,
     SAMPLES_BUDGET_CORE_HOURS,
     bottom_line,
     plan_samples,
@@ -129,8 +130,8 @@ def _hours(x: float | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the sweep (or the claims addition), then write README.md and CLAIMS.md; returns the exit
-    status (1: no complete run to report)."""
+    """Run the sweep (or the claims addition), then write README.md and CLAIMS.md (and the bottom line of
+    docs/comparison.md); returns the exit status (1: no complete run to report)."""
     argv = sys.argv[1:] if argv is None else argv
     args = parser().parse_args(argv)
     command = f"{PROG} " + shlex.join(argv)
@@ -172,9 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     (repa_rows, repa_lines), (sample_rows, sample_lines) = repa_report(results, out), samples_report(results, out)
     claims_md = write_claims(results, out, command, extra=(repa_rows + sample_rows, repa_lines + sample_lines))
     preface = bottom_line(results)
-    readme = REPO / "README.md"  # the main README quotes the committed study only, never a scratch --out
+    page = REPO / COMPARISON_PAGE  # the manual quotes the committed study only, never a scratch --out
     committed = Path(out).resolve() == (REPO / RESULTS).resolve()
-    also = f" and the bottom line of {readme.name}" if committed and update_marked_block(readme, preface) else ""
+    also = f" and the bottom line of {COMPARISON_PAGE}" if committed and update_marked_block(page, preface) else ""
     print(f"wrote {write_report(results, out, command, preface)} and {claims_md}{also}")
     return 0
 

@@ -188,14 +188,14 @@ def test_the_bottom_line_block_is_replaced_between_its_markers(tmp_path):
     assert not samples.update_marked_block(plain, "x") and plain.read_text() == "no markers\n"
 
 
-def test_the_readme_bottom_line_quotes_the_committed_loss_result():
-    """The main README carries the generated paragraph; its loss numbers (fixed seeds 0–5, so new runs do not
+def test_the_comparison_page_bottom_line_quotes_the_committed_loss_result():
+    """docs/comparison.md carries the generated paragraph; its loss numbers (fixed seeds 0–5, so new runs do not
     move them) are those the committed runs give, and it names the GPU commands that would settle the question."""
     from pathlib import Path
 
     results = digits.load_results(digits.REPO / "results" / "digits")
     assert len(results) > 200  # the committed run cache
-    text = (digits.REPO / "README.md").read_text()
+    text = (digits.REPO / samples.COMPARISON_PAGE).read_text()
     start, end = (text.index(m) for m in samples.BOTTOM_LINE_MARKERS)
     block = text[start:end]
     for row in claims.evaluate_family(results):
@@ -299,7 +299,7 @@ def test_sample_grids_are_copied_from_seed_zero_and_tabled_where_present(tmp_pat
 
 
 def test_the_hand_written_prose_on_c9l_agrees_with_whether_it_is_pending():
-    """claims_summary.md and the main README describe C9L in words the code does not generate; while the
+    """claims_summary.md and docs/comparison.md describe C9L in words the code does not generate; while the
     committed runs leave L pending the prose says so, and once L is judged no sentence may still call it
     pending (regenerating the report then fails this test until the prose is rewritten)."""
     import re
@@ -307,7 +307,7 @@ def test_the_hand_written_prose_on_c9l_agrees_with_whether_it_is_pending():
     results = digits.load_results(digits.REPO / "results" / "digits")
     pending = any(r["verdict"].startswith("pending") for r in samples.evaluate_samples(results)
                   if r["test"].family == "L")
-    pages = [digits.REPO / "results" / "digits" / "claims_summary.md", digits.REPO / "README.md"]
+    pages = [digits.REPO / "results" / "digits" / "claims_summary.md", digits.REPO / samples.COMPARISON_PAGE]
     for page in pages:
         sentences = [s for s in re.split(r"(?<=[.;])\s", page.read_text()) if "C9L" in s]
         assert sentences, f"{page} no longer mentions C9L"
