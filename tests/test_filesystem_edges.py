@@ -1,0 +1,59 @@
+"""Issue 54, the filesystem edges: symlink loops in an image folder, two runs in one out_dir,
+duplicated YAML keys, and the inputs that ended in a raw traceback (one stderr line, status 2)."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import pytest
+
+from sit_vit5.image_data import ImageFolderDataset, list_image_folder
+from tests.helpers import make_image_folder
+
+# ----------------------------------------------------------------------------- symlink loops
+
+
+def _listing(root: Path) -> tuple[list[str], list[str]]:
+    """(files, warning messages) of ``list_image_folder(root)``."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        files, _, _ = list_image_folder(root)
+    return files, [str(w.message) for w in caught]
+
+
+def test_two_self_links_are_skipped_not_walked_forever(tmp_path):
+    root = make_image_folder(tmp_path / "data", {"a": 3, "b": 2})
+    os.symlink(".", root / "a" / "x")  # was: os.walk follows x/y/x/y/... 2^40 paths (a hang)
+    os.symlink(".", root / "a" / "y")
+    files, messages = _listing(root)
+    assert files == ["a/0.png", "a/1.png", "a/2.png", "b/0.png", "b/1.png"]
+    assert len(messages) == 2 and "a/x" in messages[0] and "a/y" in messages[1]
+    assert all("already listed" in m for m in messages)
+
+
+def test_one_self_link_does_not_duplicate_the_images(tmp_path):
+    root = make_image_folder(tmp_path / "data", {"a": 3})
+    os.symlink(".", root / "a" / "self")  # was: 3 images counted 41 times (123 items)
+    with pytest.warns(UserWarning, match="a/self"):
+        dataset = ImageFolderDataset(root, 8)
+    assert len(dataset) == 3
+
+
+def test_links_to_the_root_or_another_class_are_skipped(tmp_path):
+    root = make_image_folder(tmp_path / "data", {"a": 2, "b": 1})
+    os.symlink("..", root / "a" / "up")  # a loop through the root: b's images would join a
+    os.symlink("../b", root / "a" / "b-again")
+    files, messages = _listing(root)
+    assert files == ["a/0.png", "a/1.png", "b/0.png"] and len(messages) == 2
+
+
+def test_a_linked_folder_is_still_followed_once(tmp_path):
+    root = make_image_folder(tmp_path / "data", {"a": 1})
+    extra = make_image_folder(tmp_path / "elsewhere", {"more": 2}) / "more"
+    os.symlink(extra, root / "a" / "more")  # an ordinary link (no loop): followed as before
+    os.symlink(extra, root / "a" / "more2")  # a second way into the same folder: once
+    files, messages = _listing(root)
+    assert files == ["a/0.png", "a/more/0.png", "a/more/1.png"]
+    assert len(messages) == 1 and "a/more2" in messages[0]
