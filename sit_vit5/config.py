@@ -143,7 +143,23 @@ OPEN_SECTIONS = ("model",)
 
 
 class _Loader(yaml.SafeLoader):
-    """SafeLoader that also reads ``1e-4`` as a float (YAML 1.1, hence PyYAML, wants ``1.0e-4``)."""
+    """SafeLoader that also reads ``1e-4`` as a float (YAML 1.1, hence PyYAML, wants ``1.0e-4``)
+    and refuses a key given twice in one mapping, at any depth (PyYAML keeps the last silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            merge = key_node.tag == "tag:yaml.org,2002:merge"
+            if merge or not isinstance(key_node, yaml.ScalarNode):
+                continue  # "<<" merges may be overridden; unhashable keys: SafeLoader says why
+            key = self.construct_object(key_node)
+            line = key_node.start_mark.line + 1
+            if key in first:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} on lines {first[key]} and {line}: keep "
+                    "one", key_node.start_mark)
+            first[key] = line
+        return super().construct_mapping(node, deep=deep)
 
 
 _Loader.add_implicit_resolver(

@@ -57,3 +57,37 @@ def test_a_linked_folder_is_still_followed_once(tmp_path):
     files, messages = _listing(root)
     assert files == ["a/0.png", "a/more/0.png", "a/more/1.png"]
     assert len(messages) == 1 and "a/more2" in messages[0]
+
+
+# ----------------------------------------------------------------------------- YAML duplicate keys
+
+
+def test_a_duplicated_section_is_refused_with_both_lines(tmp_path):
+    from sit_vit5.config import ConfigError, configs_dir, load_config
+
+    text = (configs_dir() / "demo.yaml").read_text()
+    first = 1 + text.splitlines().index("train:")
+    path = tmp_path / "dup.yaml"
+    path.write_text(text + "train:\n  steps: 30\n")  # was: the first train: section silently lost
+    last = len(path.read_text().splitlines()) - 1
+    with pytest.raises(ConfigError, match=f"duplicate key 'train' on lines {first} and {last}"):
+        load_config(path)
+
+
+def test_a_duplicated_key_inside_a_section_is_refused(tmp_path, capsys):
+    from tests.helpers import run_train
+
+    path = tmp_path / "dup.yaml"
+    path.write_text("train:\n  steps: 3\n  log_every: 1\n  steps: 4\n")  # was: steps=4, silently
+    status, line = run_train(["--config", path], capsys)
+    assert status == 2 and str(path) in line and "duplicate key 'steps' on lines 2 and 4" in line
+
+
+def test_yaml_stays_safe_and_merges_still_override(tmp_path):
+    from sit_vit5.config import ConfigError, _load_yaml
+
+    assert _load_yaml("a: &x {b: 1, c: 2}\nd:\n  <<: *x\n  b: 3\n") == {
+        "a": {"b": 1, "c": 2}, "d": {"b": 3, "c": 2}}
+    with pytest.raises(Exception, match="could not determine a constructor"):
+        _load_yaml("!!python/object/apply:os.system ['true']")
+    assert issubclass(ConfigError, ValueError)
