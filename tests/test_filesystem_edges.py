@@ -91,3 +91,72 @@ def test_yaml_stays_safe_and_merges_still_override(tmp_path):
     with pytest.raises(Exception, match="could not determine a constructor"):
         _load_yaml("!!python/object/apply:os.system ['true']")
     assert issubclass(ConfigError, ValueError)
+
+
+# ----------------------------------------------------------------------------- one run per out_dir
+
+HOLD = ("import sys, time; from sit_vit5.run_files import hold_run_dir; "
+        "held = hold_run_dir(sys.argv[1]); held.__enter__(); print('held', flush=True); time.sleep(120)")
+
+
+def _holder(run_dir: Path):
+    """A process holding ``run_dir`` as a living run's rank 0 does (until killed)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(run_dir)], stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_a_second_run_into_a_living_runs_folder_is_refused(tmp_path, capsys):
+    from tests.helpers import TRAIN_ARGV, run_train
+
+    run_dir = tmp_path / "D"
+    holder = _holder(run_dir)
+    try:
+        status, line = run_train([*TRAIN_ARGV, f"train.out_dir={run_dir}", "train.steps=2"], capsys)
+        # was: both ran, config.yaml of one and checkpoints of the other
+        assert status == 2 and f"train.out_dir={run_dir}" in line and f"pid {holder.pid}" in line
+        assert sorted(p.name for p in run_dir.iterdir()) == [".train.lock"]
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_resume_after_the_holder_died(tmp_path, capsys):
+    from tests.helpers import TRAIN_ARGV, run_train
+
+    run_dir = tmp_path / "D"
+    argv = [*TRAIN_ARGV, f"train.out_dir={run_dir}", "train.ckpt_every=2"]
+    assert run_train([*argv, "train.steps=2"], capsys) == (0, "")
+    holder = _holder(run_dir)
+    holder.kill()  # SIGKILL: no cleanup ran, the kernel dropped the lock
+    holder.wait()
+    assert run_train([*argv, "train.steps=4", "--resume", "latest"], capsys) == (0, "")
+    assert (run_dir / "checkpoints" / "0000004.pt").is_file()
+
+
+def test_only_rank_0_holds_the_folder(tmp_path, monkeypatch):
+    from sit_vit5.launcher import launcher_rank
+    from sit_vit5.run_files import hold_run_dir
+
+    assert launcher_rank({"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"}) == 1
+    assert launcher_rank({}) == 0
+    holder = _holder(tmp_path / "D")
+    try:
+        with hold_run_dir(tmp_path / "D", main=False) as lock:  # another rank: no wait, no lock
+            assert lock is None
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_refused_fresh_run_leaves_no_folder(tmp_path, capsys):
+    from tests.helpers import TRAIN_ARGV, run_train
+
+    run_dir = tmp_path / "new" / "D"
+    status, line = run_train([*TRAIN_ARGV, f"train.out_dir={run_dir}", "data.kind=imagefolder",
+                              f"data.root={tmp_path / 'missing'}"], capsys)
+    assert status == 2 and "missing" in line and not (tmp_path / "new").exists()
