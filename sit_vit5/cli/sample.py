@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 # The flags, --out and a local --ckpt are checked before torch is imported (_preflight).
 SD_VAE_EMA = SD_VAE_IDS[0]
 
+MAX_SEED = 2**64 - 1  # config.SEED_RANGE's bound, without importing the config module
 #: SiT/DiT's --vae words -> decoders (their sample.py: stabilityai/sd-vae-ft-{ema,mse})
 VAE_WORDS = {"ema": SD_VAE_IDS[0], "mse": SD_VAE_IDS[1]}
 #: SiT's positional mode word (sample.py ODE|SDE) -> --method
@@ -322,6 +323,33 @@ def build_pipeline(args: argparse.Namespace, device: torch.device
     return pipe, loaded, pipe.image_size
 
 
+def check_device(device: str | None) -> None:
+    """UsageError naming ``--device`` when torch cannot parse it or this machine does not have it
+    (without it: a CUDA initialisation traceback at the first tensor)."""
+    if device is None:
+        return
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except RuntimeError as err:
+        raise UsageError(f"--device {device}: not a device ({one_line(err)}); e.g. cpu, cuda, "
+                         "cuda:1") from None
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise UsageError(f"--device {device}: no CUDA GPU is available on this machine; use "
+                             "--device cpu")
+        if dev.index is not None and dev.index >= count:
+            raise UsageError(f"--device {device}: only {count} GPU(s) are visible (cuda:0 .. "
+                             f"cuda:{count - 1})")
+    elif dev.type not in ("cpu", "meta"):
+        try:  # mps, xpu, ...: whether this build and machine have it
+            torch.empty(0, device=dev)
+        except (RuntimeError, AssertionError) as err:
+            raise UsageError(f"--device {device}: not available here ({one_line(err)})") from None
+
+
 def _describe(info: LoadedModel, pipe: SamplingPipeline, image_size: int, ckpt: str) -> str:
     step = f", step {info.step}" if info.step is not None else ""
     which = f" ({info.which})" if info.which else ""
@@ -345,6 +373,7 @@ def _grid(args: argparse.Namespace) -> int:
 
     from sit_vit5.sampling import sample_grid
 
+    check_device(args.device)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     pipe, info, image_size = build_pipeline(args, device)
     args.out = args.out or f"samples/grid{_size_suffix(info, pipe)}"
@@ -373,6 +402,7 @@ def _bulk(args: argparse.Namespace) -> int:
     from sit_vit5.sampling import sample_bulk
     from sit_vit5.sampling.labels import check_label_sampling
 
+    check_device(args.device)
     # the launcher's group (gloo without a GPU): else every process would draw every sample
     on_cpu = args.device is not None and torch.device(args.device).type == "cpu"
     state = join_launcher_group(cpu=on_cpu)
@@ -459,6 +489,8 @@ def _preflight(args: argparse.Namespace) -> None:
     the launcher's environment, the first thing wrong in a bad launch."""
     if args.command == "bulk":
         check_launcher_env()
+    if not 0 <= args.seed <= MAX_SEED:  # torch.manual_seed takes 64 bits
+        raise UsageError(f"--seed {args.seed}: must be an integer in [0, {MAX_SEED}]")
     if args.ckpt is not None:
         if Path(args.ckpt).is_file():
             check_checkpoint_file(args.ckpt, "--ckpt", flag="--ckpt")

@@ -230,20 +230,42 @@ def resolve_latent_norm(cfg: Config, dataset: Dataset, vae: nn.Module | None,
     return norm
 
 
+def _check_patch_grid(cfg: Config, side: int, factor: int) -> None:
+    """ConfigError naming ``data.image_size`` (or the latent cache) when the model's input side
+    ``side`` (data side / ``factor``, the VAE's downsampling) is not a multiple of its patch size:
+    the patch embedding would fail at the first step, after the run folder is made."""
+    from ..models.registry import _NAME
+
+    m, data = cfg["model"], cfg["data"]
+    patch = m.get("patch_size") or int(_NAME.match(m["name"])["patch"])
+    if side % patch == 0 and side > 0:
+        return
+    if data["kind"] == "latents":
+        raise ConfigError(f"data.root={data['root']}: the cached latents are {side}x{side}, not a "
+                          f"multiple of {m['name']}'s patch size {patch}")
+    seen = f"{side}x{side} latents" if factor > 1 else f"{side}x{side} inputs"
+    raise ConfigError(f"data.image_size={data['image_size']}: the model sees {seen}, not a "
+                      f"multiple of {m['name']}'s patch size {patch}; use a multiple of "
+                      f"{patch * factor}")
+
+
 def resolve_data_dependent(cfg: Config, dataset: Dataset, vae: nn.Module | None) -> Config:
     """A copy of ``cfg`` with ``model.input_size / in_channels / num_classes`` filled from the data
     and the ``vae`` normalisation resolved (``resolve_latent_norm``); values already given are
     checked against it (ConfigError)."""
     channels, height, _ = dataset.sample_shape
     kind, vae_name = cfg["data"]["kind"], cfg["vae"]["name"]
+    factor = 1  # data pixels per model-input pixel
     if vae is not None and kind != "latents":  # images encoded on the fly
         if channels != 3:
             raise ConfigError(f"vae.name={vae_name!r} encodes RGB images, but data.kind={kind!r} "
                               f"gives {channels}-channel images; set vae.name=none")
-        channels, height = vae.config.latent_channels, height // downsampling_factor(vae)
+        factor = downsampling_factor(vae)
+        channels, height = vae.config.latent_channels, height // factor
     if kind == "latents" and vae is not None and vae.config.latent_channels != channels:
         raise ConfigError(f"vae.name={vae_name!r} makes {vae.config.latent_channels}-channel "
                           f"latents, but the latent cache {cfg['data']['root']} holds {channels}")
+    _check_patch_grid(cfg, height, factor)
     resolved = copy.deepcopy(cfg)
     if vae is not None or kind == "latents":
         resolved["vae"].update(resolve_latent_norm(cfg, dataset, vae, channels).section())
