@@ -3,14 +3,25 @@ duplicated YAML keys, and the inputs that ended in a raw traceback (one stderr l
 
 from __future__ import annotations
 
+import errno
 import os
 import warnings
 from pathlib import Path
 
 import pytest
 
+import sample
+import sit_vit5.cli.sample as sample_cli
+from sit_vit5.export import main as export_main
 from sit_vit5.image_data import ImageFolderDataset, list_image_folder
-from tests.helpers import make_image_folder
+from tests.helpers import (
+    TRAIN_ARGV,
+    make_image_folder,
+    one_error_line,
+    one_sample_error,
+    run_train,
+)
+from tests.test_sampling_cli import our_checkpoint
 
 # ----------------------------------------------------------------------------- symlink loops
 
@@ -75,8 +86,6 @@ def test_a_duplicated_section_is_refused_with_both_lines(tmp_path):
 
 
 def test_a_duplicated_key_inside_a_section_is_refused(tmp_path, capsys):
-    from tests.helpers import run_train
-
     path = tmp_path / "dup.yaml"
     path.write_text("train:\n  steps: 3\n  log_every: 1\n  steps: 4\n")  # was: steps=4, silently
     status, line = run_train(["--config", path], capsys)
@@ -111,8 +120,6 @@ def _holder(run_dir: Path):
 
 
 def test_a_second_run_into_a_living_runs_folder_is_refused(tmp_path, capsys):
-    from tests.helpers import TRAIN_ARGV, run_train
-
     run_dir = tmp_path / "D"
     holder = _holder(run_dir)
     try:
@@ -126,8 +133,6 @@ def test_a_second_run_into_a_living_runs_folder_is_refused(tmp_path, capsys):
 
 
 def test_resume_after_the_holder_died(tmp_path, capsys):
-    from tests.helpers import TRAIN_ARGV, run_train
-
     run_dir = tmp_path / "D"
     argv = [*TRAIN_ARGV, f"train.out_dir={run_dir}", "train.ckpt_every=2"]
     assert run_train([*argv, "train.steps=2"], capsys) == (0, "")
@@ -154,9 +159,154 @@ def test_only_rank_0_holds_the_folder(tmp_path, monkeypatch):
 
 
 def test_a_refused_fresh_run_leaves_no_folder(tmp_path, capsys):
-    from tests.helpers import TRAIN_ARGV, run_train
-
     run_dir = tmp_path / "new" / "D"
     status, line = run_train([*TRAIN_ARGV, f"train.out_dir={run_dir}", "data.kind=imagefolder",
                               f"data.root={tmp_path / 'missing'}"], capsys)
     assert status == 2 and "missing" in line and not (tmp_path / "new").exists()
+
+
+# ----------------------------------------------------------------------------- the raw tracebacks
+
+FAST = ["--num-steps", "3", "--no-progress", "--batch-size", "2", "--num-images", "2"]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> str:
+    """A tiny pixel-space SiT checkpoint in ``<run>/checkpoints/`` (sidecar, latest.json)."""
+    return our_checkpoint(tmp_path_factory.mktemp("run"), in_channels=1)
+
+
+def test_an_image_size_off_the_patch_grid_is_refused_before_the_run_folder(tmp_path, capsys):
+    run_dir = tmp_path / "E"
+    status, line = run_train([*TRAIN_ARGV, "data.image_size=9", f"train.out_dir={run_dir}"],
+                             capsys)
+    # was: ValueError from the patch embed, status 1 (= non-finite loss), a run folder left
+    assert status == 2 and "data.image_size=9" in line and "patch size 2" in line
+    assert not run_dir.exists()
+
+
+@pytest.mark.parametrize("key", ["train.seed", "sample.seed"])
+def test_seeds_must_fit_64_bits(key, capsys):
+    from sit_vit5.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=f"{key}=1180591620717411303424; must be an integer >= 0 "
+                                          "and <= 18446744073709551615"):
+        load_config(None, [f"{key}={2**70}"])  # was: overflow in torch.manual_seed
+    assert load_config(None, [f"{key}={2**64 - 1}"])[key.split(".")[0]]["seed"] == 2**64 - 1
+
+
+def test_an_unavailable_device_is_one_line(ckpt, tmp_path, capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: --device cuda is available")
+    status = sample.main(["grid", "--ckpt", ckpt, "--device", "cuda", "--out", str(tmp_path), *FAST])
+    line = one_sample_error(capsys, "grid")  # was: 48 lines ending "Found no NVIDIA driver"
+    assert status == 2 and "--device cuda" in line and "no CUDA GPU" in line
+    assert sample.main(["grid", "--ckpt", ckpt, "--device", "nonsense", *FAST]) == 2
+    assert "--device nonsense" in one_sample_error(capsys, "grid")
+
+
+@pytest.mark.parametrize("flag", ["--atol", "--rtol"])
+def test_adaptive_tolerances_must_be_positive(flag, ckpt, tmp_path, capsys):
+    argv = ["grid", "--ckpt", ckpt, "--sampling-method", "dopri5", flag, "0", "--out", str(tmp_path),
+            *FAST]
+    assert sample.main(argv) == 2  # was: torchdiffeq's "underflow in dt" traceback
+    assert f"{flag} 0.0: must be > 0" in one_sample_error(capsys, "grid")
+
+
+def test_a_negative_seed_is_refused_before_the_model_loads(ckpt, capsys, monkeypatch):
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(sample_cli, "load_model", no_load)
+    for seed in ("-1", str(2**70)):
+        assert sample.main(["grid", "--ckpt", ckpt, "--seed", seed, *FAST]) == 2
+        assert f"--seed {seed}: must be an integer in [0, " in one_sample_error(capsys, "grid")
+
+
+def _full_disk(*args, **kwargs):
+    from safetensors import SafetensorError
+
+    raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+
+def test_a_full_disk_during_export_names_the_folder_and_leaves_nothing(ckpt, tmp_path, capsys,
+                                                                        monkeypatch):
+    import safetensors.torch
+
+    monkeypatch.setattr(safetensors.torch, "save_file", _full_disk)
+    out = tmp_path / "exp"
+    assert export_main([ckpt, str(out)]) == 2  # was: a SafetensorError traceback
+    line = one_error_line(capsys)
+    assert str(out) in line and "no space left on device" in line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_full_disk_during_bulk_names_the_file(ckpt, tmp_path, capsys, monkeypatch):
+    from sit_vit5.sampling import bulk
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(bulk.json, "dump", full)  # the claim file's write
+    out = tmp_path / "bulk"
+    status = sample.main(["bulk", "--ckpt", ckpt, "--num-samples", "2", "--out", str(out), *FAST[:-2]])
+    line = one_sample_error(capsys, "bulk")  # was: "[Errno 28] No space left on device", no path
+    assert status == 2 and "No space left on device" in line and str(out / "parts") in line
+    assert not [p for p in (out / "parts").iterdir()]
+
+
+def test_a_full_disk_in_an_atomic_write_names_the_file(tmp_path):
+    from sit_vit5.atomic_files import atomic_write
+
+    def write(f):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(OSError, match="No space left on device") as caught:
+        atomic_write(tmp_path / "a.npz", write)
+    assert caught.value.filename == str(tmp_path / "a.npz") and caught.value.errno == errno.ENOSPC
+    assert list(tmp_path.iterdir()) == []
+
+
+# ----------------------------------------------------------------------------- smaller things
+
+
+def test_a_partial_id2label_is_refused(ckpt, tmp_path, capsys):
+    names = tmp_path / "names.txt"
+    names.write_text("zero\none\ntwo\n")  # the model has 10 classes
+    assert export_main([ckpt, str(tmp_path / "exp"), "--id2label", str(names)]) == 2
+    line = one_error_line(capsys)
+    assert "id2label names 3 classes but the model has 10" in line and "3, 4, 5" in line
+    assert not (tmp_path / "exp").exists()
+
+
+def test_export_onto_an_empty_file_says_it_is_a_file(ckpt, tmp_path, capsys):
+    target = tmp_path / "exp"
+    target.touch()
+    assert export_main([ckpt, str(target)]) == 2
+    line = one_error_line(capsys)  # was: "exists and is not empty"
+    assert f"{target} exists and is a file, not a folder" in line
+
+
+def test_a_text_file_as_checkpoint_is_named_not_a_checkpoint(tmp_path, capsys):
+    notes = tmp_path / "notes.pt"
+    notes.write_text("hello world\n")
+    assert sample.main(["grid", "--ckpt", str(notes), "--model", "SiT-S/2", *FAST]) == 2
+    line = one_sample_error(capsys, "grid")  # was: "... weights-only checkpoint (101)"
+    assert f"{notes}: not a checkpoint" in line and "b'hello wo'" in line
+
+
+def test_a_code_running_pickle_is_refused_without_torchs_advice(tmp_path, capsys):
+    import torch
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("ran",))
+
+    evil = tmp_path / "evil.pt"
+    torch.save({"model": Evil()}, evil)
+    assert sample.main(["grid", "--ckpt", str(evil), "--model", "SiT-S/2", *FAST]) == 2
+    line = one_sample_error(capsys, "grid")
+    assert "would run code" in line and "print" in line and "weights_only=False" not in line
+    assert "ran" not in capsys.readouterr().out
