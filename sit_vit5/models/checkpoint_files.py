@@ -227,13 +227,16 @@ class LoadedModel:
     it.
 
     ``source``: "ours" (training checkpoint of this codebase, config in ``args``), "official" (bare
-    state dict such as SiT-XL-2-256.pt, or a DiT/SiT training checkpoint with argparse ``args``) or
-    "diffusers" (a DiTTransformer2DModel folder). ``input_size``: the model's training input side
-    (latent side for latent models). ``objective``: the config's ``transport`` section the objective
-    is built from (``create_objective(loaded.objective)``): ``objective`` sit | ddpm (DiT), as
-    recorded (ours) or as told (official), and that objective's keys. ``vae``: ``{"name": hub id |
-    directory | "none", "scaling_factor"}``. ``sample``: the checkpoint's ``sample`` config section
-    (ours) or {}. ``step``: the training step if recorded; ``which``: "ema" | "model" for training
+    state dict such as SiT-XL-2-256.pt, or a DiT/SiT training checkpoint with argparse ``args``),
+    "diffusers" (a DiTTransformer2DModel folder), "export" (a folder ``python -m sit_vit5.export``
+    wrote: transport, sampler and VAE recorded in its scheduler) or "pretrained" (a SiT / ViT5
+    ``save_pretrained`` folder or ``.safetensors`` beside its ``config.json``). ``input_size``: the
+    model's training input side (latent side for latent models). ``objective``: the config's
+    ``transport`` section the objective is built from (``create_objective(loaded.objective)``):
+    ``objective`` sit | ddpm (DiT), as recorded (ours) or as told (official), and that
+    objective's keys. ``vae``: ``{"name": hub id | directory | "none", "scaling_factor"}``.
+    ``sample``: the checkpoint's ``sample`` config section (ours, export) or {}. ``step``: the
+    training step if recorded; ``which``: "ema" | "model" for training
     checkpoints, None for bare state dicts.
     """
 
