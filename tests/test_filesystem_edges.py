@@ -310,3 +310,60 @@ def test_a_code_running_pickle_is_refused_without_torchs_advice(tmp_path, capsys
     line = one_sample_error(capsys, "grid")
     assert "would run code" in line and "print" in line and "weights_only=False" not in line
     assert "ran" not in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- sample.py takes ours
+
+
+def _grid(ckpt, out: Path, capsys, *flags: str) -> tuple[list, str]:
+    """(the grid's images as arrays, stdout) of ``sample.py grid --ckpt ckpt``."""
+    import numpy as np
+    from PIL import Image
+
+    argv = ["grid", "--ckpt", str(ckpt), "--classes", "0", "1", "--seed", "3", "--out", str(out),
+            *FAST[:-2], *flags]
+    assert sample.main(argv) == 0, capsys.readouterr().err
+    return [np.asarray(Image.open(out / f"{i:06d}.png")) for i in range(2)], capsys.readouterr().out
+
+
+def test_an_export_folder_samples_as_its_checkpoint(ckpt, tmp_path, capsys):
+    assert export_main([ckpt, str(tmp_path / "exp")]) == 0
+    capsys.readouterr()
+    want, _ = _grid(ckpt, tmp_path / "a", capsys)
+    got, out = _grid(tmp_path / "exp", tmp_path / "b", capsys)  # was: "not a diffusers DiT folder"
+    assert all((w == g).all() for w, g in zip(want, got)) and "[export]" in out
+
+
+def test_a_run_folder_samples_its_newest_checkpoint(tmp_path, capsys):
+    run = tmp_path / "run"
+    older = our_checkpoint(run, in_channels=1)
+    newest = Path(older).with_name("0000009.pt")
+    os.replace(our_checkpoint(tmp_path / "other", in_channels=1, seed=1), newest)
+    os.replace(f"{Path(tmp_path / 'other' / 'checkpoints' / '0000007.pt')}.sha256",
+               f"{newest}.sha256")
+    (run / "checkpoints" / "latest.json").write_text('{"file": "0000009.pt", "step": 9}\n')
+    want, _ = _grid(newest, tmp_path / "a", capsys)
+    got, out = _grid(run, tmp_path / "b", capsys)  # was: refused, while export takes a run folder
+    assert all((w == g).all() for w, g in zip(want, got)) and str(newest) in out
+
+
+def test_a_shrunk_safetensors_samples_from_its_config_json(tmp_path, capsys):
+    import torch
+
+    from sit_vit5.models import create_model
+    from tests.test_sampling_cli import TINY, perturbed
+
+    torch.manual_seed(0)
+    model = perturbed(create_model("SiT-S/2", in_channels=1, **TINY))  # depth 1, width 32
+    model.save_pretrained(tmp_path / "shrunk")
+    weights = tmp_path / "shrunk" / "diffusion_pytorch_model.safetensors"
+    # was: the sizes of SiT-S/2 (depth 12, width 384) and a shape mismatch; no flag for depth
+    _, out = _grid(weights, tmp_path / "a", capsys)
+    assert "SiT/2 (depth 1, hidden 32, heads 2) [pretrained]" in out
+
+
+def test_a_folder_without_checkpoints_is_one_line(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    assert sample.main(["grid", "--ckpt", str(tmp_path / "empty"), *FAST]) == 2
+    line = one_sample_error(capsys, "grid")
+    assert f"--ckpt {tmp_path / 'empty'}: a folder without checkpoints" in line
