@@ -367,3 +367,36 @@ def test_a_folder_without_checkpoints_is_one_line(tmp_path, capsys):
     assert sample.main(["grid", "--ckpt", str(tmp_path / "empty"), *FAST]) == 2
     line = one_sample_error(capsys, "grid")
     assert f"--ckpt {tmp_path / 'empty'}: a folder without checkpoints" in line
+
+
+# ----------------------------------------------------------------------------- the two contracts
+
+
+def test_forward_returns_dits_2c_channels_and_the_readme_says_so():
+    import torch
+
+    from sit_vit5.models import SiT, create_model
+    from tests.helpers import ROOT
+
+    torch.manual_seed(0)
+    model = create_model("SiT-S/2", depth=1, hidden_size=32, num_heads=2, input_size=8,
+                         in_channels=4, num_classes=10).eval()  # learn_sigma=True: as official
+    x, t, y = torch.randn(2, 4, 8, 8), torch.rand(2), torch.tensor([1, 2])
+    out = model(x, t, y)
+    assert out.shape == (2, 8, 8, 8)  # DiT's contract: prediction, then the variance half
+    # official SiT's forward is out[:, :C]: what the transport reads
+    assert torch.equal(model(x, t, y)[:, :4], out.chunk(2, dim=1)[0])
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    # was: "give the official outputs", nothing about the shape SiT's code expects
+    assert "returns DiT's full output, 2C channels" in readme and "model(x, t, y)[:, :C]" in readme
+    assert "model(x, t, y)[:, :C]" in " ".join(SiT.__doc__.split())
+
+
+def test_the_first_log_line_names_the_size_overrides():
+    from sit_vit5.config import load_config
+    from sit_vit5.training.build import model_label
+
+    demo = load_config("configs/demo.yaml", check_models=False)["model"]
+    # was: "ViT5-S/2 (0.33M parameters)", while the README lists ViT5-S/2 at 32.96M
+    assert model_label(demo) == "ViT5-S/2 with depth=4, hidden_size=64, num_heads=4"
+    assert model_label({"name": "SiT-XL/2", "depth": 28}) == "SiT-XL/2"

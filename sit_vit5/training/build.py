@@ -424,6 +424,24 @@ def build(cfg: Config, resume: str | None, loss_fn: LossFn = objective_loss) -> 
                loss_fn, repa)
 
 
+#: ``model`` keys that change a registry name's size (the log line names them when overridden)
+SIZE_KEYS = ("depth", "hidden_size", "num_heads", "patch_size", "mlp_ratio")
+
+
+def model_label(m: dict[str, Any]) -> str:
+    """The model name with the size overrides that make it another size than the name says:
+    ``ViT5-S/2 with depth=4, hidden_size=64, num_heads=4`` (the demo), else the bare name."""
+    from ..models.registry import _NAME, SIZES
+
+    match = _NAME.match(m["name"])
+    depth, hidden, heads = SIZES[match["size"]]
+    named = {"depth": depth, "hidden_size": hidden, "num_heads": heads,
+             "patch_size": int(match["patch"]), "mlp_ratio": 4.0}
+    changed = [f"{k}={m[k]:g}" if k == "mlp_ratio" else f"{k}={m[k]}" for k in SIZE_KEYS
+               if m.get(k) is not None and m[k] != named[k]]
+    return f"{m['name']} with {', '.join(changed)}" if changed else m["name"]
+
+
 def describe(run: Run) -> str:
     """One line: model size, processes, strategy, precision, data, batch split, steps, run dir."""
     cfg, t, b = run.cfg, run.cfg["train"], run.batches
@@ -431,7 +449,7 @@ def describe(run: Run) -> str:
     strategy = "FSDP2" if run.sharded else ("DDP" if b.world_size > 1 else "one process")
     threads = f" ({run.result.cpu_threads} threads)" if run.result.cpu_threads else ""
     precision = {"fp32": "fp32", "bf16": "bf16 autocast", "fp16": "fp16 autocast + loss scaling"}
-    return (f"{cfg['model']['name']} ({n_params / 1e6:.2f}M parameters) on "
+    return (f"{model_label(cfg['model'])} ({n_params / 1e6:.2f}M parameters) on "
             f"{describe_group(b.world_size, run.device)}{threads}, {strategy}, "
             f"{precision[t['precision']]}{', torch.compile' if t['compile'] else ''}; "
             f"{len(run.dataset)} items, global batch {cfg['data']['global_batch_size']} = "
