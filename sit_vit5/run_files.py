@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .checksums import sidecar
-from .config import ConfigError
+from .errors import SettingError
 
 CKPT_DIR = "checkpoints"
 LATEST = "latest.json"
@@ -111,7 +111,7 @@ def hold_run_dir(out_dir: str | os.PathLike, main: bool = True) -> Iterator[Path
     """Hold the run directory ``out_dir`` while the body runs: rank 0 (``main``) creates it and
     takes an exclusive ``fcntl.flock`` on ``out_dir/.train.lock``, writing its pid there; the
     kernel drops the lock when the process dies, so a crashed run never leaves a stale one (the
-    file stays). A folder another living run holds is a ConfigError naming it and the holder's
+    file stays). A folder another living run holds is a SettingError naming it and the holder's
     pid. Other ranks (``main=False``) take nothing and never wait. When the body raises, the
     folders this call created are removed again if they hold only the lock file. Yields the lock
     file (None: not main, or the filesystem has no locks)."""
@@ -128,9 +128,9 @@ def hold_run_dir(out_dir: str | os.PathLike, main: bool = True) -> Iterator[Path
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            raise ConfigError(f"train.out_dir={out_dir} is in use by another training run (pid "
-                              f"{holder}); wait for it to end, or choose another train.out_dir"
-                              ) from None
+            raise SettingError("train.out_dir", os.fspath(out_dir),
+                               f" is in use by another training run (pid {holder}); wait for it "
+                               "to end, or choose another train.out_dir") from None
         except OSError as err:
             if err.errno not in _NO_LOCKS:
                 raise

@@ -125,7 +125,8 @@ def test_a_second_run_into_a_living_runs_folder_is_refused(tmp_path, capsys):
     try:
         status, line = run_train([*TRAIN_ARGV, f"train.out_dir={run_dir}", "train.steps=2"], capsys)
         # was: both ran, config.yaml of one and checkpoints of the other
-        assert status == 2 and f"train.out_dir={run_dir}" in line and f"pid {holder.pid}" in line
+        assert status == 2 and f"train.out_dir={str(run_dir)!r} is in use" in line
+        assert f"pid {holder.pid}" in line
         assert sorted(p.name for p in run_dir.iterdir()) == [".train.lock"]
     finally:
         holder.kill()

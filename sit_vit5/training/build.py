@@ -24,6 +24,7 @@ from ..image_data import DataRootError, DigitsDataset, ImageFolderDataset
 from ..latent_cache import MANIFEST_NAME, CacheMismatchError, LatentCacheDataset
 from ..latent_norm import LatentNorm, LatentNormError
 from ..models import count_params, model_from_config
+from ..models.registry import _NAME, SIZES
 from ..objective import Objective, create_objective
 from ..precision import grad_scaler
 from ..run_files import previous_checkpoint
@@ -234,8 +235,6 @@ def _check_patch_grid(cfg: Config, side: int, factor: int) -> None:
     """ConfigError naming ``data.image_size`` (or the latent cache) when the model's input side
     ``side`` (data side / ``factor``, the VAE's downsampling) is not a multiple of its patch size:
     the patch embedding would fail at the first step, after the run folder is made."""
-    from ..models.registry import _NAME
-
     m, data = cfg["model"], cfg["data"]
     patch = m.get("patch_size") or int(_NAME.match(m["name"])["patch"])
     if side % patch == 0 and side > 0:
@@ -431,8 +430,6 @@ SIZE_KEYS = ("depth", "hidden_size", "num_heads", "patch_size", "mlp_ratio")
 def model_label(m: dict[str, Any]) -> str:
     """The model name with the size overrides that make it another size than the name says:
     ``ViT5-S/2 with depth=4, hidden_size=64, num_heads=4`` (the demo), else the bare name."""
-    from ..models.registry import _NAME, SIZES
-
     match = _NAME.match(m["name"])
     depth, hidden, heads = SIZES[match["size"]]
     named = {"depth": depth, "hidden_size": hidden, "num_heads": heads,

@@ -209,8 +209,8 @@ def train(cfg: Config, resume: str | None = None, loss_fn: LossFn = objective_lo
 
     Writes ``<train.out_dir>/{config.yaml, checkpoints/, samples/, metrics.jsonl, metrics.csv}``.
     Raises NonFiniteLossError (the last good checkpoint stays ``latest``),
-    IncompatibleCheckpointError or ConfigError (also when another living run holds
-    ``train.out_dir``: ``run_files.hold_run_dir``). SIGTERM / SIGINT / SIGUSR1 finish the step,
+    IncompatibleCheckpointError, ConfigError, or SettingError when another living run holds
+    ``train.out_dir`` (``run_files.hold_run_dir``). SIGTERM / SIGINT / SIGUSR1 finish the step,
     write a checkpoint and return with ``result.preempted`` set to the signal's name."""
     check_out_dir(cfg)  # a file in the way is named before the lock below creates the folder
     # rank 0 holds train.out_dir while the run lives: a second run into it is refused
