@@ -10,7 +10,7 @@ import os
 import re
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from .checksums import sidecar
@@ -150,4 +150,7 @@ def hold_run_dir(out_dir: str | os.PathLike, main: bool = True) -> Iterator[Path
                 for folder in created:  # a refused run leaves no empty run folder behind
                     folder.rmdir()
     finally:
+        # forked DataLoader workers share this lock until they exit: unlock it for all of them
+        with suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)

@@ -401,3 +401,21 @@ def test_the_first_log_line_names_the_size_overrides():
     # was: "ViT5-S/2 (0.33M parameters)", while the README lists ViT5-S/2 at 32.96M
     assert model_label(demo) == "ViT5-S/2 with depth=4, hidden_size=64, num_heads=4"
     assert model_label({"name": "SiT-XL/2", "depth": 28}) == "SiT-XL/2"
+
+
+def test_the_lock_is_released_while_forked_workers_live_on(tmp_path):
+    import multiprocessing
+    import time
+
+    from sit_vit5.run_files import hold_run_dir
+
+    fork = multiprocessing.get_context("fork")
+    with hold_run_dir(tmp_path / "D"):
+        worker = fork.Process(target=time.sleep, args=(30,))  # a DataLoader worker's fork
+        worker.start()
+    try:
+        with hold_run_dir(tmp_path / "D") as lock:  # the next train() call in this process
+            assert lock is not None
+    finally:
+        worker.kill()
+        worker.join()
