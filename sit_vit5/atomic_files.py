@@ -46,7 +46,8 @@ def _fsync_dir(directory: Path) -> None:
 
 def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], T]) -> T:
     """Call ``write(file)`` on a temporary file next to ``path``, fsync, rename over ``path``;
-    returns its result. A crash leaves the old or the new file; an error removes the temporary."""
+    returns its result. A crash leaves the old or the new file; an error removes the temporary
+    (an OSError that names no file, such as a full disk's, is raised again naming ``path``)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{TMP_PREFIX}{os.getpid()}-{path.name}")
@@ -56,6 +57,12 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], T]) -> T:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        if err.filename is not None:
+            raise
+        # a write through the file object (a full disk) names no file: name the one being written
+        raise OSError(err.errno, err.strerror or str(err), os.fspath(path)) from err
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -143,7 +143,23 @@ OPEN_SECTIONS = ("model",)
 
 
 class _Loader(yaml.SafeLoader):
-    """SafeLoader that also reads ``1e-4`` as a float (YAML 1.1, hence PyYAML, wants ``1.0e-4``)."""
+    """SafeLoader that also reads ``1e-4`` as a float (YAML 1.1, hence PyYAML, wants ``1.0e-4``)
+    and refuses a key given twice in one mapping, at any depth (PyYAML keeps the last silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            merge = key_node.tag == "tag:yaml.org,2002:merge"
+            if merge or not isinstance(key_node, yaml.ScalarNode):
+                continue  # "<<" merges may be overridden; unhashable keys: SafeLoader says why
+            key = self.construct_object(key_node)
+            line = key_node.start_mark.line + 1
+            if key in first:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} on lines {first[key]} and {line}: keep "
+                    "one", key_node.start_mark)
+            first[key] = line
+        return super().construct_mapping(node, deep=deep)
 
 
 _Loader.add_implicit_resolver(
@@ -238,8 +254,9 @@ class Range(NamedTuple):
 
     def describe(self) -> str:
         kind = "an integer" if self.integer else "a number"
-        lo = "" if self.low is None else f"{'>' if self.low_open else '>='} {self.low:g}"
-        hi = "" if self.high is None else f"{'<' if self.high_open else '<='} {self.high:g}"
+        fmt = "d" if self.integer else "g"  # integer bounds in full (2**64 - 1, not 1.84467e+19)
+        lo = "" if self.low is None else f"{'>' if self.low_open else '>='} {self.low:{fmt}}"
+        hi = "" if self.high is None else f"{'<' if self.high_open else '<='} {self.high:{fmt}}"
         bounds = " and ".join(b for b in (lo, hi) if b)
         return f"{kind}{' ' + bounds if bounds else ''}{' (or null)' if self.nullable else ''}"
 
@@ -258,6 +275,8 @@ class Range(NamedTuple):
 
 _COUNT, _COUNT0 = Range(1, integer=True), Range(0, integer=True)
 _POSITIVE = Range(0, low_open=True)
+#: seeds: what torch.manual_seed takes (it overflows beyond 64 bits)
+SEED_RANGE = Range(0, 2**64 - 1, integer=True)
 #: Numeric keys with a valid range (outside it a run trains garbage or crashes later).
 RANGES: dict[str, Range] = {
     "optim.lr": _POSITIVE,
@@ -273,7 +292,7 @@ RANGES: dict[str, Range] = {
     "data.num_workers": _COUNT0,
     "data.min_image_side": _COUNT0,
     "train.steps": _COUNT,
-    "train.seed": _COUNT0,
+    "train.seed": SEED_RANGE,
     "train.grad_accum": _COUNT,
     "train.cpu_threads": Range(1, integer=True, nullable=True),
     "train.log_every": _COUNT,
@@ -282,7 +301,7 @@ RANGES: dict[str, Range] = {
     "train.milestone_every": _COUNT0,
     "train.sample_every": _COUNT0,
     "sample.num_images": _COUNT,
-    "sample.seed": _COUNT0,
+    "sample.seed": SEED_RANGE,
     "sample.nrow": Range(1, integer=True, nullable=True),
     "repa.depth": _COUNT,
     "repa.projector_dim": _COUNT,

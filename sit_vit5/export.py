@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import os
 import shutil
 import sys
@@ -33,7 +34,15 @@ from pathlib import Path
 from typing import Any
 
 from .atomic_files import unwritable_dir_reason
-from .errors import KNOWN_ERRORS, SettingError, SitVit5Error, one_line, run_cli
+from .errors import (
+    KNOWN_ERRORS,
+    SettingError,
+    SitVit5Error,
+    exception_chain,
+    find_errno,
+    one_line,
+    run_cli,
+)
 from .hub import SiTPipeline, read_id2label, scheduler_from
 from .latent_norm import LatentNorm
 from .models import CheckpointError, LoadedModel, load_model, resolve_checkpoint
@@ -94,6 +103,13 @@ def build_pipeline(run_or_ckpt: str | os.PathLike, which: str = "ema",
     """The pipeline a checkpoint describes (weights ``which``, transport, sampler defaults, decoder;
     ``vae_name`` overrides); ``id2label`` names the classes (None: ImageNet's for 1000 classes)."""
     loaded = load_source(run_or_ckpt, which, model_name)
+    if id2label is not None:  # a partial table would name some classes and leave the rest blank
+        missing = sorted(set(range(loaded.num_classes)) - {int(k) for k in id2label})
+        if missing:
+            shown = ", ".join(map(str, missing[:5])) + (", ..." if len(missing) > 5 else "")
+            raise ExportError(f"id2label names {len(id2label)} classes but the model has "
+                              f"{loaded.num_classes}: class id(s) {shown} ({len(missing)} in all) "
+                              "have no name; give one name per class")
     vae, vae_cfg = bundled_vae(loaded, vae_name)
     # as sample.py: the checkpoint's sample section, else the objective's first method (ddpm: DiT's)
     default_method = create_objective(loaded.objective).methods[0]
@@ -140,6 +156,15 @@ def save_few_step_scheduler(pipe: SiTPipeline, folder: str | os.PathLike) -> Pat
     return out
 
 
+def _disk_full(err: BaseException) -> bool:
+    """Whether ``err`` (an OSError, or safetensors' Rust error that only quotes the OS) is a full
+    disk or an exceeded quota."""
+    if find_errno(err, errno.ENOSPC) or find_errno(err, errno.EDQUOT):
+        return True
+    return any(text in str(e) for e in exception_chain(err)
+               for text in ("No space left on device", "Disk quota exceeded"))
+
+
 def export(run_or_ckpt: str | os.PathLike, out_dir: str | os.PathLike, which: str = "ema",
            model_name: str | None = None, vae_name: str | None = None,
            push_to_hub: str | None = None, dtype: str = "fp32", fmt: str = "sit",
@@ -147,7 +172,9 @@ def export(run_or_ckpt: str | os.PathLike, out_dir: str | os.PathLike, which: st
     """Write the pipeline folder; returns ``out_dir``. ``dtype`` bf16 / fp16 stores transformer and
     VAE weights in half precision (run under autocast); ``fmt="dit"``: diffusers' DiTPipeline."""
     out = Path(out_dir)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"{out} exists and is a file, not a folder; choose a new output folder")
+    if out.exists() and any(out.iterdir()):
         raise ExportError(f"{out} exists and is not empty; choose a new output folder")
     reason = unwritable_dir_reason(out.parent)  # before the work, not a bare [Errno 17] after it
     if reason is not None:
@@ -175,6 +202,12 @@ def export(run_or_ckpt: str | os.PathLike, out_dir: str | os.PathLike, which: st
         if out.exists():
             out.rmdir()
         staging.rename(out)
+    except Exception as err:
+        if not _disk_full(err):
+            raise
+        raise ExportError(f"{out}: no space left on device in {out.parent} while writing the "
+                          "export; nothing was written (free some space or choose another "
+                          "output folder)") from err
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     if push_to_hub:

@@ -88,9 +88,41 @@ def read_image(path: str | os.PathLike, image_size: int, min_side: int = 0) -> t
     return pil_to_tensor(center_crop_arr(img, image_size))
 
 
+def _real_dir(path: str | os.PathLike) -> tuple[int, int]:
+    """(device, inode) of the directory ``path`` leads to (links followed)."""
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
+
+
+def _walk_once(root: Path, top: Path, seen: set[tuple[int, int]]
+               ) -> list[tuple[str, list[str], list[str]]]:
+    """``os.walk(top, followlinks=True)`` that enters each real directory once: a sub-directory
+    whose (device, inode) is in ``seen`` is pruned with a warning naming it (relative to ``root``)
+    and what it leads to; ``seen`` grows with every directory entered."""
+    walked = []
+    for dirpath, dirnames, filenames in os.walk(top, followlinks=True):
+        for dirname in list(dirnames):
+            path = os.path.join(dirpath, dirname)
+            try:
+                real = _real_dir(path)
+            except OSError:  # vanished or unreadable: os.walk reports nothing for it either
+                continue
+            if real in seen:
+                dirnames.remove(dirname)
+                warnings.warn(f"skipping {os.path.relpath(path, root)} in image folder {root}: it "
+                              f"leads to {os.path.realpath(path)}, which is already listed (a "
+                              "symlink loop or a second link to one folder)", stacklevel=3)
+            else:
+                seen.add(real)
+        walked.append((dirpath, dirnames, filenames))
+    return walked
+
+
 def list_image_folder(root: str | os.PathLike) -> tuple[list[str], list[int], list[str]]:
     """ImageFolder listing (classes: sorted sub-directories; images found recursively, sorted):
-    (paths relative to root, labels, classes)."""
+    (paths relative to root, labels, classes). Symlinks are followed, each real directory once: a
+    link to the root, to a class folder or to a folder already listed (a loop such as ``ln -s .
+    self``) is skipped with one warning naming it."""
     root = Path(root)
     if not root.is_dir():
         raise DataRootError(f"image folder {root} does not exist or is not a directory")
@@ -100,8 +132,11 @@ def list_image_folder(root: str | os.PathLike) -> tuple[list[str], list[int], li
                                 "(expected <root>/<class>/<image>)")
     files: list[str] = []
     labels: list[int] = []
+    # every real directory is listed once: a link back to the root, a class or a folder seen before
+    # (a loop, or a second way into the same folder) is skipped with one warning
+    seen = {_real_dir(root)} | {_real_dir(root / name) for name in classes}
     for label, name in enumerate(classes):
-        for dirpath, _, filenames in sorted(os.walk(root / name, followlinks=True)):
+        for dirpath, _, filenames in sorted(_walk_once(root, root / name, seen)):
             for filename in sorted(filenames):
                 if filename.lower().endswith(IMG_EXTENSIONS):
                     files.append(os.path.relpath(os.path.join(dirpath, filename), root))

@@ -49,3 +49,14 @@ def check_launcher_env(environ: Mapping[str, str] | None = None) -> int:
                           "processes with your MPI launcher, torchrun or accelerate launch, or "
                           f"unset {var}")
     return size
+
+
+def launcher_rank(environ: Mapping[str, str] | None = None) -> int:
+    """This process's global rank as the launcher announced it (its first rank variable set, e.g.
+    torchrun's RANK), 0 without a launcher."""
+    environ = os.environ if environ is None else environ
+    _, var = launcher_world_size(environ)
+    for rank_var in RANK_VARS.get(var or "", ()):
+        if environ.get(rank_var, "").strip().isdigit():
+            return int(environ[rank_var])
+    return 0

@@ -273,6 +273,9 @@ class SampleSpec:
             raise SettingError("time_shift", shift, ": must be a number > 0 (1 = uniform)")
         if self.eta < 0:
             raise SettingError("eta", self.eta, ": must be >= 0")
+        for name in ("atol", "rtol"):  # 0: the adaptive solver shrinks dt until it underflows
+            if getattr(self, name) <= 0:
+                raise SettingError(name, getattr(self, name), ": must be > 0")
         # frozen: object.__setattr__
         if self.sampling_method is None and self.method in DEFAULT_SAMPLING_METHOD:
             object.__setattr__(self, "sampling_method", DEFAULT_SAMPLING_METHOD[self.method])

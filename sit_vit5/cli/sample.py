@@ -3,7 +3,10 @@
     python sample.py grid --ckpt runs/demo/checkpoints/0002000.pt --classes 0 1 2 3 --seed 1
     torchrun --nproc_per_node 8 sample.py bulk --ckpt SiT-XL-2-256.pt --num-samples 50000 ...
 
-``--ckpt`` takes a checkpoint file or an official name (SiT-XL-2-256.pt, ...: fetched through the
+``--ckpt`` takes a checkpoint file, a run folder (its newest checkpoint), a folder written by
+``python -m sit_vit5.export`` (its transformer and scheduler settings), a ``.safetensors`` with
+its ``config.json`` beside it (``save_pretrained``: depth and width from the config), a diffusers
+DiT folder, or an official name (SiT-XL-2-256.pt, ...: fetched through the
 Hugging Face cache and SHA-256-checked). ``python sample.py`` in a checkout = ``sit-vit5-sample``
 when installed; the library behind it is ``sit_vit5.sampling``; see
 ``sample.py {grid,bulk} --help``.
@@ -40,6 +43,7 @@ from sit_vit5.names import (
     SD_VAE_IDS,
     name_objective,
 )
+from sit_vit5.run_files import CKPT_DIR, checkpoints_of, latest_checkpoint
 from sit_vit5.sample_spec import SampleSpec, finite_float, positive_int
 from sit_vit5.sample_spec import add_arguments as add_sampler_arguments
 
@@ -52,6 +56,9 @@ if TYPE_CHECKING:
 # The flags, --out and a local --ckpt are checked before torch is imported (_preflight).
 SD_VAE_EMA = SD_VAE_IDS[0]
 
+#: LoadedModel sources that record their transport and VAE (flags may not contradict them)
+RECORDED = ("ours", "export")
+MAX_SEED = 2**64 - 1  # config.SEED_RANGE's bound, without importing the config module
 #: SiT/DiT's --vae words -> decoders (their sample.py: stabilityai/sd-vae-ft-{ema,mse})
 VAE_WORDS = {"ema": SD_VAE_IDS[0], "mse": SD_VAE_IDS[1]}
 #: SiT's positional mode word (sample.py ODE|SDE) -> --method
@@ -92,8 +99,10 @@ def _common_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     g = p.add_argument_group("model")
     g.add_argument("--ckpt",
-                   help="our training checkpoint (.pt), an official SiT/DiT state dict, or an "
-                   "official name (SiT-XL-2-256.pt, ...: see sit_vit5/models/official.py); "
+                   help="our training checkpoint (.pt), a run folder (its newest checkpoint), an "
+                   "export folder, a .safetensors with its config.json beside it, an official "
+                   "SiT/DiT state dict, or an official name (SiT-XL-2-256.pt, ...: see "
+                   "sit_vit5/models/official.py); "
                    "default: the official file of --model at --image-size, as DiT's sample.py")
     g.add_argument("--model", help="architecture of an official / bare checkpoint: SiT-XL/2 for a "
                    "SiT file, DiT-XL/2 for a DiT file (the same network under the ddpm objective); "
@@ -255,7 +264,7 @@ def resolve_transport(args: argparse.Namespace, info: LoadedModel) -> dict:
             raise UsageError(f"{flag} {value}: {args.ckpt} is a {info.objective_name}-objective "
                              f"model, which has no {key}")
         trained = section.get(key, {"path_type": "Linear", "prediction": "velocity"}.get(key))
-        if info.source == "ours" and key != "sample_eps" and value != trained:
+        if info.source in RECORDED and key != "sample_eps" and value != trained:
             raise UsageError(f"{flag} {value}: {args.ckpt} was trained with {key}={trained}; the "
                              f"model's output means {trained}, so drop {flag}")
         section[key] = value
@@ -269,12 +278,12 @@ def resolve_vae(args: argparse.Namespace, info: LoadedModel) -> dict:
     vae = dict(info.vae)
     if args.vae is not None:
         trained_on_latents = vae_enabled(vae.get("name"))
-        if info.source == "ours" and trained_on_latents != vae_enabled(args.vae):
+        if info.source in RECORDED and trained_on_latents != vae_enabled(args.vae):
             raise UsageError(f"--vae {args.vae}: {args.ckpt} was trained "
                              + (f"on {vae['name']} latents; it needs a decoder"
                                 if trained_on_latents
                                 else "in pixel space (vae.name=none); it takes no decoder"))
-        if info.source == "ours" and args.vae != vae["name"]:
+        if info.source in RECORDED and args.vae != vae["name"]:
             warnings.warn(f"--vae {args.vae}: decoding latents of a model trained with "
                           f"{vae['name']}", stacklevel=2)
         vae["name"] = args.vae
@@ -322,6 +331,33 @@ def build_pipeline(args: argparse.Namespace, device: torch.device
     return pipe, loaded, pipe.image_size
 
 
+def check_device(device: str | None) -> None:
+    """UsageError naming ``--device`` when torch cannot parse it or this machine does not have it
+    (without it: a CUDA initialisation traceback at the first tensor)."""
+    if device is None:
+        return
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except RuntimeError as err:
+        raise UsageError(f"--device {device}: not a device ({one_line(err)}); e.g. cpu, cuda, "
+                         "cuda:1") from None
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise UsageError(f"--device {device}: no CUDA GPU is available on this machine; use "
+                             "--device cpu")
+        if dev.index is not None and dev.index >= count:
+            raise UsageError(f"--device {device}: only {count} GPU(s) are visible (cuda:0 .. "
+                             f"cuda:{count - 1})")
+    elif dev.type not in ("cpu", "meta"):
+        try:  # mps, xpu, ...: whether this build and machine have it
+            torch.empty(0, device=dev)
+        except (RuntimeError, AssertionError) as err:
+            raise UsageError(f"--device {device}: not available here ({one_line(err)})") from None
+
+
 def _describe(info: LoadedModel, pipe: SamplingPipeline, image_size: int, ckpt: str) -> str:
     step = f", step {info.step}" if info.step is not None else ""
     which = f" ({info.which})" if info.which else ""
@@ -345,6 +381,7 @@ def _grid(args: argparse.Namespace) -> int:
 
     from sit_vit5.sampling import sample_grid
 
+    check_device(args.device)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     pipe, info, image_size = build_pipeline(args, device)
     args.out = args.out or f"samples/grid{_size_suffix(info, pipe)}"
@@ -373,6 +410,7 @@ def _bulk(args: argparse.Namespace) -> int:
     from sit_vit5.sampling import sample_bulk
     from sit_vit5.sampling.labels import check_label_sampling
 
+    check_device(args.device)
     # the launcher's group (gloo without a GPU): else every process would draw every sample
     on_cpu = args.device is not None and torch.device(args.device).type == "cpu"
     state = join_launcher_group(cpu=on_cpu)
@@ -452,6 +490,22 @@ def main(argv: list[str] | None = None) -> int:
                        render=_message, resumable=args.command == "bulk")
 
 
+def run_folder_checkpoint(ckpt: str) -> str:
+    """``--ckpt`` as a file when it names a run folder (or its ``checkpoints/``): the newest
+    complete checkpoint there, as ``python -m sit_vit5.export`` takes it; anything else unchanged
+    (a model folder, one with ``model_index.json`` or ``config.json``, goes to ``load_model``).
+    UsageError for a folder that is none of these."""
+    path = Path(ckpt)
+    if not path.is_dir() or any((path / name).is_file()
+                                for name in ("model_index.json", "config.json")):
+        return ckpt
+    latest = latest_checkpoint(checkpoints_of(path))
+    if latest is None:
+        raise UsageError(f"--ckpt {ckpt}: a folder without checkpoints (a run folder holds "
+                         f"{CKPT_DIR}/, an export model_index.json, a saved model config.json)")
+    return str(latest)
+
+
 def _preflight(args: argparse.Namespace) -> None:
     """The checks that need neither torch nor the model (UsageError naming the flag): a local
     ``--ckpt`` file is whole (and matches its sidecar), any other value is an official name;
@@ -459,7 +513,10 @@ def _preflight(args: argparse.Namespace) -> None:
     the launcher's environment, the first thing wrong in a bad launch."""
     if args.command == "bulk":
         check_launcher_env()
+    if not 0 <= args.seed <= MAX_SEED:  # torch.manual_seed takes 64 bits
+        raise UsageError(f"--seed {args.seed}: must be an integer in [0, {MAX_SEED}]")
     if args.ckpt is not None:
+        args.ckpt = run_folder_checkpoint(args.ckpt)
         if Path(args.ckpt).is_file():
             check_checkpoint_file(args.ckpt, "--ckpt", flag="--ckpt")
         elif not Path(args.ckpt).exists() and args.ckpt not in OFFICIAL_NAMES:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Iterable, KeysView
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,7 +28,7 @@ from ..checksums import (
     verify_sha256,
     verify_sidecar,
 )
-from ..errors import SitVit5Error
+from ..errors import SitVit5Error, one_line
 from ..run_files import truncation
 
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP and torch.compile wrappers
@@ -65,7 +66,11 @@ def read_checkpoint(path: str | os.PathLike, sha256: str | None = None) -> dict:
     if path.endswith(".safetensors"):
         from safetensors.torch import load_file
 
-        return load_file(path)
+        try:
+            return load_file(path)
+        except Exception as err:  # safetensors' own (Rust) error: not an OSError
+            raise CheckpointError(f"{path}: not a readable .safetensors file "
+                                  f"({one_line(err)})") from err
     # official DiT/SiT training checkpoints store argparse.Namespace as "args": an attribute bag
     with torch.serialization.safe_globals([argparse.Namespace]):
         try:
@@ -75,8 +80,7 @@ def read_checkpoint(path: str | os.PathLike, sha256: str | None = None) -> dict:
             if cut is not None:
                 raise CheckpointError(f"{path}: truncated or not a checkpoint ({cut}); copy or "
                                       "download it again") from err
-            raise CheckpointError(f"{path}: cannot be read as a weights-only checkpoint "
-                                  f"({err})") from err
+            raise CheckpointError(f"{path}: {_unreadable_reason(path, err)}") from err
     if not isinstance(obj, dict):
         raise CheckpointError(f"{path}: expected a dict of tensors, got {type(obj).__name__}")
     unknown = sorted(map(str, set(obj) - CHECKPOINT_KEYS))
@@ -89,6 +93,30 @@ def read_checkpoint(path: str | os.PathLike, sha256: str | None = None) -> dict:
     except ChecksumError as err:
         raise CheckpointError(f"checkpoint {path} is corrupt or was altered: {err}") from None
     return obj
+
+
+#: the first bytes of the files torch.load reads: a zip archive (torch >= 1.6) or a pickle
+_TORCH_FILE_HEADS = (b"PK\x03\x04", b"\x80")
+#: what torch's weights-only unpickler names when a file needs code to load
+_UNSAFE_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
+
+
+def _unreadable_reason(path: str, err: BaseException) -> str:
+    """Why ``torch.load(path, weights_only=True)`` failed, in one line: not a torch file at all, a
+    pickle that would run code (our words: torch's advice to drop weights_only is not ours), or
+    torch's message."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+    if not head.startswith(_TORCH_FILE_HEADS):
+        return (f"not a checkpoint: neither a torch.save file nor .safetensors (it begins with "
+                f"{head!r})")
+    unsafe = _UNSAFE_GLOBAL.search(str(err))
+    if unsafe or "weights_only" in str(err).replace("Weights only", "weights_only"):
+        what = f"it names {unsafe[1]}" if unsafe else "it holds more than weights"
+        return (f"refused: loading this pickle would run code ({what}); only weights-only "
+                "checkpoints (tensors, numbers, strings, containers) and .safetensors files are "
+                "read. Save the state dict again from a source you trust")
+    return f"cannot be read as a weights-only checkpoint ({one_line(err)})"
 
 
 def load_state_dict(path: str | os.PathLike, which: str = "ema", sha256: str | None = None
@@ -199,13 +227,16 @@ class LoadedModel:
     it.
 
     ``source``: "ours" (training checkpoint of this codebase, config in ``args``), "official" (bare
-    state dict such as SiT-XL-2-256.pt, or a DiT/SiT training checkpoint with argparse ``args``) or
-    "diffusers" (a DiTTransformer2DModel folder). ``input_size``: the model's training input side
-    (latent side for latent models). ``objective``: the config's ``transport`` section the objective
-    is built from (``create_objective(loaded.objective)``): ``objective`` sit | ddpm (DiT), as
-    recorded (ours) or as told (official), and that objective's keys. ``vae``: ``{"name": hub id |
-    directory | "none", "scaling_factor"}``. ``sample``: the checkpoint's ``sample`` config section
-    (ours) or {}. ``step``: the training step if recorded; ``which``: "ema" | "model" for training
+    state dict such as SiT-XL-2-256.pt, or a DiT/SiT training checkpoint with argparse ``args``),
+    "diffusers" (a DiTTransformer2DModel folder), "export" (a folder ``python -m sit_vit5.export``
+    wrote: transport, sampler and VAE recorded in its scheduler) or "pretrained" (a SiT / ViT5
+    ``save_pretrained`` folder or ``.safetensors`` beside its ``config.json``). ``input_size``: the
+    model's training input side (latent side for latent models). ``objective``: the config's
+    ``transport`` section the objective is built from (``create_objective(loaded.objective)``):
+    ``objective`` sit | ddpm (DiT), as recorded (ours) or as told (official), and that
+    objective's keys. ``vae``: ``{"name": hub id | directory | "none", "scaling_factor"}``.
+    ``sample``: the checkpoint's ``sample`` config section (ours, export) or {}. ``step``: the
+    training step if recorded; ``which``: "ema" | "model" for training
     checkpoints, None for bare state dicts.
     """
 

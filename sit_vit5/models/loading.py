@@ -9,9 +9,11 @@ model name, and the rest of the architecture is read off the tensors.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import warnings
+from pathlib import Path
 from typing import Any
 
 from torch import Tensor
@@ -27,6 +29,8 @@ from .checkpoint_files import (
     strip_wrappers,
 )
 from .registry import (
+    BACKBONES,
+    SIZES,
     create_model,
     list_models,
     model_kwargs,
@@ -145,6 +149,93 @@ def _official(args: Any, state: dict[str, Tensor], model_name: str | None,
         objective=section, vae=vae, step=step, which=which)
 
 
+#: ``_class_name`` of the config.json that ``save_pretrained`` writes for our transformers
+PRETRAINED_CLASSES = ("SiT", "ViT5")
+
+
+def pretrained_config(folder: str | os.PathLike) -> dict[str, Any] | None:
+    """``folder/config.json`` when ``save_pretrained`` wrote it for SiT or ViT5, else None."""
+    file = Path(folder) / "config.json"
+    if not file.is_file():
+        return None
+    try:
+        config = json.loads(file.read_text())
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) and config.get("_class_name") in \
+        PRETRAINED_CLASSES else None
+
+
+def export_folder(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a pipeline folder ``python -m sit_vit5.export`` wrote (its transformer
+    SiT or ViT5: ``model_index.json``, ``transformer/``, ``scheduler/``)."""
+    index = Path(path) / "model_index.json"
+    try:
+        entry = json.loads(index.read_text()).get("transformer") if index.is_file() else None
+    except (OSError, ValueError):
+        return False
+    ours = isinstance(entry, list) and bool(entry) and entry[-1] in PRETRAINED_CLASSES
+    return ours and pretrained_config(Path(path) / "transformer") is not None
+
+
+def _pretrained_name(model: Any) -> str:
+    """The registry name of a model's class and sizes (``ViT5-S/2``), else a description of them
+    (a shrunk model: ``ViT5/2 (depth 4, hidden 64, heads 4)``)."""
+    cls = type(model).__name__
+    sizes = (model.config.depth, model.config.hidden_size, model.config.num_heads)
+    size = next((s for s, v in SIZES.items() if v == sizes), None)
+    if size is not None:
+        return f"{cls}-{size}/{model.patch_size}"
+    return f"{cls}/{model.patch_size} (depth {sizes[0]}, hidden {sizes[1]}, heads {sizes[2]})"
+
+
+def _pretrained_objective(path: str, model_name: str | None, objective: str | None,
+                          recorded: dict[str, Any] | None) -> dict[str, Any]:
+    """The transport section of a save_pretrained model: the export's scheduler records it (a
+    different ``objective`` is an error), else ``objective``, the name's, or SiT's defaults."""
+    if recorded:
+        trained = recorded.get("objective", "sit")
+        if objective is not None and objective != trained:
+            raise ValueError(f"{path} was exported with transport.objective={trained}; its "
+                             "output means that, so drop the objective")
+        return {k: v for k, v in recorded.items() if v is not None}
+    if model_name is not None:
+        return {"objective": _official_objective(model_name, objective)}
+    return {"objective": objective or "sit"}
+
+
+def _load_pretrained(folder: Path, state: dict[str, Tensor] | None, model_name: str | None,
+                     objective: str | None, path: str) -> LoadedModel:
+    """A SiT / ViT5 saved with ``save_pretrained`` (``folder/config.json``), with the weights
+    ``state`` (None: the folder's own), and, in an export folder, its scheduler's transport,
+    sampler and VAE settings (``folder`` is then its ``transformer/``)."""
+    config = pretrained_config(folder)
+    cls = BACKBONES[config["_class_name"]]
+    if state is None:
+        model = cls.from_pretrained(folder)
+    else:
+        model = cls.from_config({k: v for k, v in config.items() if not k.startswith("_")})
+        check_state_dict(model, state, source=path)
+        model.load_state_dict(state, strict=True)
+    name = _pretrained_name(model)
+    names = (cls.__name__, "DiT") if cls.__name__ == "SiT" else (cls.__name__,)
+    if model_name is not None and model_name.split("-")[0] not in names:
+        raise ValueError(f"{path} holds a {name} (its config.json), not {model_name!r}; drop the "
+                         "model name")
+    file = folder.parent / "scheduler" / "scheduler_config.json"
+    scheduler = json.loads(file.read_text()) if file.is_file() else {}
+    # without an export's scheduler: the official files' default (SD-VAE ft-EMA for 4 channels)
+    vae = dict(scheduler.get("vae") or {"name": SD_VAE_EMA if model.in_channels == 4 else "none",
+                                        "scaling_factor": SD_VAE_SCALING_FACTOR})
+    if vae.get("name") not in (None, "none") and (folder.parent / "vae" / "config.json").is_file():
+        vae["name"] = str(folder.parent / "vae")  # the decoder the export bundled: no download
+    return LoadedModel(
+        model, name, "export" if scheduler else "pretrained", model.input_size, model.in_channels,
+        model.num_classes, objective=_pretrained_objective(path, model_name, objective,
+                                                           scheduler.get("transport")),
+        vae=vae, sample=dict(scheduler.get("sampler") or {}))
+
+
 def load_model(
     ckpt: str | os.PathLike, model_name: str | None = None, which: str = "ema",
     input_size: int | None = None, sha256: str | None = None,
@@ -163,8 +254,14 @@ def load_model(
     has no ``pos_embed``. ``overrides``: ``create_model`` keywords for a bare state dict whose
     architecture is not the registry's (depth, hidden_size, num_heads, switches).
 
-    A directory is read as a diffusers DiT folder (``sit_vit5.models.diffusers_dit``: a
-    ``DiTTransformer2DModel`` folder or a DiTPipeline folder; objective ddpm, source "diffusers").
+    A directory is read as a pipeline folder ``python -m sit_vit5.export`` wrote (source
+    "export": the transformer, and the transport, sampler and VAE its scheduler records), a SiT /
+    ViT5 ``save_pretrained`` folder (source "pretrained": the transport from ``objective`` or the
+    name, else SiT's Linear / velocity), or a diffusers DiT folder
+    (``sit_vit5.models.diffusers_dit``: a ``DiTTransformer2DModel`` folder or a DiTPipeline folder;
+    objective ddpm, source "diffusers"). A ``.safetensors`` file with a SiT / ViT5 ``config.json``
+    beside it is built from that config (depth, width, switches: no ``model_name`` needed), as a
+    "pretrained" model.
 
     ``objective`` (sit | ddpm): ours record it (a different one is an error). Official files cannot
     tell, DiT and SiT sharing their key layout: the model name does (``DiT-*`` = ddpm, other names
@@ -178,10 +275,18 @@ def load_model(
 
         if sha256 or overrides:
             raise ValueError(f"{path}: sha256 / overrides apply to checkpoint files, not folders")
+        if export_folder(path):  # ours, from python -m sit_vit5.export
+            return _eval(_load_pretrained(Path(path) / "transformer", None, model_name, objective,
+                                          path))
+        if pretrained_config(path) is not None:  # SiT / ViT5 save_pretrained folder
+            return _eval(_load_pretrained(Path(path), None, model_name, objective, path))
         return load_dit_folder(path, model_name, objective)
     obj = read_checkpoint(path, sha256)
     state, step, which_loaded = _weights(obj, which, path)
     args = obj.get("args")
+    if args is None and path.endswith(".safetensors") and pretrained_config(
+            Path(path).parent) is not None:  # save_pretrained's weights: config.json beside them
+        return _eval(_load_pretrained(Path(path).parent, state, model_name, objective, path))
     if _is_our_config(args):
         loaded = _ours(args, model_name, objective, path, step, which_loaded)
     else:
@@ -189,5 +294,10 @@ def load_model(
                            which_loaded)
     check_state_dict(loaded.model, state, source=path)
     loaded.model.load_state_dict(state, strict=True)
+    return _eval(loaded)
+
+
+def _eval(loaded: LoadedModel) -> LoadedModel:
+    """``loaded`` with its model in eval mode, without gradients."""
     loaded.model.eval().requires_grad_(False)
     return loaded

@@ -130,7 +130,12 @@ def _compute_dtype(x: Tensor) -> torch.dtype:
 
 class SiT(ModelMixin, ConfigMixin):
     """Class-conditional velocity network: (x (B, C, H, W), t (B,) in [0, 1], y (B,)) ->
-    (B, C, H, W); a :class:`~sit_vit5.models.backbone.Backbone`.
+    (B, C_out, H, W), C_out = 2C with ``learn_sigma`` (every official file), else C; a
+    :class:`~sit_vit5.models.backbone.Backbone`.
+
+    The output is DiT's contract: the prediction, then DiT's variance half. Official SiT's forward
+    drops that half and returns C channels; code ported from SiT's repository takes
+    ``model(x, t, y)[:, :C]`` (equal to it to 0.0).
 
     ``t_freq_shift`` (0) and ``mlp_norm_eps`` (1e-6) are DiT/SiT's timestep frequencies and MLP-norm
     eps; a model converted from diffusers' ``DiTTransformer2DModel`` keeps that class's 1 and its
@@ -317,7 +322,7 @@ class SiT(ModelMixin, ConfigMixin):
     def forward(self, x: Tensor, t: Tensor, y: Tensor) -> Tensor:
         """The full output (B, C_out, H, W): C channels, or 2C with learn_sigma (as DiT: the
         prediction, then DiT's variance values, which SiT's transport ignores); the objective reads
-        what it needs."""
+        what it needs. Official SiT's forward returns only ``[:, :C]`` (see the class docstring)."""
         p = self.patch_size
         if x.shape[-2] % p or x.shape[-1] % p:
             raise ValueError(f"input spatial size {tuple(x.shape[-2:])} is not divisible by "

@@ -88,8 +88,12 @@ def claim_batch(parts_dir: Path, indices: np.ndarray, timeout_s: float = CLAIM_T
                 return None
             path.unlink(missing_ok=True)
             continue
-        with os.fdopen(fd, "w") as f:
-            json.dump(record, f)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(record, f)
+        except OSError as err:  # a full disk: name the file (the bare error names none)
+            path.unlink(missing_ok=True)
+            raise OSError(err.errno, err.strerror or str(err), os.fspath(path)) from err
         return path
     return None
 

@@ -23,6 +23,7 @@ from ..distributed import check_group, describe_group, prepare_launch
 from ..image_data import DataRootError, DigitsDataset, ImageFolderDataset
 from ..latent_norm import LatentNorm, LatentNormError
 from ..models import count_params, model_from_config
+from ..models.registry import _NAME, SIZES
 from ..objective import Objective, create_objective
 from ..precision import grad_scaler
 from ..run_files import previous_checkpoint
@@ -234,20 +235,40 @@ def resolve_latent_norm(cfg: Config, dataset: Dataset, vae: nn.Module | None,
     return norm
 
 
+def _check_patch_grid(cfg: Config, side: int, factor: int) -> None:
+    """ConfigError naming ``data.image_size`` (or the latent cache) when the model's input side
+    ``side`` (data side / ``factor``, the VAE's downsampling) is not a multiple of its patch size:
+    the patch embedding would fail at the first step, after the run folder is made."""
+    m, data = cfg["model"], cfg["data"]
+    patch = m.get("patch_size") or int(_NAME.match(m["name"])["patch"])
+    if side % patch == 0 and side > 0:
+        return
+    if data["kind"] == "latents":
+        raise ConfigError(f"data.root={data['root']}: the cached latents are {side}x{side}, not a "
+                          f"multiple of {m['name']}'s patch size {patch}")
+    seen = f"{side}x{side} latents" if factor > 1 else f"{side}x{side} inputs"
+    raise ConfigError(f"data.image_size={data['image_size']}: the model sees {seen}, not a "
+                      f"multiple of {m['name']}'s patch size {patch}; use a multiple of "
+                      f"{patch * factor}")
+
+
 def resolve_data_dependent(cfg: Config, dataset: Dataset, vae: nn.Module | None) -> Config:
     """A copy of ``cfg`` with ``model.input_size / in_channels / num_classes`` filled from the data
     and the ``vae`` normalisation resolved (``resolve_latent_norm``); values already given are
     checked against it (ConfigError)."""
     channels, height, _ = dataset.sample_shape
     kind, vae_name = cfg["data"]["kind"], cfg["vae"]["name"]
+    factor = 1  # data pixels per model-input pixel
     if vae is not None and kind != "latents":  # images encoded on the fly
         if channels != 3:
             raise ConfigError(f"vae.name={vae_name!r} encodes RGB images, but data.kind={kind!r} "
                               f"gives {channels}-channel images; set vae.name=none")
-        channels, height = vae.config.latent_channels, height // downsampling_factor(vae)
+        factor = downsampling_factor(vae)
+        channels, height = vae.config.latent_channels, height // factor
     if kind == "latents" and vae is not None and vae.config.latent_channels != channels:
         raise ConfigError(f"vae.name={vae_name!r} makes {vae.config.latent_channels}-channel "
                           f"latents, but the latent cache {cfg['data']['root']} holds {channels}")
+    _check_patch_grid(cfg, height, factor)
     resolved = copy.deepcopy(cfg)
     if vae is not None or kind == "latents":
         resolved["vae"].update(resolve_latent_norm(cfg, dataset, vae, channels).section())
@@ -410,6 +431,22 @@ def build(cfg: Config, resume: str | None, loss_fn: LossFn = objective_loss) -> 
                loss_fn, repa)
 
 
+#: ``model`` keys that change a registry name's size (the log line names them when overridden)
+SIZE_KEYS = ("depth", "hidden_size", "num_heads", "patch_size", "mlp_ratio")
+
+
+def model_label(m: dict[str, Any]) -> str:
+    """The model name with the size overrides that make it another size than the name says:
+    ``ViT5-S/2 with depth=4, hidden_size=64, num_heads=4`` (the demo), else the bare name."""
+    match = _NAME.match(m["name"])
+    depth, hidden, heads = SIZES[match["size"]]
+    named = {"depth": depth, "hidden_size": hidden, "num_heads": heads,
+             "patch_size": int(match["patch"]), "mlp_ratio": 4.0}
+    changed = [f"{k}={m[k]:g}" if k == "mlp_ratio" else f"{k}={m[k]}" for k in SIZE_KEYS
+               if m.get(k) is not None and m[k] != named[k]]
+    return f"{m['name']} with {', '.join(changed)}" if changed else m["name"]
+
+
 def describe(run: Run) -> str:
     """One line: model size, processes, strategy, precision, data, batch split, steps, run dir."""
     cfg, t, b = run.cfg, run.cfg["train"], run.batches
@@ -417,7 +454,7 @@ def describe(run: Run) -> str:
     strategy = "FSDP2" if run.sharded else ("DDP" if b.world_size > 1 else "one process")
     threads = f" ({run.result.cpu_threads} threads)" if run.result.cpu_threads else ""
     precision = {"fp32": "fp32", "bf16": "bf16 autocast", "fp16": "fp16 autocast + loss scaling"}
-    return (f"{cfg['model']['name']} ({n_params / 1e6:.2f}M parameters) on "
+    return (f"{model_label(cfg['model'])} ({n_params / 1e6:.2f}M parameters) on "
             f"{describe_group(b.world_size, run.device)}{threads}, {strategy}, "
             f"{precision[t['precision']]}{', torch.compile' if t['compile'] else ''}; "
             f"{len(run.dataset)} items, global batch {cfg['data']['global_batch_size']} = "

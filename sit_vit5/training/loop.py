@@ -20,10 +20,12 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from ..config import Config
+from ..config import Config, check_out_dir
 from ..errors import SitVit5Error
 from ..latent_norm import LatentNorm
+from ..launcher import launcher_rank
 from ..precision import autocast
+from ..run_files import hold_run_dir
 from ..transport.rng import mix_seed
 from ..vae import encode
 from .build import LossFn, Run, TrainResult, build, describe, objective_loss
@@ -205,11 +207,15 @@ def train(cfg: Config, resume: str | None = None, loss_fn: LossFn = objective_lo
 
     Writes ``<train.out_dir>/{config.yaml, checkpoints/, samples/, metrics.jsonl, metrics.csv}``.
     Raises NonFiniteLossError (the last good checkpoint stays ``latest``),
-    IncompatibleCheckpointError or ConfigError. SIGTERM / SIGINT / SIGUSR1 finish the step, write a
-    checkpoint and return with ``result.preempted`` set to the signal's name."""
-    run = build(cfg, resume, loss_fn)
-    with PreemptionGuard() as guard:  # from the start line on, a signal always ends in a checkpoint
-        return _loop(run, guard)
+    IncompatibleCheckpointError, ConfigError, or SettingError when another living run holds
+    ``train.out_dir`` (``run_files.hold_run_dir``). SIGTERM / SIGINT / SIGUSR1 finish the step,
+    write a checkpoint and return with ``result.preempted`` set to the signal's name."""
+    check_out_dir(cfg)  # a file in the way is named before the lock below creates the folder
+    # rank 0 holds train.out_dir while the run lives: a second run into it is refused
+    with hold_run_dir(cfg["train"]["out_dir"], main=launcher_rank() == 0):
+        run = build(cfg, resume, loss_fn)
+        with PreemptionGuard() as guard:  # from the start line on, a signal ends in a checkpoint
+            return _loop(run, guard)
 
 
 def _loop(run: Run, guard: PreemptionGuard) -> TrainResult:
