@@ -45,7 +45,7 @@ from .transport import Transport
 
 METHODS = TRANSPORT_METHODS  # probability-flow ODE or SDE: the ``method`` of configs and CLIs
 
-HOST_FLOATS = torch.empty(0, dtype=torch.float64)  # time_grid's `like` for host-side grids
+HOST_FLOATS = torch.empty(0, dtype=torch.float64)  # on cpu: time_grid's `like` for host-side grids
 
 # Last SDE step from t1 to 1 (size h), given x, v, s, D at t1 and the path's alpha, sigma at t1.
 LastStep = Callable[[Tensor, Tensor, Tensor, Tensor, float, Tensor, Tensor], Tensor]
