@@ -16,7 +16,8 @@ import statistics
 import torch
 
 from bench.common import add_common_args, interleaved_timings, print_table, setup, write_json
-from sit_vit5.models.layers import RMSNorm, _QKNormRopeFunction
+from sit_vit5.models.kernels import _QKNormRopeFunction
+from sit_vit5.models.layers import RMSNorm
 from sit_vit5.models.registry import SIZES
 from sit_vit5.models.rope import RopeTables
 

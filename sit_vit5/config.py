@@ -61,7 +61,7 @@ DEFAULTS: Config = {
         "ddpm_variance": DDPM_DEFAULTS["ddpm_variance"],
     },
     "data": {
-        "kind": "imagefolder",  # digits | imagefolder | latents (training.build.DATASETS)
+        "kind": "imagefolder",  # digits | imagefolder | latents (training.data.DATASETS)
         "root": None,  # class-subfolder image dir (imagefolder) or latent cache dir (latents)
         "image_root": None,  # latents + REPA: the ImageFolder the cache was made from
         "image_size": 256,  # pixel side after the ADM center crop (digits: 8)

@@ -7,8 +7,9 @@ import torch
 import torch.nn.functional as F
 
 from sit_vit5.models import create_model
-from sit_vit5.models.layers import RMSNorm, _RMSNormFunction
-from sit_vit5.models.rope import Rotation, apply_rope, rope_angles_2d
+from sit_vit5.models.kernels import Rotation, _RMSNormFunction
+from sit_vit5.models.layers import RMSNorm
+from sit_vit5.models.rope import apply_rope, rope_angles_2d
 
 TINY = dict(input_size=8, in_channels=4, depth=2, hidden_size=64, num_heads=4, num_classes=10)
 

@@ -17,7 +17,7 @@ from sit_vit5.image_data import (
     item_generator,
     item_seed,
 )
-from sit_vit5.training.build import build_dataset
+from sit_vit5.training.data import build_dataset
 from tests.helpers import TRAIN_ARGV, naming, run_train
 
 
@@ -281,7 +281,7 @@ def test_training_refuses_a_tiny_image_unless_told(tmp_path):
 
     from sit_vit5.config import load_config
     from sit_vit5.image_data import TooSmallImageError
-    from sit_vit5.training.build import build_dataset_from_config
+    from sit_vit5.training.data import build_dataset_from_config
 
     for name, side in (("a/big.png", 16), ("a/tiny.png", 1)):
         (tmp_path / name).parent.mkdir(exist_ok=True)

@@ -26,7 +26,7 @@ from sit_vit5.config import load_config
 from sit_vit5.errors import SitVit5Error, run_cli
 from sit_vit5.latent_cache import CacheMismatchError, CorruptCacheError, LatentCacheDataset, npy_layout
 from sit_vit5.training import NonFiniteLossError, train
-from sit_vit5.training.build import build_dataset
+from sit_vit5.training.data import build_dataset
 from tests.conftest import TINY_VAE
 from tests.helpers import assert_names, make_image_folder, naming, refused_in_one_line
 

@@ -44,7 +44,8 @@ PLATFORM: tuple[str, ...] = (
 #: when the config (or the file it is given) names that layer.
 BUILDERS = {
     "sit_vit5/objective/__init__.py": "objective_class imports DiT's objective for objective=ddpm",
-    "sit_vit5/training/build.py": "REPA, FSDP2 and the latent cache when the config sets them",
+    "sit_vit5/training/build.py": "REPA and FSDP2 when the config sets them",
+    "sit_vit5/training/data.py": "the latent cache for data.kind=latents",
     "sit_vit5/models/loading.py": "the diffusers DiT conversion for a diffusers DiT folder",
 }
 #: Modules that import some project modules inside functions, and why: they check their inputs before
@@ -64,8 +65,8 @@ CLI_RANK = len(LAYERS)  # sample.py, train.py: on top of everything
 #: package's __init__ re-exports from any of them).
 PACKAGE_LAYERS: dict[str, list[tuple[str, ...]]] = {
     "training": [
-        ("batching", "checkpoint", "diagnostics", "ema", "fsdp", "grids", "logging", "step_report",
-         "optim", "preemption"),
+        ("batching", "checkpoint", "data", "diagnostics", "ema", "fsdp", "grids", "logging",
+         "step_report", "optim", "preemption"),
         ("repa",),  # all of REPA (encoders, projector, loss, its share of the step): training-only
         ("build",),
         ("loop",),

@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from sit_vit5.models import create_model, layers
-from sit_vit5.models.layers import RMSNorm, _QKNormRopeFunction, norm_and_rotate
+from sit_vit5.models.kernels import _QKNormRopeFunction
+from sit_vit5.models.layers import RMSNorm, norm_and_rotate
 from sit_vit5.models.rope import RopeTables, apply_rope
 
 TINY = dict(input_size=8, in_channels=4, depth=2, hidden_size=64, num_heads=4, num_classes=10)
@@ -87,7 +88,7 @@ def test_fusion_is_taken_only_where_it_applies(monkeypatch):
     assert torch.equal(identity, rotation(q))
     bf16 = norm_and_rotate(q.bfloat16(), norm, _rotation(torch.bfloat16))  # in fp32 inside the node
     assert type(bf16.grad_fn).__name__ == name and bf16.dtype == torch.bfloat16
-    from sit_vit5.models.rope import Rotation
+    from sit_vit5.models.kernels import Rotation
 
     cos, sin = _rotation(torch.bfloat16).source  # bf16 tables without fp32 ones: the real form
     assert type(norm_and_rotate(q.bfloat16(), norm, Rotation(cos, sin)).grad_fn).__name__ != name

@@ -294,14 +294,17 @@ def resolve_vae(args: argparse.Namespace, info: LoadedModel) -> dict:
 def build_pipeline(args: argparse.Namespace, device: torch.device
                    ) -> tuple[SamplingPipeline, LoadedModel, int]:
     """Load the model, objective and decoder ``args`` name: (pipeline, loaded, image side)."""
-    from sit_vit5.models import resolve_checkpoint
     from sit_vit5.objective import create_objective
     from sit_vit5.sampling import SamplingPipeline
 
     # a local file, or an official name -> the hub cache (SHA-256 checked, licence printed);
     # after the launcher check of bulk runs, so a bad launch is reported before any download
     args.ckpt = args.ckpt or default_checkpoint(args.model, args.image_size)
-    args.ckpt_path, official = resolve_checkpoint(args.ckpt)
+    args.ckpt_path, official = Path(args.ckpt), None
+    if not args.ckpt_path.exists():  # the official weights (platform): only for a name
+        from sit_vit5.models.official import resolve_checkpoint
+
+        args.ckpt_path, official = resolve_checkpoint(args.ckpt)
     objective = args.objective
     if official is not None:  # the table says what the file is (DiT's: the ddpm objective)
         if objective is not None and objective != official.objective:

@@ -12,93 +12,13 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.autograd.function import once_differentiable
 
-from .rope import Rotation
+from .kernels import Rotation, _QKNormRopeFunction, _RMSNormFunction
 
 
 def modulate(x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
     """adaLN modulation ``x * (1 + scale) + shift``; x (B, N, D), shift/scale (B, D)."""
     return x * (1 + scale.unsqueeze(1)) + shift.unsqueeze(1)
-
-
-class _RMSNormFunction(torch.autograd.Function):
-    """RMSNorm (over the last dim) with a hand-written backward, for CPU.
-
-    CPU has no fused rms_norm backward (torch 2.x: ``_fused_rms_norm_backward`` is CUDA-only),
-    and autograd through the composite (pow, mean, rsqrt, mul) costs ~2x this. The forward is the
-    same op sequence as F.rms_norm's CPU composite, so outputs are bitwise equal.
-    """
-
-    @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
-        rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True).add_(eps))
-        x_hat = x * rstd
-        ctx.save_for_backward(x_hat, rstd, weight)
-        return x_hat if weight is None else x_hat * weight
-
-    @staticmethod
-    @once_differentiable  # second derivatives raise, not silently missing the x_hat, rstd terms
-    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
-        # y = x_hat * w, x_hat = x * rstd: dx = rstd * (g - x_hat * mean(g * x_hat)), g = grad * w
-        x_hat, rstd, weight = ctx.saved_tensors
-        grad_weight = None
-        if weight is None:
-            g = grad
-            dot = (grad * x_hat).mean(-1, keepdim=True)
-        else:
-            grad_x_hat = grad * x_hat
-            if ctx.needs_input_grad[1]:
-                grad_weight = grad_x_hat.flatten(0, -2).sum(0)
-            g = grad * weight
-            # mean(g * x_hat) over the last dim, as a GEMV
-            dot = (grad_x_hat @ weight).unsqueeze(-1).div_(x_hat.shape[-1])
-        if weight is None:
-            grad_x = torch.addcmul(g, x_hat, dot, value=-1)
-        else:
-            grad_x = g.addcmul_(x_hat, dot, value=-1)
-        return grad_x.mul_(rstd), grad_weight, None
-
-
-class _QKNormRopeFunction(torch.autograd.Function):
-    """``rotation(rms_norm(x) * weight)`` for q or k in one autograd node (CPU, complex RoPE).
-
-    fp32/fp64 x: the forward runs the unfused ops in the same order (bitwise equal). bf16/fp16 x
-    (autocast): computed in fp32 with fp32 tables and rounded once at the end, where the unfused
-    chain rounds after the norm and again after each rotation product (within bf16 rounding of it).
-    The backward undoes the rotation with the conjugate table and goes straight into the RMSNorm
-    backward, skipping the intermediate gradient tensors and autograd nodes of the three-op chain.
-    """
-
-    @staticmethod
-    def forward(
-        ctx, x: Tensor, weight: Tensor, eps: float, cis: Tensor, cis_conj: Tensor
-    ) -> Tensor:
-        x32 = x if x.dtype in (torch.float32, torch.float64) else x.float()
-        rstd = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True).add_(eps))
-        x_hat = x32 * rstd
-        y = x_hat * weight
-        torch.view_as_complex(y.unflatten(-1, (-1, 2))).mul_(cis)  # rotate in place: y is ours
-        ctx.save_for_backward(x_hat, rstd, weight, cis_conj)
-        ctx.in_dtype = x.dtype
-        return y.to(x.dtype)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor | None, None, None, None]:
-        x_hat, rstd, weight, cis_conj = ctx.saved_tensors
-        grad = grad.to(x_hat.dtype)  # fp32 for a bf16/fp16 x, as the forward computed
-        if grad.stride(-1) != 1 or any(s % 2 for s in grad.stride()[:-1]):
-            grad = grad.contiguous()  # view_as_complex needs (re, im) pairs adjacent
-        with torch.autocast("cpu", enabled=False):  # a backward inside autocast: keep the GEMV fp32
-            # gradient w.r.t. x_hat * weight: rotate back, then the RMSNorm backward
-            grad_pairs = torch.view_as_complex(grad.unflatten(-1, (-1, 2)))  # (..., head_dim / 2)
-            grad_y = torch.view_as_real(grad_pairs * cis_conj).flatten(-2)
-            grad_x_hat = grad_y * x_hat
-            grad_weight = grad_x_hat.flatten(0, -2).sum(0) if ctx.needs_input_grad[1] else None
-            dot = (grad_x_hat @ weight).unsqueeze(-1).div_(x_hat.shape[-1])
-            grad_x = grad_y.mul_(weight).addcmul_(x_hat, dot, value=-1).mul_(rstd)
-        return grad_x.to(ctx.in_dtype), grad_weight, None, None, None
 
 
 class RMSNorm(nn.Module):

@@ -14,6 +14,8 @@ import math
 import torch
 from torch import Tensor
 
+from .kernels import Rotation
+
 
 def rotate_half(x: Tensor) -> Tensor:
     """(..., 2k) -> (..., 2k): each adjacent pair (a, b) becomes (-b, a)."""
@@ -27,52 +29,6 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     The defining formula; the models use :class:`Rotation`, which computes the same numbers faster.
     """
     return x * cos + rotate_half(x) * sin
-
-
-def swap_pairs(x: Tensor) -> Tensor:
-    """(..., 2k) -> (..., 2k): each adjacent pair (a, b) becomes (b, a) (stack: a CPU flip is
-    slower)."""
-    a, b = x.unflatten(-1, (-1, 2)).unbind(-1)
-    return torch.stack((b, a), dim=-1).flatten(-2)
-
-
-class Rotation:
-    """``apply_rope`` with fixed tables, for tokens (B, N, H, head_dim); RopeTables caches it.
-
-    Requires adjacent channels to share an angle (true for every table built here). fp32/fp64: a
-    complex multiply, one pass instead of five. Other dtypes (there is no complex bf16) and
-    torch.compile (inductor fuses the real form but generates no complex code): the real form with
-    the pair signs folded into sin, ``x * cos + swap_pairs(x) * sin_folded``. Both are bitwise equal
-    to ``apply_rope`` on CPU.
-    """
-
-    def __init__(self, cos: Tensor, sin: Tensor, fp32: tuple[Tensor, Tensor] | None = None) -> None:
-        self.source = (cos, sin)  # the (N, head_dim) tables this was built from
-        self.cos = cos.unsqueeze(-2)  # (N, 1, head_dim): broadcast over heads
-        folded = torch.stack((-sin[:, 0::2], sin[:, 1::2]), dim=-1)  # (N, head_dim / 2, 2)
-        self.sin_folded = folded.flatten(-2).unsqueeze(-2)  # (N, 1, head_dim)
-        complex_ok = cos.dtype in (torch.float32, torch.float64)
-        # (N, 1, head_dim / 2) complex angles, and their conjugate: the inverse rotation
-        self.cis = torch.complex(cos[:, 0::2], sin[:, 0::2]).unsqueeze(-2) if complex_ok else None
-        self.cis_conj = self.cis.conj().resolve_conj() if complex_ok else None
-        # bf16/fp16 tables with their fp32 ones (``fp32``): complex fp32 angles for the fused
-        # QK-norm + RoPE node, which normalises and rotates half-precision q/k in fp32
-        self.half_cis = self.half_cis_conj = None
-        if fp32 is not None and not complex_ok:
-            self.half_cis = torch.complex(fp32[0][:, 0::2], fp32[1][:, 0::2]).unsqueeze(-2)
-            self.half_cis_conj = self.half_cis.conj().resolve_conj()
-
-    def complex_ok(self, x: Tensor) -> bool:
-        """Whether x is rotated by the complex multiply (eager, x in the tables' fp32/fp64)."""
-        return (self.cis is not None and x.dtype == self.cos.dtype
-                and not torch.compiler.is_compiling())
-
-    def __call__(self, x: Tensor) -> Tensor:
-        """x (B, N, H, head_dim), last dim contiguous -> rotated, same shape and dtype."""
-        if self.complex_ok(x):
-            pairs = torch.view_as_complex(x.unflatten(-1, (-1, 2)))  # (B, N, H, head_dim / 2)
-            return torch.view_as_real(pairs * self.cis).flatten(-2)
-        return x * self.cos + swap_pairs(x) * self.sin_folded
 
 
 def register_grid(num_registers: int) -> tuple[int, int]:

@@ -49,8 +49,8 @@ from sit_vit5.models import count_params, flops, load_model, model_from_config
 from sit_vit5.models.layers import sincos_pos_embed_2d
 from sit_vit5.objective import transport_kwargs
 from sit_vit5.sampling import SampleSpec, SamplingPipeline
-from sit_vit5.training.build import build_dataset
 from sit_vit5.training.checkpoint import checkpoint_name, latest_checkpoint
+from sit_vit5.training.data import build_dataset
 from sit_vit5.transport import create_transport
 
 STUDY = Path(__file__).resolve().parent  # results/digits/study: the code of this study

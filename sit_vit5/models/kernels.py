@@ -1,0 +1,139 @@
+"""Fast paths of ViT-5's elementwise work, kept apart from the formulas they compute.
+
+``layers.py`` and ``rope.py`` hold the definitions (RMSNorm, QK-norm, ``apply_rope``); this module
+holds what makes them cheap: a RoPE :class:`Rotation` with its tables laid out once (a complex
+multiply in fp32), and two hand-written CPU autograd nodes (RMSNorm; QK-norm + RoPE in one node).
+Each is bitwise equal to the definition in the forward (fp32) and within float rounding in the
+backward (``tests/test_bench_kernels.py``, ``tests/test_vit5_kernels.py``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+
+def swap_pairs(x: Tensor) -> Tensor:
+    """(..., 2k) -> (..., 2k): each adjacent pair (a, b) becomes (b, a) (stack: a CPU flip is
+    slower)."""
+    a, b = x.unflatten(-1, (-1, 2)).unbind(-1)
+    return torch.stack((b, a), dim=-1).flatten(-2)
+
+
+class Rotation:
+    """``apply_rope`` with fixed tables, for tokens (B, N, H, head_dim); RopeTables caches it.
+
+    Requires adjacent channels to share an angle (true for every table built here). fp32/fp64: a
+    complex multiply, one pass instead of five. Other dtypes (there is no complex bf16) and
+    torch.compile (inductor fuses the real form but generates no complex code): the real form with
+    the pair signs folded into sin, ``x * cos + swap_pairs(x) * sin_folded``. Both are bitwise equal
+    to ``apply_rope`` on CPU.
+    """
+
+    def __init__(self, cos: Tensor, sin: Tensor, fp32: tuple[Tensor, Tensor] | None = None) -> None:
+        self.source = (cos, sin)  # the (N, head_dim) tables this was built from
+        self.cos = cos.unsqueeze(-2)  # (N, 1, head_dim): broadcast over heads
+        folded = torch.stack((-sin[:, 0::2], sin[:, 1::2]), dim=-1)  # (N, head_dim / 2, 2)
+        self.sin_folded = folded.flatten(-2).unsqueeze(-2)  # (N, 1, head_dim)
+        complex_ok = cos.dtype in (torch.float32, torch.float64)
+        # (N, 1, head_dim / 2) complex angles, and their conjugate: the inverse rotation
+        self.cis = torch.complex(cos[:, 0::2], sin[:, 0::2]).unsqueeze(-2) if complex_ok else None
+        self.cis_conj = self.cis.conj().resolve_conj() if complex_ok else None
+        # bf16/fp16 tables with their fp32 ones (``fp32``): complex fp32 angles for the fused
+        # QK-norm + RoPE node, which normalises and rotates half-precision q/k in fp32
+        self.half_cis = self.half_cis_conj = None
+        if fp32 is not None and not complex_ok:
+            self.half_cis = torch.complex(fp32[0][:, 0::2], fp32[1][:, 0::2]).unsqueeze(-2)
+            self.half_cis_conj = self.half_cis.conj().resolve_conj()
+
+    def complex_ok(self, x: Tensor) -> bool:
+        """Whether x is rotated by the complex multiply (eager, x in the tables' fp32/fp64)."""
+        return (self.cis is not None and x.dtype == self.cos.dtype
+                and not torch.compiler.is_compiling())
+
+    def __call__(self, x: Tensor) -> Tensor:
+        """x (B, N, H, head_dim), last dim contiguous -> rotated, same shape and dtype."""
+        if self.complex_ok(x):
+            pairs = torch.view_as_complex(x.unflatten(-1, (-1, 2)))  # (B, N, H, head_dim / 2)
+            return torch.view_as_real(pairs * self.cis).flatten(-2)
+        return x * self.cos + swap_pairs(x) * self.sin_folded
+
+
+class _RMSNormFunction(torch.autograd.Function):
+    """RMSNorm (over the last dim) with a hand-written backward, for CPU.
+
+    CPU has no fused rms_norm backward (torch 2.x: ``_fused_rms_norm_backward`` is CUDA-only),
+    and autograd through the composite (pow, mean, rsqrt, mul) costs ~2x this. The forward is the
+    same op sequence as F.rms_norm's CPU composite, so outputs are bitwise equal.
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
+        rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True).add_(eps))
+        x_hat = x * rstd
+        ctx.save_for_backward(x_hat, rstd, weight)
+        return x_hat if weight is None else x_hat * weight
+
+    @staticmethod
+    @once_differentiable  # second derivatives raise, not silently missing the x_hat, rstd terms
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
+        # y = x_hat * w, x_hat = x * rstd: dx = rstd * (g - x_hat * mean(g * x_hat)), g = grad * w
+        x_hat, rstd, weight = ctx.saved_tensors
+        grad_weight = None
+        if weight is None:
+            g = grad
+            dot = (grad * x_hat).mean(-1, keepdim=True)
+        else:
+            grad_x_hat = grad * x_hat
+            if ctx.needs_input_grad[1]:
+                grad_weight = grad_x_hat.flatten(0, -2).sum(0)
+            g = grad * weight
+            # mean(g * x_hat) over the last dim, as a GEMV
+            dot = (grad_x_hat @ weight).unsqueeze(-1).div_(x_hat.shape[-1])
+        if weight is None:
+            grad_x = torch.addcmul(g, x_hat, dot, value=-1)
+        else:
+            grad_x = g.addcmul_(x_hat, dot, value=-1)
+        return grad_x.mul_(rstd), grad_weight, None
+
+
+class _QKNormRopeFunction(torch.autograd.Function):
+    """``rotation(rms_norm(x) * weight)`` for q or k in one autograd node (CPU, complex RoPE).
+
+    fp32/fp64 x: the forward runs the unfused ops in the same order (bitwise equal). bf16/fp16 x
+    (autocast): computed in fp32 with fp32 tables and rounded once at the end, where the unfused
+    chain rounds after the norm and again after each rotation product (within bf16 rounding of it).
+    The backward undoes the rotation with the conjugate table and goes straight into the RMSNorm
+    backward, skipping the intermediate gradient tensors and autograd nodes of the three-op chain.
+    """
+
+    @staticmethod
+    def forward(
+        ctx, x: Tensor, weight: Tensor, eps: float, cis: Tensor, cis_conj: Tensor
+    ) -> Tensor:
+        x32 = x if x.dtype in (torch.float32, torch.float64) else x.float()
+        rstd = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True).add_(eps))
+        x_hat = x32 * rstd
+        y = x_hat * weight
+        torch.view_as_complex(y.unflatten(-1, (-1, 2))).mul_(cis)  # rotate in place: y is ours
+        ctx.save_for_backward(x_hat, rstd, weight, cis_conj)
+        ctx.in_dtype = x.dtype
+        return y.to(x.dtype)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor | None, None, None, None]:
+        x_hat, rstd, weight, cis_conj = ctx.saved_tensors
+        grad = grad.to(x_hat.dtype)  # fp32 for a bf16/fp16 x, as the forward computed
+        if grad.stride(-1) != 1 or any(s % 2 for s in grad.stride()[:-1]):
+            grad = grad.contiguous()  # view_as_complex needs (re, im) pairs adjacent
+        with torch.autocast("cpu", enabled=False):  # a backward inside autocast: keep the GEMV fp32
+            # gradient w.r.t. x_hat * weight: rotate back, then the RMSNorm backward
+            grad_pairs = torch.view_as_complex(grad.unflatten(-1, (-1, 2)))  # (..., head_dim / 2)
+            grad_y = torch.view_as_real(grad_pairs * cis_conj).flatten(-2)
+            grad_x_hat = grad_y * x_hat
+            grad_weight = grad_x_hat.flatten(0, -2).sum(0) if ctx.needs_input_grad[1] else None
+            dot = (grad_x_hat @ weight).unsqueeze(-1).div_(x_hat.shape[-1])
+            grad_x = grad_y.mul_(weight).addcmul_(x_hat, dot, value=-1).mul_(rstd)
+        return grad_x.to(ctx.in_dtype), grad_weight, None, None, None
