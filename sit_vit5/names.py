@@ -64,6 +64,9 @@ PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
 #: the SD-VAE decoders of SiT/DiT (``vae.SD_VAE_IDS``) and their latent scaling factor
 SD_VAE_IDS: tuple[str, ...] = ("stabilityai/sd-vae-ft-ema", "stabilityai/sd-vae-ft-mse")
 SD_VAE_SCALING_FACTOR = 0.18215
+#: how bulk (FID) samples get their class labels: ``sample.py bulk --label-sampling`` (the first is
+#: the default: DiT/SiT's uniform random labels; equal = ADM / REPA-E's balanced classes)
+LABEL_SAMPLINGS: tuple[str, ...] = ("random", "equal")
 #: REPA resize modes (``repa.INTERPOLATIONS``)
 INTERPOLATIONS: tuple[str, ...] = ("bicubic", "bilinear", "nearest", "area")
 #: ``--ckpt`` names fetched from their hosts (``models.official``: OFFICIAL_WEIGHTS, then ALIASES)

@@ -213,7 +213,7 @@ def test_cli_equal_labels_and_checkpoint_sha256(tmp_path, capsys):
 
 
 def test_the_cli_label_sampling_choices_are_the_library_s():
-    assert sample_cli.LABEL_SAMPLINGS == LABEL_SAMPLINGS
+    assert sample_cli.LABEL_SAMPLINGS is LABEL_SAMPLINGS  # one table, names.LABEL_SAMPLINGS
     args = sample_cli.build_parser().parse_args(["bulk"])
     assert args.label_sampling == "random"
     assert sample_cli.translate_mode_word(["--label-sampling", "equal"])[0] == "bulk"

@@ -38,6 +38,7 @@ PLATFORM: tuple[str, ...] = (
     "sit_vit5.diffusion", "sit_vit5.hub", "sit_vit5.pipeline", "sit_vit5.export",
     "sit_vit5.latent_cache", "sit_vit5.cache_latents", "sit_vit5.experiments",
     "sit_vit5.models.official", "sit_vit5.models.diffusers_dit", "sit_vit5.sampling.bulk",
+    "sit_vit5.sampling.labels",
     "sit_vit5.training.fsdp", "sit_vit5.training.repa", "sit_vit5.cli",
 )
 #: Core modules that build from a config: each imports a platform layer inside a function, only

@@ -35,6 +35,7 @@ from sit_vit5.cli.preflight import check_checkpoint_file, check_torch_pair
 from sit_vit5.errors import KNOWN_ERRORS, SettingError, SitVit5Error, one_line, run_cli
 from sit_vit5.launcher import check_launcher_env
 from sit_vit5.names import (
+    LABEL_SAMPLINGS,
     OBJECTIVES,
     OFFICIAL_NAMES,
     PATHS,
@@ -64,8 +65,6 @@ VAE_WORDS = {"ema": SD_VAE_IDS[0], "mse": SD_VAE_IDS[1]}
 #: SiT's positional mode word (sample.py ODE|SDE) -> --method
 MODE_WORDS = {"ODE": "ode", "SDE": "sde"}
 BULK_ONLY_FLAGS = ("--num-samples", "--num-fid-samples", "--png", "--label-sampling")
-#: bulk --label-sampling choices (sit_vit5.sampling.labels.LABEL_SAMPLINGS, checked in a test)
-LABEL_SAMPLINGS = ("random", "equal")
 
 PROTOCOL = """\
 Published SiT-XL/2 protocol (FID 2.06 at 256x256): SDE, Euler-Maruyama, diffusion form sigma,
@@ -183,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
                       "samples/<ckpt>-<method>-<steps>-cfg<scale>-seed<seed>, as DiT names it "
                       "(+ -<size>px-trained<size>px at another --image-size than the model's)")
     bulk.add_argument("--png", action="store_true", help="also write out/images/{index:06d}.png")
-    bulk.add_argument("--label-sampling", choices=LABEL_SAMPLINGS, default="random",
+    bulk.add_argument("--label-sampling", choices=LABEL_SAMPLINGS, default=LABEL_SAMPLINGS[0],
                       help="class labels: random = uniform at random per sample (DiT/SiT's "
                       "sample_ddp, default); equal = exactly N / num_classes per class in a seeded "
                       "order (ADM / REPA-E; N must be a multiple of the classes)")

@@ -21,7 +21,6 @@ from typing import Any
 
 from ..sample_spec import DEFAULT_SAMPLING_METHOD, METHODS, SampleSpec
 from .grid import GridResult, generate_first, sample_grid
-from .labels import LABEL_SAMPLINGS, class_histogram, equal_labels, sample_labels
 from .sampling_pipeline import (
     LABEL_STREAM,
     NOISE_STREAM,
@@ -31,21 +30,23 @@ from .sampling_pipeline import (
     random_labels,
 )
 
-#: resumable bulk sampling (FID sets) is a platform layer: its names resolve from here on first use
-_BULK = ("METADATA_KEY", "BulkResult", "ResumeError", "merge_parts", "sample_bulk",
-         "sample_metadata", "scan_parts")
+#: resumable bulk sampling (FID sets) and its label conventions are a platform layer: their names
+#: resolve from here on first use
+_BULK = {name: "bulk" for name in ("METADATA_KEY", "BulkResult", "ResumeError", "merge_parts",
+                                   "sample_bulk", "sample_metadata", "scan_parts")}
+_BULK.update({name: "labels" for name in ("LABEL_SAMPLINGS", "class_histogram", "equal_labels",
+                                          "sample_labels")})
 
 __all__ = [
-    "DEFAULT_SAMPLING_METHOD", "LABEL_SAMPLINGS", "LABEL_STREAM", "NOISE_STREAM", "METHODS",
-    "Generated", "GridResult", "NonFiniteSampleError", "SampleSpec", "SamplingPipeline",
-    "class_histogram", "equal_labels", "generate_first", "random_labels", "sample_grid",
-    "sample_labels", *_BULK,
+    "DEFAULT_SAMPLING_METHOD", "LABEL_STREAM", "NOISE_STREAM", "METHODS", "Generated", "GridResult",
+    "NonFiniteSampleError", "SampleSpec", "SamplingPipeline", "generate_first", "random_labels",
+    "sample_grid", *_BULK,
 ]
 
 
 def __getattr__(name: str) -> Any:
     if name in _BULK:
-        return getattr(importlib.import_module(f"{__name__}.bulk"), name)
+        return getattr(importlib.import_module(f"{__name__}.{_BULK[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -20,10 +20,10 @@ from functools import lru_cache
 import numpy as np
 
 from ..errors import SettingError
+from ..names import LABEL_SAMPLINGS
 from .sampling_pipeline import random_labels
 
-LABEL_SAMPLINGS = ("random", "equal")
-DEFAULT_LABEL_SAMPLING = "random"
+DEFAULT_LABEL_SAMPLING = LABEL_SAMPLINGS[0]
 EQUAL_ORDER_TAG = 0x45514C  # "EQL": keeps the shuffle's seed apart from the per-sample streams
 
 
