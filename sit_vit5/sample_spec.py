@@ -320,8 +320,8 @@ class SampleSpec:
         """The spec from ``layers`` of settings, highest priority first (e.g. CLI flags, then a
         checkpoint's ``sample`` section): each field's first non-None value, else the default;
         non-field keys are ignored. A layer's ``sampling_method`` is used only with its own
-        ``method`` (if set), else the winning one; under ddpm / ddim a stored one that is not
-        that method's solver is dropped (a typed one, the first layer with ``explicit``, is
+        ``method`` (if set), else the winning one; under ddpm / ddim / meanflow a stored one that
+        is not that method's solver is dropped (a typed one, the first layer with ``explicit``, is
         refused by the spec).
         """
         known = [{k: v for k, v in layer.items() if k in cls.keys() and v is not None}
@@ -330,7 +330,7 @@ class SampleSpec:
         values: dict[str, Any] = {"method": method}
         for i, layer in enumerate(known):
             stored = None if explicit and i == 0 else layer.get("sampling_method")
-            foreign = method in DIFFUSION_SOLVERS and isinstance(stored, str) \
+            foreign = method not in TRANSPORT_METHODS and isinstance(stored, str) \
                 and stored.lower() not in sampling_methods(method)
             if stored is not None and (layer.get("method", method) != method or foreign):
                 layer = {k: v for k, v in layer.items() if k != "sampling_method"}

@@ -201,9 +201,10 @@ class SiT(ModelMixin, ConfigMixin):
         # MeanFlow's second time (objective/meanflow.py): an embedding of the interval h = r - t,
         # added to c. Off (None, no parameters) for the sit and ddpm objectives. Registered and
         # initialised last, so the other weights draw the same random numbers as without it.
-        self.interval_embed = interval_embed
-        self.h_embedder = (TimestepEmbedder(hidden_size, freq_shift=t_freq_shift)
-                           if interval_embed else None)
+        self.interval_embed, self.h_embedder = interval_embed, None
+        if interval_embed:
+            with torch.random.fork_rng(devices=[]):  # nn.Linear's own init draws: not from ours
+                self.h_embedder = TimestepEmbedder(hidden_size, freq_shift=t_freq_shift)
         self.initialize_weights()
         # config.json: the resolved architecture (ViT5's switch defaults included), not just what
         # was passed. Registered last: the switch `pos_embed` shares its name with the parameter.

@@ -215,8 +215,9 @@ class MeanFlowObjective(Objective):
         else:  # one pass (as the official code): the primal keeps its graph for the backward
             u, dudt = torch.func.jvp(u_fn, (z, t, r), tangents)
         h = (r - t).view(-1, 1, 1, 1)
-        target = (v_g.float() + h * dudt.float()).detach()  # u = v - (t - r) du/dt (eq. 6)
-        error = (u.float() - target).pow(2).flatten(1).sum(1)  # (B,)
+        acc = torch.promote_types(u.dtype, torch.float32)  # bf16 autocast: the loss in fp32
+        target = (v_g.to(acc) + h.to(acc) * dudt.to(acc)).detach()  # u = v - (t - r) du/dt (eq. 6)
+        error = (u.to(acc) - target).pow(2).flatten(1).sum(1)  # (B,)
         weight = (error.detach() + s.norm_c).pow(s.norm_p)  # adaptive weight (§4.3), p = 0: none
         return {"loss": error / weight, "u": u, "target": target, "error": error.detach()}
 
