@@ -16,6 +16,7 @@ the per-round ratios (the two run back to back each round).
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 from collections.abc import Callable
 
@@ -24,6 +25,7 @@ from torch import nn
 
 from bench.common import (
     add_common_args,
+    autocast,
     interleaved_timings,
     perturb_zero_init,
     print_table,
@@ -34,7 +36,7 @@ from bench.common import (
 from sit_vit5.models import SIZES, create_model
 from sit_vit5.objective import Objective, create_objective
 
-COLUMNS = ("model", "size", "depth", "batch", "flow_ms", "meanflow_ms", "meanflow_over_flow",
+COLUMNS = ("model", "size", "precision", "depth", "batch", "flow_ms", "meanflow_ms", "meanflow_over_flow",
            "meanflow_over_flow_min")
 
 
@@ -48,17 +50,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-classes", type=int, default=1000)
     p.add_argument("--kappa", type=float, default=0.0, help="MeanFlow's target guidance (0: none)")
     p.add_argument("--checkpointing", action="store_true", help="gradient checkpointing (two-pass JVP)")
+    p.add_argument("--precisions", nargs="+", choices=("fp32", "bf16"), default=["fp32"],
+                   help="autocast of both steps (bf16: the JVP runs under it, the loss in fp32)")
     add_common_args(p, steps=3, warmup=1, rounds=3)
     return p.parse_args(argv)
 
 
-def _step(objective: Objective, model: nn.Module, x: torch.Tensor, y: torch.Tensor
+def _step(objective: Objective, model: nn.Module, x: torch.Tensor, y: torch.Tensor, precision: str
           ) -> Callable[[], None]:
     """One training step of ``objective`` on the batch (x (B, 4, s, s), y (B,)): loss, backward."""
 
     def step() -> None:
         model.zero_grad(set_to_none=True)
-        objective.loss(model, x, y).mean().backward()
+        with autocast(x.device, precision):
+            loss = objective.loss(model, x, y).mean()
+        loss.backward()
 
     return step
 
@@ -69,30 +75,30 @@ def run(args: argparse.Namespace) -> list[dict]:
     flow = create_objective({"objective": "sit"})
     mean_flow = create_objective({"objective": "meanflow", "meanflow_kappa": args.kappa})
     rows = []
-    for size in args.sizes:
-        for backbone in args.models:
-            depth = args.depth or SIZES[size][0]
-            model = create_model(f"{backbone}-{size}/{args.patch}", input_size=args.input_size,
-                                 num_classes=args.num_classes, depth=depth, learn_sigma=False,
-                                 interval_embed=True)
-            model = perturb_zero_init(model).to(device).train()
-            model.set_grad_checkpointing(args.checkpointing)
-            gen = torch.Generator().manual_seed(args.seed)
-            x = torch.randn(args.batch_size, 4, args.input_size, args.input_size, generator=gen)
-            y = torch.randint(0, args.num_classes, (args.batch_size,), generator=gen)
-            x, y = x.to(device), y.to(device)
+    for size, backbone, precision in itertools.product(args.sizes, args.models, args.precisions):
+        depth = args.depth or SIZES[size][0]
+        model = create_model(f"{backbone}-{size}/{args.patch}", input_size=args.input_size,
+                             num_classes=args.num_classes, depth=depth, learn_sigma=False,
+                             interval_embed=True)
+        model = perturb_zero_init(model).to(device).train()
+        model.set_grad_checkpointing(args.checkpointing)
+        gen = torch.Generator().manual_seed(args.seed)
+        x = torch.randn(args.batch_size, 4, args.input_size, args.input_size, generator=gen)
+        y = torch.randint(0, args.num_classes, (args.batch_size,), generator=gen)
+        x, y = x.to(device), y.to(device)
 
-            fns = {name: _step(objective, model, x, y)
-                   for name, objective in (("flow", flow), ("meanflow", mean_flow))}
-            for fn in fns.values():
-                for _ in range(args.warmup):
-                    fn()
-            times = interleaved_timings(fns, rounds=args.rounds, steps=args.steps, clock=args.clock,
-                                        device=device)
-            rows.append(dict(model=backbone, size=size, depth=depth, batch=args.batch_size,
-                             flow_ms=1e3 * statistics.median(times["flow"]),
-                             meanflow_ms=1e3 * statistics.median(times["meanflow"]),
-                             **ratios(times, "meanflow", "flow", "meanflow_over_flow")))
+        fns = {name: _step(objective, model, x, y, precision)
+               for name, objective in (("flow", flow), ("meanflow", mean_flow))}
+        for fn in fns.values():
+            for _ in range(args.warmup):
+                fn()
+        times = interleaved_timings(fns, rounds=args.rounds, steps=args.steps, clock=args.clock,
+                                    device=device)
+        rows.append(dict(model=backbone, size=size, precision=precision, depth=depth,
+                         batch=args.batch_size,
+                         flow_ms=1e3 * statistics.median(times["flow"]),
+                         meanflow_ms=1e3 * statistics.median(times["meanflow"]),
+                         **ratios(times, "meanflow", "flow", "meanflow_over_flow")))
     return rows
 
 

@@ -4,6 +4,7 @@ finite differences on both backbones; r = t against SiT's flow-matching loss."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -259,3 +260,15 @@ def test_times_are_drawn_in_meanflows_convention_and_converted_once():
                                rtol=0)
     quarter = MeanFlowObjective(MeanFlowSettings(ratio=0.25)).sample_times(40_000)
     assert abs(float((quarter[0] != quarter[1]).float().mean()) - 0.25) < 0.01
+
+
+def test_the_bench_times_both_steps_and_writes_the_ratio(tmp_path):
+    from bench import meanflow_step
+
+    out = tmp_path / "mf.json"
+    meanflow_step.main(["--device", "cpu", "--threads", "1", "--sizes", "S", "--depth", "1",
+                        "--input-size", "8", "--batch-size", "2", "--num-classes", "10", "--warmup",
+                        "0", "--steps", "1", "--rounds", "1", "--json", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert {r["model"] for r in rows} == {"SiT", "ViT5"}
+    assert all(r["meanflow_over_flow"] > 1 for r in rows)  # a JVP is never free
