@@ -190,14 +190,29 @@ def test_the_interval_embedding_starts_at_zero_and_vanishes_at_r_equal_t():
         flow(x, t, y, interval=0.5)
 
 
-def test_gradient_checkpointing_takes_the_two_pass_route_with_the_same_gradients():
+class Wrapper(nn.Module):
+    """A DDP-like wrapper: the model as ``.module``, its forward called through."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args, **kwargs) -> Tensor:
+        return self.module(*args, **kwargs)
+
+
+@pytest.mark.parametrize("route", ["checkpointing", "wrapped"])
+def test_the_two_pass_route_gives_the_one_pass_gradients(route):
+    """Gradient checkpointing and wrappers (DDP's forward fails under torch.func.jvp) take the JVP
+    without a graph on the bare module, then a plain forward: the same gradients."""
     objective = MeanFlowObjective(MeanFlowSettings(kappa=0.0, ratio=1.0))
     grads = []
-    for checkpointing in (False, True):
+    for two_pass in (False, True):
         model = _tiny("ViT5-S/2", seed=5).train()
-        model.set_grad_checkpointing(checkpointing)
+        model.set_grad_checkpointing(two_pass and route == "checkpointing")
+        called = Wrapper(model) if two_pass and route == "wrapped" else model
         torch.manual_seed(6)
-        objective.loss(model, torch.randn(4, 1, 8, 8), torch.arange(4)).mean().backward()
+        objective.loss(called, torch.randn(4, 1, 8, 8), torch.arange(4)).mean().backward()
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-6)
 

@@ -70,17 +70,24 @@ class MeanFlowSettings:
         return self.omega != 1.0 or self.kappa != 0.0
 
 
-def _grad_checkpointing(model: Callable[..., Tensor]) -> bool:
-    """Whether ``model`` (or the module a DDP / torch.compile wrapper holds) recomputes its blocks
-    in the backward: torch.utils.checkpoint's recompute cannot replay a forward-mode pass."""
+def _unwrapped(model: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """The module behind DDP (``.module``) and torch.compile (``._orig_mod``) wrappers, or
+    ``model`` itself. DDP's forward cannot run under ``torch.func.jvp`` ("Cannot access data
+    pointer of Tensor that doesn't have storage", measured with 2 gloo processes), so the product
+    runs on this module and the gradient through the wrapper."""
     for _ in range(3):
-        if getattr(model, "grad_checkpointing", False) and getattr(model, "training", False):
-            return True
         inner = getattr(model, "module", None)
-        model = getattr(model, "_orig_mod", None) if inner is None else inner
-        if model is None:
-            return False
-    return False
+        inner = getattr(model, "_orig_mod", None) if inner is None else inner
+        if not isinstance(inner, torch.nn.Module):
+            return model
+        model = inner
+    return model
+
+
+def _grad_checkpointing(model: Callable[..., Tensor]) -> bool:
+    """Whether ``model`` recomputes its blocks in the backward: torch.utils.checkpoint's
+    recompute cannot replay a forward-mode pass."""
+    return bool(getattr(model, "grad_checkpointing", False) and getattr(model, "training", False))
 
 
 class MeanFlowSteps:
@@ -206,11 +213,15 @@ class MeanFlowObjective(Objective):
         def u_fn(z_: Tensor, t_: Tensor, r_: Tensor) -> Tensor:
             return model(z_, t_, y, interval=r_ - t_, force_drop_ids=ids)[:, :c]
 
+        def bare_u(z_: Tensor, t_: Tensor, r_: Tensor) -> Tensor:
+            return inner(z_, t_, y, interval=r_ - t_, force_drop_ids=ids)[:, :c]
+
         # du/dt along the trajectory: dz/dt = v_g, dt/dt = 1, dr/dt = 0 (MeanFlow eq. 8)
         tangents = (v_g, torch.ones_like(t), torch.zeros_like(r))
-        if _grad_checkpointing(model):  # the recompute runs outside the JVP: take the product
-            with torch.no_grad():  # without a graph, then the prediction by a plain forward
-                dudt = torch.func.jvp(u_fn, (z, t, r), tangents)[1]
+        inner = _unwrapped(model)
+        if inner is not model or _grad_checkpointing(inner):  # two passes: the product without a
+            with torch.no_grad():  # graph on the bare module, then the prediction by a plain
+                dudt = torch.func.jvp(bare_u, (z, t, r), tangents)[1]  # forward of the wrapper
             u = u_fn(z, t, r)
         else:  # one pass (as the official code): the primal keeps its graph for the backward
             u, dudt = torch.func.jvp(u_fn, (z, t, r), tangents)
