@@ -287,3 +287,23 @@ def test_the_bench_times_both_steps_and_writes_the_ratio(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert {r["model"] for r in rows} == {"SiT", "ViT5"}
     assert all(r["meanflow_over_flow"] > 1 for r in rows)  # a JVP is never free
+
+
+def test_guidance_is_folded_into_the_target_except_where_labels_are_dropped():
+    """v_g = ω·v + κ·u(z, t, t | y) + (1 - ω - κ)·u(z, t, t | ∅), with the model told which calls
+    are unconditional; a dropped label keeps the plain v."""
+
+    def stub(x: Tensor, t: Tensor, y: Tensor, interval=None, force_drop_ids=None) -> Tensor:
+        assert interval is None  # the instantaneous velocity (r = t)
+        null = force_drop_ids.view(-1, 1, 1, 1).to(x.dtype)
+        return 10.0 * null + 3.0 * (1 - null) + 0 * x  # u(·|∅) = 10, u(·|y) = 3
+
+    objective = MeanFlowObjective(MeanFlowSettings(omega=1.5, kappa=0.25))
+    v = torch.ones(4, 1, 2, 2)
+    drop = torch.tensor([False, True, False, True])
+    v_g = objective.guided_velocity(stub, torch.zeros_like(v), torch.rand(4), torch.arange(4), v,
+                                    drop)
+    kept = 1.5 * 1 + 0.25 * 3.0 + (1 - 1.5 - 0.25) * 10.0
+    assert torch.equal(v_g[:, 0, 0, 0], torch.tensor([kept, 1.0, kept, 1.0]))
+    plain = MeanFlowObjective(MeanFlowSettings(omega=1.0, kappa=0.0))
+    assert plain.guided_velocity(stub, v, torch.rand(4), torch.arange(4), v, drop) is v
