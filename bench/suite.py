@@ -21,6 +21,8 @@ Stages (each catches its own failure, so one error does not lose the others):
   pipeline     SiTPipeline (ViT5-XL/2 + the SD-VAE architecture) in fp32, bf16 and fp16: img/s and the
                pixel error against fp32
   data_path    SD-VAE architecture (random weights: no download) vs latent cache, yardstick SiT-XL/2 bf16
+  meanflow     a MeanFlow step (JVP, SDPA math kernel) against a flow-matching step, same model and batch:
+               S/2, B/2 and XL/2, bf16, batch 32: the ratio (issue 53)
 ``--device cpu`` (or ``--smoke``) shrinks every stage to seconds on a CPU, at ``--depth`` blocks (default 1):
 the dry run that proves the suite end to end before a GPU session spends its minutes on it.
 """
@@ -31,7 +33,15 @@ import argparse
 import traceback
 from pathlib import Path
 
-from bench import correctness, data_path, pipeline_speed, sample_speed, train_step, vit5_overhead
+from bench import (
+    correctness,
+    data_path,
+    meanflow_step,
+    pipeline_speed,
+    sample_speed,
+    train_step,
+    vit5_overhead,
+)
 
 TIMING = "--warmup 2 --steps 4 --rounds 3"
 STAGES = {
@@ -51,6 +61,7 @@ STAGES = {
     "pipeline": (pipeline_speed.main, "--size XL --precisions fp32 bf16 fp16 --num-images 16 --num-steps 50 "
                                       "--rounds 2"),
     "data_path": (data_path.main, "--model SiT-XL/2 --precision bf16 --batch-size 32 --num-images 128"),
+    "meanflow": (meanflow_step.main, f"--sizes S B XL --precisions bf16 --batch-size 32 {TIMING}"),
 }
 #: --smoke: appended to every stage of that script (argparse keeps the last value given).
 TINY = "--device cpu --depth 1 --batch-size 2 --warmup 1 --steps 1 --rounds 1"
@@ -60,6 +71,7 @@ SMOKE = {
     "train_step": f"{TINY} --sizes S --input-size 8 --precisions fp32 --modes eager",
     "sample_speed": f"{TINY} --sizes S --input-size 8 --precisions fp32 --num-steps 3",
     "data_path": f"{TINY} --vae tiny --image-size 32 --num-images 4 --model SiT-S/2 --precision fp32",
+    "meanflow_step": f"{TINY} --sizes S --input-size 8 --precisions fp32 --num-classes 10",
     "pipeline_speed": "--device cpu --depth 1 --warmup 1 --steps 1 --rounds 1 --size S --input-size 4 --vae tiny "
                 "--num-images 2 --num-steps 3",
 }

@@ -25,6 +25,7 @@ from .latent_norm import LatentNorm, LatentNormError
 from .names import (
     DDPM_DEFAULTS,
     INTERPOLATIONS,
+    MEANFLOW_DEFAULTS,
     MODEL_KEYS,
     MODEL_NAMES,
     PRECISIONS,
@@ -47,6 +48,7 @@ DEFAULTS: Config = {
     },
     "transport": {
         "objective": "sit",  # sit (SiT's transport: 5 keys below) | ddpm (DiT's diffusion)
+        #   | meanflow (MeanFlow's average velocity, 1-step sampling; its keys at the end)
         "path_type": "Linear",  # sit: Linear | GVP | VP
         "prediction": "velocity",  # sit: velocity | score | noise
         "loss_weight": None,  # sit: None | velocity | likelihood (score/noise predictions only)
@@ -59,6 +61,10 @@ DEFAULTS: Config = {
         # ddpm: learned (DiT: IDDPM range, loss MSE(eps) + VLB; needs model.learn_sigma=true)
         #   | fixed_large (beta_t) | fixed_small (posterior var.): MSE(eps), learn_sigma=false
         "ddpm_variance": DDPM_DEFAULTS["ddpm_variance"],
+        # meanflow (needs model.interval_embed=true): the official ImageNet setting (names.py);
+        # (t, r) logit-normal in MeanFlow's convention, r != t for meanflow_ratio of the pairs,
+        # weight (error + c)^-p, target guidance omega / kappa with the objective's label dropout
+        **MEANFLOW_DEFAULTS,
     },
     "data": {
         "kind": "imagefolder",  # digits | imagefolder | latents (training.data.DATASETS)
@@ -115,7 +121,7 @@ DEFAULTS: Config = {
     # keys: every SampleSpec field (sample.py grid --help); None = the SampleSpec default.
     "sample": {
         **config_defaults(),
-        "method": "ode",  # objective sit: ode | sde; objective ddpm: ddpm (DiT) | ddim (eta 0)
+        "method": "ode",  # sit: ode | sde; ddpm: ddpm (DiT) | ddim (eta 0); meanflow: meanflow
         "sampling_method": "euler",  # cheap fixed step; ode: euler | heun2 | dopri5 ...; sde: Euler
         "num_steps": 50,  # time-grid points (fixed-step ODE: num_steps - 1); ddpm/ddim: steps
         "num_images": 16,  # images in the grid
@@ -287,6 +293,14 @@ RANGES: dict[str, Range] = {
     "optim.ema_decay": Range(0, 1, high_open=True),  # 1 would freeze the EMA at init, > 1 diverges
     "transport.train_eps": Range(0, 0.5, high_open=True, nullable=True),
     "transport.sample_eps": Range(0, 0.5, high_open=True, nullable=True),
+    "transport.meanflow_time_mean": Range(-10, 10),
+    "transport.meanflow_time_std": Range(0, 10, low_open=True),
+    "transport.meanflow_ratio": Range(0, 1),
+    "transport.meanflow_norm_p": Range(0, 2),
+    "transport.meanflow_norm_c": Range(0, low_open=True),  # c = 0 divides 0 by 0 at a perfect fit
+    "transport.meanflow_omega": Range(0, low_open=True),
+    "transport.meanflow_kappa": Range(0, 1, high_open=True),
+    "transport.meanflow_class_dropout": Range(0, 1, high_open=True),
     "data.image_size": _COUNT,
     "data.global_batch_size": _COUNT,
     "data.num_workers": _COUNT0,
@@ -479,7 +493,8 @@ def validate_models(cfg: Config) -> None:
     validate_model_section(cfg)
     try:  # objective vs model (learn_sigma, DiT-* names) and sampler (sample.method)
         check_objective(cfg["transport"], learn_sigma=cfg["model"].get("learn_sigma", True),
-                        model_name=cfg["model"]["name"], sample_method=cfg["sample"]["method"])
+                        model_name=cfg["model"]["name"], sample_method=cfg["sample"]["method"],
+                        interval_embed=cfg["model"].get("interval_embed", False))
     except ObjectiveError as err:
         raise ConfigError(str(err)) from None
 

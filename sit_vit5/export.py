@@ -130,6 +130,8 @@ def few_step_scheduler(objective_settings: dict[str, Any], sampler: dict[str, An
     when the model cannot run it (a SiT path that stops short of t = 1, a DiT schedule with fewer
     distinct integer timesteps than the setting's steps)."""
     objective = create_objective(objective_settings or {})
+    if objective.name not in FEW_STEPS:  # meanflow: its own 1-step default is the few-step one
+        return None
     try:
         spec = SampleSpec(**{**sampler, **FEW_STEPS[objective.name]})
         return objective.steps(spec, pixel_space=pixel_space).scheduler, spec  # refuses the rest

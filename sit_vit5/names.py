@@ -56,9 +56,24 @@ LAST_STEPS: tuple[str | None, ...] = ("Mean", "Tweedie", "Euler", None, "none")
 PATHS: tuple[str, ...] = ("Linear", "GVP", "VP")
 PREDICTIONS: tuple[str, ...] = ("velocity", "score", "noise")
 #: training objectives (``objective.OBJECTIVES``) and DiT's diffusion defaults (``DDPM_DEFAULTS``)
-OBJECTIVES: tuple[str, ...] = ("sit", "ddpm")
+OBJECTIVES: tuple[str, ...] = ("sit", "ddpm", "meanflow")
 DDPM_DEFAULTS: dict[str, Any] = {"diffusion_steps": 1000, "noise_schedule": "linear",
                                  "ddpm_variance": "learned"}
+#: MeanFlow's sampler (``objective.meanflow``): num_steps equal jumps of the average velocity
+MEANFLOW_METHODS: tuple[str, ...] = ("meanflow",)
+#: MeanFlow's transport keys (``objective.meanflow.MEANFLOW_KEYS``) and their defaults: the official
+#: ImageNet setting (github Gsunshine/meanflow, configs/default.py: the JAX code behind the paper's
+#: tables). Times are drawn in MeanFlow's convention (t = 1 noise): logit-normal(mean, std) twice.
+MEANFLOW_DEFAULTS: dict[str, Any] = {
+    "meanflow_time_mean": -0.4,  # P_mean (the paper's best, Table 1c: lognorm(-0.4, 1.0))
+    "meanflow_time_std": 1.0,  # P_std
+    "meanflow_ratio": 0.25,  # fraction of pairs with r != t (data_proportion 0.75 have r = t)
+    "meanflow_norm_p": 1.0,  # adaptive weight power p (Table 1d: p = 1 best)
+    "meanflow_norm_c": 0.01,  # adaptive weight constant c (norm_eps)
+    "meanflow_omega": 1.0,  # guidance folded into the target: omega ...
+    "meanflow_kappa": 0.5,  # ... and kappa (effective scale omega / (1 - kappa) = 2)
+    "meanflow_class_dropout": 0.1,  # labels dropped by the objective (the unguided target there)
+}
 #: model precisions (keys of ``precision.PRECISIONS``)
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
 #: the SD-VAE decoders of SiT/DiT (``vae.SD_VAE_IDS``) and their latent scaling factor
@@ -97,9 +112,10 @@ MODEL_NAMES: tuple[str, ...] = tuple(f"{b}-{s}/{p}" for b in BACKBONE_NAMES for 
 #: the keys of the config's ``model`` section: ``name`` and ``models.valid_overrides()``
 MODEL_KEYS: tuple[str, ...] = (
     "name", "class_dropout_prob", "depth", "grad_checkpointing", "hidden_size", "in_channels",
-    "input_size", "layer_scale_init", "learn_sigma", "mlp", "mlp_act", "mlp_norm_eps", "mlp_ratio",
-    "norm", "num_classes", "num_heads", "num_registers", "patch_size", "pos_embed", "qk_norm",
-    "qkv_bias", "register_rope_theta", "rope", "rope_theta", "t_freq_shift")
+    "input_size", "interval_embed", "layer_scale_init", "learn_sigma", "mlp", "mlp_act",
+    "mlp_norm_eps", "mlp_ratio", "norm", "num_classes", "num_heads", "num_registers", "patch_size",
+    "pos_embed", "qk_norm", "qkv_bias", "register_rope_theta", "rope", "rope_theta",
+    "t_freq_shift")
 
 
 def name_objective(model_name: str) -> str | None:

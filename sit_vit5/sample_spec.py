@@ -23,6 +23,7 @@ from .names import (
     DIFFUSION_SOLVERS,
     FLOW_SOLVERS,
     LAST_STEPS,
+    MEANFLOW_METHODS,
     ODE_ADAPTIVE_METHODS,
     ODE_ALIASES,
     ODE_EQUAL_STEP_METHODS,
@@ -33,18 +34,23 @@ from .names import (
 )
 
 #: sample.method values of each objective: SiT's transport, DiT's diffusion
-SAMPLE_METHODS: dict[str, tuple[str, ...]] = {"sit": TRANSPORT_METHODS, "ddpm": DIFFUSION_METHODS}
-OBJECTIVE_TITLES = {"sit": "SiT's transport, t = 0 noise .. 1 data", "ddpm": "DiT's diffusion"}
-METHODS = (*TRANSPORT_METHODS, *DIFFUSION_METHODS)
+SAMPLE_METHODS: dict[str, tuple[str, ...]] = {"sit": TRANSPORT_METHODS, "ddpm": DIFFUSION_METHODS,
+                                              "meanflow": MEANFLOW_METHODS}
+OBJECTIVE_TITLES = {"sit": "SiT's transport, t = 0 noise .. 1 data", "ddpm": "DiT's diffusion",
+                    "meanflow": "MeanFlow's average velocity on SiT's linear path"}
+METHODS = (*TRANSPORT_METHODS, *DIFFUSION_METHODS, *MEANFLOW_METHODS)
 #: what each method is (the ``--method list`` text)
 METHOD_TITLES = {
     "ode": "probability-flow ODE on num_steps grid points (num_steps - 1 steps)",
     "sde": "reverse SDE on num_steps grid points (num_steps - 1 steps), then a last step",
     "ddpm": "DiT's ancestral sampler on num_steps respaced steps, 1 NFE a step",
     "ddim": "DDIM (--eta 0: deterministic) on num_steps respaced steps, 1 NFE a step",
+    "meanflow": "num_steps equal jumps z_r = z_t + (r - t) u(z_t, t, r) from noise (1 = one "
+                "step), 1 NFE a step",
 }
 DEFAULT_SAMPLING_METHOD = {"ode": "dopri5", "sde": "Euler"}  # SiT's sample.py defaults per method
-MIN_STEPS = {"ode": 2, "sde": 2, "ddpm": 1, "ddim": 1}  # grid points / respaced steps needed
+#: grid points / respaced steps / jumps needed
+MIN_STEPS = {"ode": 2, "sde": 2, "ddpm": 1, "ddim": 1, "meanflow": 1}
 #: ``--method list`` (or a bare ``--method``): print :func:`describe_methods` and exit
 LIST = "list"
 #: results/nfe's few-step setting (exploratory; two training seeds per arm): diffusers' UniPC with
@@ -198,7 +204,8 @@ def option(default: Any, help: str, *, solvers: tuple[str, ...] = (),
 @dataclass(frozen=True)
 class SampleSpec:
     """Sampler settings (defaults: SiT's sample.py). ``method`` ode | sde samples the transport,
-    ddpm | ddim DiT's diffusion on ``num_steps`` respaced steps. ``cfg_scale`` 1 = no guidance."""
+    ddpm | ddim DiT's diffusion on ``num_steps`` respaced steps, meanflow ``num_steps`` jumps of
+    MeanFlow's average velocity. ``cfg_scale`` 1 = no guidance."""
 
     method: str = option(
         "ode", "; ".join(f"objective {o}: {' | '.join(m)} (default {m[0]})"
@@ -214,8 +221,8 @@ class SampleSpec:
         + f"; see --method {LIST}", solvers=TRANSPORT_METHODS)
     num_steps: int = option(250, "time-grid points (default {default}; fixed-step ODE takes "
                             "num_steps-1 steps; adaptive ODE: output grid only); ddpm / ddim: "
-                            "respaced diffusion steps", solvers=METHODS, type=positive_int,
-                            aliases=("--num-sampling-steps",))
+                            "respaced diffusion steps; meanflow: jumps (= NFE)", solvers=METHODS,
+                            type=positive_int, aliases=("--num-sampling-steps",))
     atol: float = option(DEFAULT_ATOL, "adaptive ODE absolute tolerance (default {default})",
                          solvers=("ode",), type=finite_float)
     rtol: float = option(DEFAULT_RTOL, "adaptive ODE relative tolerance (default {default})",
@@ -316,8 +323,8 @@ class SampleSpec:
         """The spec from ``layers`` of settings, highest priority first (e.g. CLI flags, then a
         checkpoint's ``sample`` section): each field's first non-None value, else the default;
         non-field keys are ignored. A layer's ``sampling_method`` is used only with its own
-        ``method`` (if set), else the winning one; under ddpm / ddim a stored one that is not
-        that method's solver is dropped (a typed one, the first layer with ``explicit``, is
+        ``method`` (if set), else the winning one; under ddpm / ddim / meanflow a stored one that
+        is not that method's solver is dropped (a typed one, the first layer with ``explicit``, is
         refused by the spec).
         """
         known = [{k: v for k, v in layer.items() if k in cls.keys() and v is not None}
@@ -326,7 +333,7 @@ class SampleSpec:
         values: dict[str, Any] = {"method": method}
         for i, layer in enumerate(known):
             stored = None if explicit and i == 0 else layer.get("sampling_method")
-            foreign = method in DIFFUSION_SOLVERS and isinstance(stored, str) \
+            foreign = method not in TRANSPORT_METHODS and isinstance(stored, str) \
                 and stored.lower() not in sampling_methods(method)
             if stored is not None and (layer.get("method", method) != method or foreign):
                 layer = {k: v for k, v in layer.items() if k != "sampling_method"}
@@ -344,8 +351,8 @@ class SampleSpec:
     @property
     def nfe(self) -> int | None:
         """Model evaluations per image (CFG's doubled batch counts once): ode ``(num_steps - 1) x``
-        the solver's per step; sde the same plus 1 for a last step; ddpm / ddim ``num_steps``.
-        None: not fixed in advance (adaptive solvers count theirs while sampling)."""
+        the solver's per step; sde the same plus 1 for a last step; ddpm / ddim / meanflow
+        ``num_steps``. None: not fixed in advance (adaptive solvers count theirs while sampling)."""
         per_step = step_evaluations(self.method, self.sampling_method)
         if per_step is None:
             return None

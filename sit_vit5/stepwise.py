@@ -20,7 +20,8 @@ class Steps(Protocol):
     init_noise_sigma``, for each ``t`` of ``timesteps``: ``out = model(model_input(x, t),
     model_time(t, x), y)``, then ``x = step(out, t, x, generator)`` (``generator``: one per image
     for stochastic steps). ``restart`` readies a diffusers scheduler, which keeps state along a
-    trajectory."""
+    trajectory. Optional: ``model_kwargs(t)``, extra model keywords of the step at ``t`` (MeanFlow's
+    ``interval``); :func:`denoise` passes them when a sampler defines it."""
 
     timesteps: Tensor
     init_noise_sigma: float
@@ -41,8 +42,10 @@ def denoise(steps: Steps, z: Tensor, model_fn: Callable[..., Tensor], generator:
     x = z * steps.init_noise_sigma
     if trajectory is not None:
         trajectory.append(x)
+    extra = getattr(steps, "model_kwargs", None)  # per-step keywords (MeanFlow's interval)
     for t in steps.timesteps:
-        out = model_fn(steps.model_input(x, t), steps.model_time(t, x), **model_kwargs)
+        step_kwargs = model_kwargs if extra is None else {**extra(t), **model_kwargs}
+        out = model_fn(steps.model_input(x, t), steps.model_time(t, x), **step_kwargs)
         x = steps.step(out, t, x, generator)
         if trajectory is not None:
             trajectory.append(x)

@@ -40,11 +40,13 @@ PLATFORM: tuple[str, ...] = (
     "sit_vit5.models.official", "sit_vit5.models.diffusers_dit", "sit_vit5.sampling.bulk",
     "sit_vit5.sampling.labels",
     "sit_vit5.training.fsdp", "sit_vit5.training.repa", "sit_vit5.cli",
+    "sit_vit5.objective.meanflow",
 )
 #: Core modules that build from a config: each imports a platform layer inside a function, only
 #: when the config (or the file it is given) names that layer.
 BUILDERS = {
-    "sit_vit5/objective/__init__.py": "objective_class imports DiT's objective for objective=ddpm",
+    "sit_vit5/objective/__init__.py": "objective_class imports DiT's objective for objective=ddpm "
+                                      "and MeanFlow's for objective=meanflow",
     "sit_vit5/training/build.py": "REPA and FSDP2 when the config sets them",
     "sit_vit5/training/data.py": "the latent cache for data.kind=latents",
     "sit_vit5/models/loading.py": "the diffusers DiT conversion for a diffusers DiT folder",
@@ -78,7 +80,7 @@ PACKAGE_LAYERS: dict[str, list[tuple[str, ...]]] = {
     ],
     "objective": [
         ("base",),  # the interface every objective implements
-        ("sit",),
+        ("sit", "meanflow"),
     ],
 }
 PACKAGE_RANK = {package: {module: rank for rank, layer in enumerate(layers) for module in layer}

@@ -43,6 +43,8 @@ class Backbone(Protocol):
     blocks: nn.ModuleList  # residual blocks: FSDP2 units, REPA's hook, FLOPs, gate diagnostics
 
     def __call__(self, x: Tensor, t: Tensor, y: Tensor) -> Tensor: ...
+    # MeanFlow's models (built with interval_embed) also take ``interval=h`` (B,) or a number: h =
+    # r - t, the span of the average velocity (0: the instantaneous one), and ``force_drop_ids``
 
     @property
     def has_null_class(self) -> bool:

@@ -12,8 +12,19 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .kernels import Rotation, _QKNormRopeFunction, _RMSNormFunction
+
+
+def _fusable() -> bool:
+    """Whether the hand-written CPU autograd Functions below may run: not under a ``torch.func``
+    transform (MeanFlow's ``torch.func.jvp``), where they have no forward-mode rule; there the
+    composite ops run instead (the same forward op sequence, so the same values). Compiled code
+    keeps the Functions (dynamo traces them; the check is for eager transforms)."""
+    if torch.compiler.is_compiling():
+        return True
+    return not torch._C._are_functorch_transforms_active()  # private API: no public query yet
 
 
 def modulate(x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
@@ -36,9 +47,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         x32 = x.float()
-        if x32.device.type == "cpu":
+        if x32.device.type == "cpu" and _fusable():
             return _RMSNormFunction.apply(x32, self.weight, self.eps).to(x.dtype)
-        # CUDA: fused forward and backward
+        # CUDA: fused forward and backward; under torch.func: the composite (forward-mode rules)
         return F.rms_norm(x32, (self.dim,), self.weight, self.eps).to(x.dtype)
 
 
@@ -127,7 +138,7 @@ def norm_and_rotate(x: Tensor, norm: nn.Module, rope: Rotation | None) -> Tensor
     within float rounding; bf16/fp16 x: computed in fp32, within that dtype's rounding."""
     if (
         rope is not None and isinstance(norm, RMSNorm) and norm.weight is not None
-        and x.device.type == "cpu" and norm.weight.dtype == torch.float32
+        and x.device.type == "cpu" and norm.weight.dtype == torch.float32 and _fusable()
     ):
         if x.dtype == torch.float32 and rope.complex_ok(x):
             return _QKNormRopeFunction.apply(x, norm.weight, norm.eps, rope.cis, rope.cis_conj)
@@ -160,9 +171,12 @@ class Attention(nn.Module):
         qkv = self.qkv(x).view(B, N, 3, self.num_heads, self.head_dim)  # (B, N, 3, H, head_dim)
         q, k, v = qkv.unbind(2)  # each (B, N, H, head_dim)
         q, k = norm_and_rotate(q, self.q_norm, rope), norm_and_rotate(k, self.k_norm, rope)
-        x = F.scaled_dot_product_attention(  # (B, H, N, head_dim)
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        )
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, N, head_dim)
+        if _fusable():
+            x = F.scaled_dot_product_attention(q, k, v)  # (B, H, N, head_dim)
+        else:  # torch.func (MeanFlow's JVP): the fused kernels (CPU flash, CUDA flash / cuDNN)
+            with sdpa_kernel(SDPBackend.MATH):  # have no forward-mode rule; the math one has
+                x = F.scaled_dot_product_attention(q, k, v)
         return self.proj(x.transpose(1, 2).reshape(B, N, D))  # (B, N, D)
 
 

@@ -156,7 +156,7 @@ class SiT(ModelMixin, ConfigMixin):
         hidden_size: int = 1152, depth: int = 28, num_heads: int = 16, mlp_ratio: float = 4.0,
         class_dropout_prob: float = 0.1, num_classes: int = 1000, learn_sigma: bool = True,
         grad_checkpointing: bool = False, t_freq_shift: int = 0, mlp_norm_eps: float = 1e-6,
-        **switches,
+        interval_embed: bool = False, **switches,
     ) -> None:
         super().__init__()
         unknown = set(switches) - set(SIT_SWITCHES)
@@ -203,6 +203,13 @@ class SiT(ModelMixin, ConfigMixin):
              for _ in range(depth)]
         )
         self.final_layer = FinalLayer(hidden_size, patch_size, self.out_channels, sw["norm"])
+        # MeanFlow's second time (objective/meanflow.py): an embedding of the interval h = r - t,
+        # added to c. Off (None, no parameters) for the sit and ddpm objectives. Registered and
+        # initialised last, so the other weights draw the same random numbers as without it.
+        self.interval_embed, self.h_embedder = interval_embed, None
+        if interval_embed:
+            with torch.random.fork_rng(devices=[]):  # nn.Linear's own init draws: not from ours
+                self.h_embedder = TimestepEmbedder(hidden_size, freq_shift=t_freq_shift)
         self.initialize_weights()
         # config.json: the resolved architecture (ViT5's switch defaults included), not just what
         # was passed. Registered last: the switch `pos_embed` shares its name with the parameter.
@@ -212,6 +219,8 @@ class SiT(ModelMixin, ConfigMixin):
             class_dropout_prob=class_dropout_prob, num_classes=num_classes, learn_sigma=learn_sigma,
             t_freq_shift=t_freq_shift, mlp_norm_eps=mlp_norm_eps, **sw,
         )
+        if interval_embed:  # only then: a flow model's config.json stays as it was
+            self.register_to_config(interval_embed=True)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, **kwargs):
@@ -268,8 +277,10 @@ class SiT(ModelMixin, ConfigMixin):
         """DiT init: xavier Linears, N(0, 0.02) embedders, zero adaLN and output => the output is
         exactly 0."""
 
+        interval = set() if self.h_embedder is None else set(self.h_embedder.modules())
+
         def _basic_init(module: nn.Module) -> None:
-            if isinstance(module, nn.Linear):
+            if isinstance(module, nn.Linear) and module not in interval:
                 nn.init.xavier_uniform_(module.weight)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
@@ -292,6 +303,12 @@ class SiT(ModelMixin, ConfigMixin):
         for layer in (self.final_layer.adaLN_modulation[-1], self.final_layer.linear):
             nn.init.zeros_(layer.weight)
             nn.init.zeros_(layer.bias)
+        if self.h_embedder is not None:  # last: the draws above are those of a model without it
+            first, last = self.h_embedder.mlp[0], self.h_embedder.mlp[2]
+            nn.init.normal_(first.weight, std=0.02)  # as the t embedder
+            nn.init.zeros_(first.bias)
+            nn.init.zeros_(last.weight)  # zero: at init the interval changes nothing
+            nn.init.zeros_(last.bias)
 
     @property
     def has_null_class(self) -> bool:
@@ -319,10 +336,28 @@ class SiT(ModelMixin, ConfigMixin):
         x = x.reshape(x.shape[0], h, w, p, p, c)  # (B, h, w, p, p, C)
         return torch.einsum("nhwpqc->nchpwq", x).reshape(x.shape[0], c, h * p, w * p)
 
-    def forward(self, x: Tensor, t: Tensor, y: Tensor) -> Tensor:
+    def interval_embedding(self, interval: Tensor | float, batch: int) -> Tensor:
+        """(B, D): ``h_embedder(h) - h_embedder(0)`` for the interval ``h`` (a number, () or (B,),
+        in units of t). Exactly 0 at h = 0 for any weights, so r = t is the model's (t, y) function;
+        the constant it drops would only duplicate the t embedder's last bias."""
+        if self.h_embedder is None:
+            raise ValueError("this model has no interval embedding (built with "
+                             "interval_embed=False: a sit or ddpm model); it takes no interval")
+        h = torch.as_tensor(interval, device=self.h_embedder.mlp[0].weight.device)
+        h = h.reshape(-1).expand(batch) if h.numel() == 1 else h.reshape(batch)
+        both = self.h_embedder(torch.cat([h, h.new_zeros(1)]))  # (B + 1, D): one call
+        return both[:-1] - both[-1:]
+
+    def forward(self, x: Tensor, t: Tensor, y: Tensor, interval: Tensor | float | None = None,
+                force_drop_ids: Tensor | None = None) -> Tensor:
         """The full output (B, C_out, H, W): C channels, or 2C with learn_sigma (as DiT: the
         prediction, then DiT's variance values, which SiT's transport ignores); the objective reads
-        what it needs. Official SiT's forward returns only ``[:, :C]`` (see the class docstring)."""
+        what it needs. Official SiT's forward returns only ``[:, :C]`` (see the class docstring).
+
+        ``interval`` (MeanFlow, a model with ``interval_embed``): the interval h = r - t of the
+        average velocity, a number or (B,), in units of t; None = 0 (the instantaneous velocity).
+        ``force_drop_ids`` (B,): 1 = use the null label; given, it replaces the random label
+        dropout of training (MeanFlow's target must know which labels were dropped)."""
         p = self.patch_size
         if x.shape[-2] % p or x.shape[-1] % p:
             raise ValueError(f"input spatial size {tuple(x.shape[-2:])} is not divisible by "
@@ -331,7 +366,9 @@ class SiT(ModelMixin, ConfigMixin):
         x = self.x_embedder(x)  # (B, T, D)
         if self.pos_embed is not None:
             x = x + self.pos_embed_for(grid)
-        c = self.t_embedder(t) + self.y_embedder(y, self.training)  # (B, D)
+        c = self.t_embedder(t) + self.y_embedder(y, self.training, force_drop_ids)  # (B, D)
+        if interval is not None:
+            c = c + self.interval_embedding(interval, len(c))
         if self.num_registers:
             registers = self.register_tokens.expand(x.shape[0], -1, -1).to(x.dtype)  # (B, R, D)
             x = torch.cat([x, registers], dim=1)  # (B, N, D), N = T + R

@@ -4,6 +4,8 @@
   samplers ``ode | sde``.
 * ``ddpm``: DiT's discrete diffusion, a platform layer (:mod:`sit_vit5.diffusion.objective`),
   imported by :func:`objective_class` only when a config or checkpoint names it.
+* ``meanflow``: MeanFlow's average velocity on the linear path (:mod:`.meanflow`), 1-step
+  sampling; a platform layer too, imported only when named.
 
 Each is an :class:`Objective`: ``loss``, a whole-trajectory ``sampler``, step-wise ``steps`` and
 ``evaluations`` per ``SampleSpec``, built ``from_config``. The model returns its full output; the
@@ -39,6 +41,10 @@ def objective_class(name: str) -> type[Objective]:
         from ..diffusion.objective import DDPMObjective
 
         return DDPMObjective
+    if name == "meanflow":  # MeanFlow: a platform layer too, loaded only when named
+        from .meanflow import MeanFlowObjective
+
+        return MeanFlowObjective
     return SiTObjective
 
 
@@ -56,11 +62,20 @@ def objective_name(cfg_transport: Mapping[str, Any] | None) -> str:
 
 
 def check_objective(cfg_transport: Mapping[str, Any], *, learn_sigma: bool,
-                    model_name: str | None = None, sample_method: str | None = None) -> str:
+                    model_name: str | None = None, sample_method: str | None = None,
+                    interval_embed: bool | None = None) -> str:
     """Validate the objective against the model and sampler; returns its name. Raises
-    ObjectiveError naming every contradiction at once."""
+    ObjectiveError naming every contradiction at once. ``interval_embed``: the model's
+    second-time embedding (None: not checked), which exactly the objectives with ``interval``
+    use."""
     name = objective_name(cfg_transport)
     problems: list[str] = []
+    wanted = objective_class(name).interval
+    if interval_embed is not None and bool(interval_embed) != wanted:
+        problems.append(f"model.interval_embed={str(bool(interval_embed)).lower()}: the {name} "
+                        f"objective needs model.interval_embed={str(wanted).lower()} "
+                        + ("(the interval r - t of its average velocity)" if wanted else
+                           "(it has no second time: no extra parameters)"))
     conflict = name_objective_conflict(model_name, name) if model_name else None
     if conflict:
         problems.append(f"model.name={model_name!r}: {conflict}")

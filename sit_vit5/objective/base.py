@@ -69,6 +69,8 @@ class Objective(ABC):
 
     name: ClassVar[str]
     keys: ClassVar[tuple[str, ...]]  # the ``transport`` keys it reads (besides ``objective``)
+    #: whether its model takes a second time (``model.interval_embed``: MeanFlow's r - t)
+    interval: ClassVar[bool] = False
 
     @classmethod
     @abstractmethod

@@ -263,9 +263,11 @@ class SamplingPipeline:
         """Side of the output images in pixels (the latent side times the VAE factor)."""
         return self.latent_shape[1] * self.vae_factor
 
-    def _forward(self, x: Tensor, t: Tensor, y: Tensor) -> Tensor:
+    def _forward(self, x: Tensor, t: Tensor, y: Tensor, **kwargs: Any) -> Tensor:
+        """The model under this pipeline's autocast, float32 out; ``kwargs``: the sampler's extra
+        keywords (MeanFlow's ``interval``)."""
         with autocast(self.device, self.precision):
-            return self.net(x, t, y).float()
+            return self.net(x, t, y, **kwargs).float()
 
     @torch.no_grad()
     def generate(
