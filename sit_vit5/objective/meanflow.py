@@ -159,10 +159,11 @@ class MeanFlowObjective(Objective):
         ordered, then r = t for a fraction 1 - ratio of the pairs (py-meanflow's sampler v0)."""
         s = self.settings
         gen = generator if isinstance(generator, torch.Generator) else None
-        a = torch.sigmoid(torch.randn(n, generator=gen) * s.time_std + s.time_mean)
-        b = torch.sigmoid(torch.randn(n, generator=gen) * s.time_std + s.time_mean)
+        # on cpu: drawn there (the global or given CPU generator), moved to `device` at the end
+        a = torch.sigmoid(torch.randn(n, generator=gen) * s.time_std + s.time_mean)  # on cpu: above
+        b = torch.sigmoid(torch.randn(n, generator=gen) * s.time_std + s.time_mean)  # on cpu: above
         t_mf, r_mf = torch.maximum(a, b), torch.minimum(a, b)  # MeanFlow's order: r <= t
-        r_mf = torch.where(torch.rand(n, generator=gen) < s.ratio, r_mf, t_mf)
+        r_mf = torch.where(torch.rand(n, generator=gen) < s.ratio, r_mf, t_mf)  # on cpu: above
         # MeanFlow writes t = 1 for noise (arXiv 2505.13447 §3); ours t = 0 (DESIGN.md §4, §10)
         t, r = 1.0 - t_mf, 1.0 - r_mf
         return t.to(device), r.to(device)
