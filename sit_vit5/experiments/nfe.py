@@ -15,9 +15,11 @@ reference row is the 250-NFE SDE. A time shift other than 1 makes its own rows, 
 from __future__ import annotations
 
 import argparse
+import datetime
 import itertools
 import json
 import re
+import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +39,8 @@ from . import report
 
 NFES = (4, 6, 8, 12, 16, 24, 32, 64, 128, 250)
 ADAPTIVE_TOLERANCES = (1e-2, 1e-3, 1e-4)  # dopri5's atol = rtol; its NFE is what it counted
-SAMPLE_SEED = 0
+SAMPLE_SEED = 0  # the one sample seed of every row written before 2026-12-06
+LABELS = ("cycle", "random")  # i mod 10 (the study's) or sample.py bulk's uniform random labels
 
 
 @dataclass(frozen=True)
@@ -57,9 +60,11 @@ class Solver:
         return SampleSpec(**self.fields, time_shift=shift).with_nfe(nfe)
 
 
-def row_label(solver: str, time_shift: float) -> str:
-    """A row's solver label: the solver's name, ``<name> shift<S>`` on a shifted grid."""
-    return solver if time_shift == 1 else f"{solver} shift{time_shift:g}"
+def row_label(solver: str, time_shift: float, labels: str = "cycle") -> str:
+    """A row's solver label: the solver's name, ``<name> shift<S>`` on a shifted grid, with
+    `` random-labels`` appended when the classes are sample.py bulk's random draw."""
+    label = solver if time_shift == 1 else f"{solver} shift{time_shift:g}"
+    return label if labels == "cycle" else f"{label} {labels}-labels"
 
 
 SOLVERS = {
@@ -122,6 +127,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-samples", type=positive_int, default=1000,
                    help="images per row (FID sample size)")
     p.add_argument("--batch-size", type=positive_int, default=250)
+    p.add_argument("--sample-seeds", nargs="+", type=int, default=[SAMPLE_SEED],
+                   help="global sample seeds (initial and SDE noise); each row stores each seed's "
+                   "FID and reports their mean and sd; seeds done are skipped")
+    p.add_argument("--labels", choices=LABELS, default="cycle",
+                   help="class of sample i: i mod 10 (cycle, the study's), or uniform random "
+                   "(sample.py bulk's default; rows labelled '<solver> random-labels')")
 
 
 def check_grid(solvers: Sequence[str], nfes: Sequence[int],
@@ -165,15 +176,19 @@ def score(images: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
 
 
 def run_row(
-    loaded: Any, solver: Solver | Adaptive, spec: SampleSpec, num_samples: int, batch_size: int
+    loaded: Any, solver: Solver | Adaptive, spec: SampleSpec, num_samples: int, batch_size: int,
+    sample_seed: int = SAMPLE_SEED, labels_kind: str = "cycle",
 ) -> dict[str, Any]:
-    """Sample and score one row of ``solver`` (``spec``: its settings at this row's NFE): NFE per
-    image as counted, FID, accuracy."""
+    """Sample and score one row of ``solver`` (``spec``: its settings at this row's NFE) with
+    global seed ``sample_seed``: NFE per image as counted, FID, accuracy. ``labels_kind``:
+    ``cycle`` gives sample i class i mod K; ``random`` the pipeline's uniform draw (sample.py
+    bulk's default), from the same per-sample seeds."""
     pipe = SamplingPipeline.for_model(loaded, spec)
     images, labels, nfe = [], [], set()
     for lo in range(0, num_samples, batch_size):
         indices = range(lo, min(lo + batch_size, num_samples))
-        batch = pipe.generate(indices, SAMPLE_SEED, labels=[i % pipe.num_classes for i in indices])
+        classes = None if labels_kind == "random" else [i % pipe.num_classes for i in indices]
+        batch = pipe.generate(indices, sample_seed, labels=classes)
         images.append(batch.pixels)
         labels.append(torch.as_tensor(batch.labels))
         nfe.add(batch.nfe)
@@ -204,6 +219,52 @@ def check_solvers(solvers: Sequence[str], path: str | Path, objective: str) -> N
                                f"{objective} objective; its solvers: {', '.join(own)}")
 
 
+def git_commit(root: str | Path | None = None) -> str | None:
+    """The commit HEAD of the checkout holding this file (40 hex digits; ``-dirty`` appended when
+    tracked files differ from it), None outside a git checkout."""
+    root = Path(root) if root is not None else Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=root, capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("-dirty" if dirty.strip() else "")
+
+
+def utc_now() -> str:
+    """The current time, UTC, ISO 8601 to the second (``2026-12-06T07:30:00Z``)."""
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+METRICS = ("fid", "fid16", "accuracy")
+
+
+def seed_results(row: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """A row's results per sample seed (str seed -> nfe, fid, [fid16], accuracy, and for runs
+    from 2026-12-06 on ``started_utc`` and ``commit``). A row written before per-seed storage
+    holds one result, at :data:`SAMPLE_SEED` (the harness's only seed then)."""
+    if "seeds" in row:
+        return dict(row["seeds"])
+    return {str(SAMPLE_SEED): {k: row[k] for k in ("nfe", *METRICS) if k in row}}
+
+
+def with_seed_summary(row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` with its headline fields set from its seeds: ``fid`` / ``fid16`` / ``accuracy`` the
+    mean over seeds, ``<metric>_sd`` the sample sd (ddof 1; 0 for one seed), ``n_seeds``, and
+    ``nfe`` the largest NFE any seed counted."""
+    seeds = seed_results(row)
+    out = {**row, "seeds": seeds, "n_seeds": len(seeds),
+           "nfe": max(r["nfe"] for r in seeds.values())}
+    for metric in METRICS:
+        values = [r[metric] for r in seeds.values() if metric in r]
+        if values:
+            out[metric] = float(np.mean(values))
+            out[f"{metric}_sd"] = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+    return out
+
+
 def study(
     path: str | Path,
     solvers: Sequence[str],
@@ -214,42 +275,52 @@ def study(
     out: str | Path,
     loaded: Any = None,
     time_shifts: Sequence[float] = (1.0,),
+    sample_seeds: Sequence[int] = (SAMPLE_SEED,),
+    labels: str = "cycle",
 ) -> list[dict[str, Any]]:
     """Every row of one checkpoint (``loaded``: it, already loaded), computed or read from
     ``OUT/<name>.json``; writes the table and the plot. Solvers of another objective are
-    skipped."""
+    skipped. Each row runs once per sample seed (seeds outermost, so a stopped run leaves every
+    row with about as many seeds); the file is rewritten after each, and a rerun skips the
+    (row, seed) pairs it holds. Each new result records its start time (UTC) and commit."""
     loaded = loaded if loaded is not None else load_model(path)
     name = checkpoint_name(path)
     cache = Path(out) / f"{name}.json"
     rows: dict[str, dict[str, Any]] = json.loads(cache.read_text()) if cache.is_file() else {}
-    for solver_name in solvers:
+    commit = git_commit()
+    for seed, solver_name in itertools.product(sample_seeds, solvers):
         solver = ADAPTIVE if solver_name == ADAPTIVE.name else SOLVERS[solver_name]
         if solver.objective != loaded.objective_name:
             continue
         targets = ADAPTIVE_TOLERANCES if solver is ADAPTIVE else nfes
         for shift, cfg, target in itertools.product(time_shifts, cfg_scales, targets):
-            label = row_label(solver.name, shift)
+            label = row_label(solver.name, shift, labels)
             key = f"{label} {target:g} cfg{cfg:g}"
-            if key in rows:
+            done = seed_results(rows[key]) if key in rows else {}
+            if str(seed) in done:
                 continue
             spec = SampleSpec.resolve({"cfg_scale": cfg}, vars(solver.spec(target, shift)))
-            rows[key] = {
-                "solver": label,
-                "target": target,
-                "cfg_scale": cfg,
-                **run_row(loaded, solver, spec, num_samples, batch_size),
-            }
+            started = utc_now()
+            result = run_row(loaded, solver, spec, num_samples, batch_size, seed, labels)
+            done[str(seed)] = {**result, "started_utc": started, "commit": commit}
+            rows[key] = with_seed_summary({"solver": label, "target": target, "cfg_scale": cfg,
+                                           "seeds": done})
             cache.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_text(cache, json.dumps(rows, indent=1, sort_keys=True))
-    table = sorted(rows.values(), key=lambda r: (r["cfg_scale"], r["solver"], r["nfe"]))
+    table = sorted((with_seed_summary(r) for r in rows.values()),
+                   key=lambda r: (r["cfg_scale"], r["solver"], r["nfe"]))
+    for row in table:
+        row.pop("seeds")
     columns = [
         c
-        for c in ("solver", "cfg_scale", "target", "nfe", "fid", "fid16", "accuracy")
+        for c in ("solver", "cfg_scale", "target", "nfe", "n_seeds", "fid", "fid_sd", "fid16",
+                  "fid16_sd", "accuracy")
         if any(c in r for r in table)
     ]
     atomic_write_text(
         Path(out) / f"{name}.md",
-        f"# FID against NFE: {path}\n\n" + report.markdown_table(table, columns) + "\n",
+        f"# FID against NFE: {path}\n\nMean over the row's sample seeds (`n_seeds`), sd with "
+        "ddof 1 (0 for one seed).\n\n" + report.markdown_table(table, columns) + "\n",
     )
     _plot(table, Path(out) / f"{name}.png", name)
     return table
@@ -293,7 +364,8 @@ def run(args: argparse.Namespace) -> int:
     check_grid(solvers, args.nfe, args.time_shifts)
     for path in args.checkpoints:
         table = study(path, solvers, args.nfe, args.cfg_scales, args.num_samples,
-                      args.batch_size, args.out, models.pop(path, None), args.time_shifts)
+                      args.batch_size, args.out, models.pop(path, None), args.time_shifts,
+                      args.sample_seeds, args.labels)
         line = f"{path}: {len(table)} rows -> {args.out}"
         if table:
             best = min(table, key=lambda r: r.get("fid16", r["fid"]))
