@@ -29,6 +29,7 @@ D=runs/demo/checkpoints/0002000.pt
 nfe $D --solvers sde-euler-mean --nfe 250
 nfe $D --solvers unipc --nfe 8 16
 nfe $D --solvers ode-dopri5
+nfe $D --solvers unipc --nfe 8 --labels random  # the harness against sample.py bulk's labels
 # 2. the DiT-objective demo: DDPM 250 (reference), the recommended DPM-Solver++ 2M SDE at 8 / 12,
 #    the best ODE rows at <= 20 NFE (DDIM 16, ddim-unipc 12, ddim-dpm++2m 12)
 train_demo demo-dit runs/demo-dit
@@ -48,6 +49,7 @@ for dataset in digits8; do
     done
   done
 done
+nfe $D --solvers sde-euler-mean --nfe 250 --labels random
 # 4. the demo with CFG 1.5
 nfe $D --solvers sde-euler-mean --nfe 250 --cfg-scales 1.5
 nfe $D --solvers unipc --nfe 8 16 --cfg-scales 1.5
