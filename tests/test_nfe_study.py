@@ -2,6 +2,8 @@
 and resumed, a table and a plot; diffusers' schedulers restart per batch (issue 39's groundwork)."""
 
 import json
+import math
+import re
 
 import pytest
 import torch
@@ -112,3 +114,113 @@ def test_the_summary_holds_each_setting_against_the_sde_over_seeds(tmp_path):
     assert experiments_main(["nfe-summary", "--out", str(tmp_path)]) == 0
     assert "| digits8-sit | 1.5 | unipc 8 | 1 | 1.250 |" in (tmp_path / "summary.md").read_text()
     assert (tmp_path / "summary.png").stat().st_size > 0
+
+
+def test_each_sample_seed_is_stored_with_its_start_time_and_commit_and_resumes(tmp_path,
+                                                                                monkeypatch):
+    """--sample-seeds runs each row once per seed (seeds outermost), writes each result as it
+    completes with its UTC start and the commit, reports mean and sd, and a rerun with more seeds
+    runs only the new ones; --labels random makes its own rows with the pipeline's random labels."""
+    ckpt, out = tiny_checkpoint(tmp_path), tmp_path / "nfe"
+    calls = []
+
+    def fake_row(loaded, solver, spec, num, batch, seed=0, labels="cycle"):
+        calls.append((spec.sampling_method, seed, labels))
+        return {"nfe": spec.nfe, "fid": 10.0 + seed, "accuracy": 0.5}
+
+    monkeypatch.setattr(nfe, "run_row", fake_row)
+    monkeypatch.setattr(nfe, "git_commit", lambda: "c" * 40)
+    base = ["nfe", ckpt, "--out", str(out), "--solvers", "ode-euler", "unipc", "--nfe", "4"]
+    assert experiments_main([*base, "--sample-seeds", "0", "1"]) == 0
+    assert calls == [("euler", 0, "cycle"), ("unipc", 0, "cycle"), ("euler", 1, "cycle"),
+                     ("unipc", 1, "cycle")]
+    rows = json.loads((out / f"{nfe.checkpoint_name(ckpt)}.json").read_text())
+    row = rows["unipc 4 cfg1"]
+    assert sorted(row["seeds"]) == ["0", "1"] and row["n_seeds"] == 2
+    assert row["fid"] == pytest.approx(10.5) and row["fid_sd"] == pytest.approx(2 ** -0.5)
+    for result in row["seeds"].values():
+        assert result["commit"] == "c" * 40
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", result["started_utc"])
+    calls.clear()
+    assert experiments_main([*base, "--sample-seeds", "0", "1", "2"]) == 0
+    assert calls == [("euler", 2, "cycle"), ("unipc", 2, "cycle")]  # only the new seed
+    calls.clear()
+    assert experiments_main([*base[:5], "unipc", "--nfe", "4", "--labels", "random"]) == 0
+    assert calls == [("unipc", 0, "random")]
+    rows = json.loads((out / f"{nfe.checkpoint_name(ckpt)}.json").read_text())
+    assert "unipc random-labels 4 cfg1" in rows
+
+
+def test_random_labels_are_the_pipelines_own_draw_and_cycle_is_i_mod_10(tmp_path, monkeypatch):
+    """What the two label choices hand the pipeline: i mod K, or None (its seeded uniform draw,
+    what sample.py bulk uses by default)."""
+    from sit_vit5.models import load_model
+    from sit_vit5.sampling import SamplingPipeline
+
+    seen = []
+    original = SamplingPipeline.generate
+
+    def spy(self, indices, seed, labels=None, **kw):
+        seen.append(labels)
+        return original(self, indices, seed, labels=labels, **kw)
+
+    monkeypatch.setattr(SamplingPipeline, "generate", spy)
+    monkeypatch.setattr(nfe, "score", lambda images, labels: {"fid": 1.0, "accuracy": 1.0})
+    loaded = load_model(tiny_checkpoint(tmp_path))
+    spec = nfe.SOLVERS["ode-euler"].spec(2)
+    nfe.run_row(loaded, nfe.SOLVERS["ode-euler"], spec, 12, 12, 3, "cycle")
+    nfe.run_row(loaded, nfe.SOLVERS["ode-euler"], spec, 12, 12, 3, "random")
+    assert seen == [[i % 10 for i in range(12)], None]
+
+
+def test_the_ratio_interval_is_the_delta_method_on_log_ratio():
+    """By hand: means 6 and 5, sds 0.6 and 0.5 at n = 5: se(log R) = sqrt(2 * 0.01 / 5) = 0.0632,
+    t(0.975, 4) = 2.776, t(0.8, 4) = 0.941; a wrong formula (sd instead of se, z instead of t)
+    fails."""
+    setting = [6 + 0.6 * v for v in (-1.2649, -0.6325, 0, 0.6325, 1.2649)]  # sd 0.6 (ddof 1)
+    reference = [5 + 0.5 * v for v in (-1.2649, -0.6325, 0, 0.6325, 1.2649)]
+    out = nfe.ratio_interval(setting, reference)
+    se = (2 * 0.01 / 5) ** 0.5
+    assert out["ratio"] == pytest.approx(1.2)
+    assert out["lo"] == pytest.approx(1.2 * math.exp(-2.7764 * se), rel=1e-3)
+    assert out["hi"] == pytest.approx(1.2 * math.exp(2.7764 * se), rel=1e-3)
+    assert out["detectable"] == pytest.approx(math.expm1((2.7764 + 0.9410) * se), rel=1e-3)
+    assert math.isnan(nfe.ratio_interval([1.0], [1.0, 2.0])["lo"])  # one seed: no interval
+    assert [nfe.reading(lo, hi) for lo, hi in ((0.9, 0.99), (0.97, 1.04), (1.06, 1.2),
+                                               (1.0, 1.2))] == [
+        "below the reference", "within 5 %", "more than 5 % above", "not resolved"]
+
+
+def test_the_seed_summary_reads_each_files_reference_and_training_seeds(tmp_path):
+    """SiT files against the 250-NFE SDE, DiT files against DDPM 250, digits16 by FID16; the kind
+    table is the geometric mean of training seeds' ratios with a t interval over their logs."""
+    def row(solver, target, fids, cfg=1.0, metric="fid"):
+        return {"solver": solver, "target": target, "cfg_scale": cfg,
+                "seeds": {str(i): {"nfe": target, metric: f} for i, f in enumerate(fids)}}
+
+    files = {
+        "runs-demo-0002000": [row("sde-euler-mean", 250, [5, 5.5, 4.5]),
+                              row("unipc", 8, [6, 6.6, 5.4])],
+        "runs-demo-dit-0002000": [row("ddpm", 250, [5, 6, 7]),
+                                  row("ddpm-dpm++2m-sde", 12, [6, 6, 6])],
+        "digits16-sit-seed12-0002000": [row("sde-euler-mean", 250, [10, 11, 9], metric="fid16"),
+                                        row("unipc", 8, [8, 8.8, 7.2], metric="fid16")],
+        "digits16-sit-seed13-0002000": [row("sde-euler-mean", 250, [10, 10, 10.5],
+                                            metric="fid16"),
+                                        row("unipc", 8, [9, 9, 9.45], metric="fid16")],
+    }
+    for name, rows in files.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps({str(i): r for i, r in enumerate(rows)}))
+    table = {(r["checkpoint"], r["setting"]): r for r in nfe.seed_summary_rows(tmp_path)}
+    assert table["runs-demo-0002000", "unipc 8"]["ratio"] == pytest.approx(1.2)
+    assert table["runs-demo-dit-0002000", "ddpm-dpm++2m-sde 12"]["ratio"] == pytest.approx(1.0)
+    assert table["runs-demo-dit-0002000", "ddpm-dpm++2m-sde 12"]["verdict"]
+    assert table["digits16-sit-seed12-0002000", "unipc 8"]["ratio"] == pytest.approx(0.8)
+    kinds = nfe.kind_summary_rows(list(table.values()))
+    assert len(kinds) == 1 and kinds[0]["n_training_seeds"] == 2
+    assert kinds[0]["ratio"] == pytest.approx((0.8 * 0.9) ** 0.5)
+    half = 12.706 * abs(math.log(0.8) - math.log(0.9)) / 2  # t(0.975, 1) * sd / sqrt(2)
+    assert kinds[0]["hi"] == pytest.approx((0.8 * 0.9) ** 0.5 * math.exp(half), rel=1e-3)
+    assert experiments_main(["nfe-summary", "--out", str(tmp_path)]) == 0
+    text = (tmp_path / "summary.md").read_text()
+    assert "| runs-demo-0002000 | 1.0 | unipc 8 | yes | 3 | 6.00 ± 0.60 |" in text

@@ -18,6 +18,7 @@ import argparse
 import datetime
 import itertools
 import json
+import math
 import re
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -448,7 +449,11 @@ def _plot_seeds(fids: SeedFids, path: Path,
 
 def summarize(out: str | Path) -> Path:
     """Write ``OUT/summary.md`` (:func:`summary_rows` as a table) and ``OUT/summary.png`` (FID
-    against NFE over the training seeds); returns the table's path."""
+    against NFE over the training seeds); returns the table's path. A folder whose rows carry
+    several sample seeds gets :func:`write_seed_summary` instead."""
+    if any("seeds" in row for path in Path(out).glob("*.json")
+           for row in json.loads(path.read_text()).values()):
+        return write_seed_summary(out)
     fids = seed_fids(out)
     table = summary_rows(fids)
     if not table:
@@ -464,4 +469,178 @@ def summarize(out: str | Path) -> Path:
                       f"{out}` from the row files beside it; summary.png: FID against NFE, "
                       "seed mean and min-max band.\n\n"
                       + report.markdown_table(table, list(table[0])) + "\n")
+    return path
+
+
+# ---- issue 55: rows over sample seeds, ratios with intervals -------------------------------------
+
+#: each objective's reference row: SiT's 250-NFE SDE, DiT's own DDPM at 250 steps
+REFERENCES = {"sit": ("sde-euler-mean", 250), "ddpm": ("ddpm", 250)}
+#: the settings the verdicts read (results/nfe/README.md, rules of 12-04 23:40, 12-05 02:05), per
+#: objective; every other row of a file is shown against its reference too
+VERDICT_SETTINGS = {"sit": (("unipc", 8), ("unipc", 16)),
+                    "ddpm": (("ddpm-dpm++2m-sde", 8), ("ddpm-dpm++2m-sde", 12))}
+
+
+def metric_of(name: str) -> str:
+    """The FID a checkpoint's file is read by: FID16 on digits16, else the 8×8 FID."""
+    return "fid16" if name.startswith("digits16") else "fid"
+
+
+def seed_values(row: Mapping[str, Any], metric: str) -> list[float]:
+    """``metric`` of each sample seed of ``row`` (seed order)."""
+    seeds = seed_results(row)
+    return [seeds[k][metric] for k in sorted(seeds, key=int) if metric in seeds[k]]
+
+
+def ratio_interval(setting: Sequence[float], reference: Sequence[float],
+                   level: float = 0.95, power: float = 0.8) -> dict[str, float]:
+    """R = mean(setting) / mean(reference) over sample seeds, with the delta method on log R (the
+    two rows independent): se^2 = sd_s^2 / (n_s m_s^2) + sd_r^2 / (n_r m_r^2), interval
+    exp(log R ± t se), t Student's at ``level`` two-sided with min(n) - 1 df. ``detectable``: the
+    smallest relative ratio difference found at two-sided ``1 - level`` with ``power``,
+    exp((t_level + t_power) se) - 1. NaN interval and detectable below two seeds a row."""
+    from scipy import stats
+
+    s, r = np.asarray(setting, dtype=float), np.asarray(reference, dtype=float)
+    ratio = float(s.mean() / r.mean())
+    out = {"ratio": ratio, "n_setting": len(s), "n_reference": len(r),
+           "lo": math.nan, "hi": math.nan, "se_log": math.nan, "detectable": math.nan}
+    df = min(len(s), len(r)) - 1
+    if df < 1:
+        return out
+    se = math.sqrt(s.var(ddof=1) / (len(s) * s.mean() ** 2)
+                   + r.var(ddof=1) / (len(r) * r.mean() ** 2))
+    t = float(stats.t.ppf(0.5 + level / 2, df))
+    out.update(lo=ratio * math.exp(-t * se), hi=ratio * math.exp(t * se), se_log=se,
+               detectable=math.expm1((t + float(stats.t.ppf(power, df))) * se))
+    return out
+
+
+def reading(lo: float, hi: float, margin: float = 1.05) -> str:
+    """The 2026-12-06 reading of a ratio's interval [lo, hi] against the 5 % margin."""
+    if math.isnan(lo):
+        return "no interval (one seed)"
+    if hi < 1:
+        return "below the reference"
+    if hi <= margin:
+        return "within 5 %"
+    if lo > margin:
+        return "more than 5 % above"
+    return "not resolved"
+
+
+def log_ratio_over_training_seeds(ratios: Sequence[float], level: float = 0.95) -> dict[str, float]:
+    """Geometric mean of per-training-seed ratios with a t interval over their logs (n - 1 df)."""
+    from scipy import stats
+
+    logs = np.log(np.asarray(ratios, dtype=float))
+    out = {"ratio": float(np.exp(logs.mean())), "n": len(logs), "lo": math.nan, "hi": math.nan}
+    if len(logs) > 1:
+        half = float(stats.t.ppf(0.5 + level / 2, len(logs) - 1)) * logs.std(ddof=1) / math.sqrt(
+            len(logs))
+        out.update(lo=float(np.exp(logs.mean() - half)), hi=float(np.exp(logs.mean() + half)))
+    return out
+
+
+def seed_summary_rows(out: str | Path) -> list[dict[str, Any]]:
+    """Per row file of ``out``, CFG scale and non-reference row: the row's mean ± sd over its
+    sample seeds, the reference's, R with its delta-method interval (:func:`ratio_interval`), the
+    detectable difference and the reading; ``verdict`` marks the settings a rule reads."""
+    table = []
+    for path in sorted(Path(out).glob("*.json")):
+        name = path.name.removesuffix(".json")
+        metric = metric_of(name)
+        rows = list(json.loads(path.read_text()).values())
+        solvers = {r["solver"].split(" ")[0] for r in rows}
+        objective = "ddpm" if {"ddpm", "ddim"} & solvers or any(
+            s.startswith(("ddim-", "ddpm-")) for s in solvers) else "sit"
+        ref_solver, ref_nfe = REFERENCES[objective]
+        for cfg in sorted({r["cfg_scale"] for r in rows}):
+            at = {(r["solver"], r["target"]): r for r in rows if r["cfg_scale"] == cfg}
+            reference = at.get((ref_solver, ref_nfe))
+            if reference is None:
+                continue
+            ref = seed_values(reference, metric)
+            for (solver, target), row in sorted(at.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+                if (solver, target) == (ref_solver, ref_nfe):
+                    continue
+                values = seed_values(row, metric)
+                ratio = ratio_interval(values, ref)
+                table.append({
+                    "checkpoint": name, "cfg_scale": cfg, "setting": f"{solver} {target:g}",
+                    "verdict": (solver, target) in VERDICT_SETTINGS[objective],
+                    "n": len(values), "fid": float(np.mean(values)),
+                    "fid_sd": float(np.std(values, ddof=1)) if len(values) > 1 else 0.0,
+                    "reference": f"{ref_solver} {ref_nfe}", "n_reference": len(ref),
+                    "reference_fid": float(np.mean(ref)),
+                    "reference_sd": float(np.std(ref, ddof=1)) if len(ref) > 1 else 0.0,
+                    **{k: ratio[k] for k in ("ratio", "lo", "hi", "detectable")},
+                    "reading": reading(ratio["lo"], ratio["hi"])})
+    return table
+
+
+def kind_summary_rows(table: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per digits kind (dataset-arm), CFG scale and verdict setting: the geometric mean of the
+    training seeds' ratios with a t interval over them (rows of :func:`seed_summary_rows`)."""
+    groups: dict[tuple[str, float, str], dict[int, float]] = {}
+    for row in table:
+        match = ROW_FILE.fullmatch(row["checkpoint"] + ".json")
+        if match is None or not row["verdict"]:
+            continue
+        key = (match["kind"], row["cfg_scale"], row["setting"])
+        groups.setdefault(key, {})[int(match["seed"])] = row["ratio"]
+    out = []
+    for (kind, cfg, setting), by_seed in sorted(groups.items()):
+        over = log_ratio_over_training_seeds([by_seed[s] for s in sorted(by_seed)])
+        out.append({"kind": kind, "cfg_scale": cfg, "setting": setting,
+                    "n_training_seeds": over["n"],
+                    "seeds": " ".join(map(str, sorted(by_seed))), "ratio": over["ratio"],
+                    "lo": over["lo"], "hi": over["hi"], "reading": reading(over["lo"], over["hi"])})
+    return out
+
+
+def _fmt(row: Mapping[str, Any]) -> dict[str, str]:
+    """A summary row as printed: FIDs to 2 decimals with ± sd, ratios to 3."""
+    out = {}
+    for key, value in row.items():
+        if key in ("fid_sd", "reference_sd"):
+            continue
+        if key in ("fid", "reference_fid"):
+            sd = row["fid_sd" if key == "fid" else "reference_sd"]
+            out[key] = f"{value:.2f} ± {sd:.2f}"
+        elif key in ("ratio", "lo", "hi"):
+            out[key] = "–" if math.isnan(value) else f"{value:.3f}"
+        elif key == "detectable":
+            out[key] = "–" if math.isnan(value) else f"{100 * value:.1f} %"
+        elif key == "verdict":
+            out[key] = "yes" if value else ""
+        else:
+            out[key] = str(value)
+    return out
+
+
+def write_seed_summary(out: str | Path) -> Path:
+    """``OUT/summary.md``: :func:`seed_summary_rows` and :func:`kind_summary_rows` as tables."""
+    table = seed_summary_rows(out)
+    if not table:
+        raise FileNotFoundError(f"{out}: no row files with a reference row")
+    kinds = kind_summary_rows(table)
+    text = (
+        "# Few-step settings against the reference, over sample seeds (FID ratio; < 1 = better)\n\n"
+        f"Written by `python -m sit_vit5.experiments nfe-summary --out {out}` from the row files "
+        "beside it. FID: mean ± sd (ddof 1) over the row's sample seeds (n); FID16 on digits16. "
+        "Reference: the 250-NFE SDE (SiT objective) or DDPM 250 (DiT objective). `ratio` = "
+        "mean / reference mean; `lo`–`hi`: 95 % interval, delta method on log ratio, rows "
+        "independent, Student's t with min(n) − 1 df; `detectable`: smallest ratio difference "
+        "found at 5 % two-sided with 80 % power at this n. `reading` (rule of 2026-12-06): below "
+        "the reference (hi < 1), within 5 % (hi ≤ 1.05), more than 5 % above (lo > 1.05), else "
+        "not resolved. `verdict`: a setting the written rules read.\n\n"
+        + report.markdown_table([_fmt(r) for r in table], list(_fmt(table[0]))) + "\n")
+    if kinds:
+        text += ("\n## Over training seeds (digits)\n\nGeometric mean of each training seed's "
+                 "ratio; 95 % t interval over their logs (n − 1 df).\n\n"
+                 + report.markdown_table([_fmt(r) for r in kinds], list(_fmt(kinds[0]))) + "\n")
+    path = Path(out) / "summary.md"
+    atomic_write_text(path, text)
     return path
