@@ -1,9 +1,12 @@
 """The NFE study (``python -m sit_vit5.experiments nfe``): rows per solver at honest NFE counts, cached
 and resumed, a table and a plot; diffusers' schedulers restart per batch (issue 39's groundwork)."""
 
+import datetime
 import json
 import math
 import re
+import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +17,8 @@ from sit_vit5.experiments.__main__ import main as experiments_main
 from sit_vit5.models import create_model
 from sit_vit5.sample_spec import SampleSpec
 from sit_vit5.training import save_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def tiny_checkpoint(tmp_path) -> str:
@@ -224,3 +229,35 @@ def test_the_seed_summary_reads_each_files_reference_and_training_seeds(tmp_path
     assert experiments_main(["nfe-summary", "--out", str(tmp_path)]) == 0
     text = (tmp_path / "summary.md").read_text()
     assert "| runs-demo-0002000 | 1.0 | unipc 8 | yes | 3 | 6.00 ± 0.60 |" in text
+
+
+#: result folders whose records a protocol addition judges -> (the page, the addition's heading)
+PROTOCOL_OF = {"results/nfe/sample-seeds": ("results/nfe/README.md",
+                                            "## Addition, 2026-12-06")}
+
+
+def git(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("folder", list(PROTOCOL_OF))
+def test_every_sample_seed_record_ran_from_a_commit_after_its_protocol(folder):
+    """The commit that added the protocol addition is an ancestor of every commit a record of
+    ``folder`` carries, the record's code was clean at that commit (no ``-dirty``), and the record
+    started after the addition was committed. Skipped outside a git checkout with that history."""
+    page, heading = PROTOCOL_OF[folder]
+    added = git("log", "--reverse", "--format=%H %cI", "-S", heading, "--", page)
+    if added.returncode or not added.stdout.strip():
+        pytest.skip("no git history of the protocol page here")
+    commit, when = added.stdout.split("\n")[0].split()
+    added_at = datetime.datetime.fromisoformat(when)
+    records = [(path.name, key, seed, result) for path in sorted((ROOT / folder).glob("*.json"))
+               for key, row in json.loads(path.read_text()).items()
+               for seed, result in row.get("seeds", {}).items()]
+    assert records, f"{folder}: no per-seed records"
+    for name, key, seed, result in records:
+        where = (name, key, seed, result.get("commit"))
+        assert result.get("commit") and not result["commit"].endswith("-dirty"), where
+        assert git("merge-base", "--is-ancestor", commit, result["commit"]).returncode == 0, where
+        started = datetime.datetime.fromisoformat(result["started_utc"].replace("Z", "+00:00"))
+        assert started >= added_at, (where, result["started_utc"], when)
