@@ -261,3 +261,12 @@ def test_every_sample_seed_record_ran_from_a_commit_after_its_protocol(folder):
         assert git("merge-base", "--is-ancestor", commit, result["commit"]).returncode == 0, where
         started = datetime.datetime.fromisoformat(result["started_utc"].replace("Z", "+00:00"))
         assert started >= added_at, (where, result["started_utc"], when)
+
+
+def test_the_paired_ratio_is_over_the_seeds_both_rows_have():
+    """Per-seed ratios 1.1, 0.9 (seed 2 only in one row: left out): geometric mean sqrt(0.99),
+    interval t(0.975, 1) * sd(log) / sqrt(2) either side."""
+    out = nfe.paired_ratio({"0": 11.0, "1": 9.0, "2": 50.0}, {"0": 10.0, "1": 10.0})
+    assert out["n"] == 2 and out["ratio"] == pytest.approx(0.99 ** 0.5)
+    half = 12.706 * abs(math.log(1.1) - math.log(0.9)) / 2
+    assert out["hi"] == pytest.approx(0.99 ** 0.5 * math.exp(half), rel=1e-3)

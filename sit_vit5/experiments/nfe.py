@@ -489,8 +489,13 @@ def metric_of(name: str) -> str:
 
 def seed_values(row: Mapping[str, Any], metric: str) -> list[float]:
     """``metric`` of each sample seed of ``row`` (seed order)."""
+    return list(seed_map(row, metric).values())
+
+
+def seed_map(row: Mapping[str, Any], metric: str) -> dict[str, float]:
+    """str sample seed -> ``metric`` of ``row`` (seed order)."""
     seeds = seed_results(row)
-    return [seeds[k][metric] for k in sorted(seeds, key=int) if metric in seeds[k]]
+    return {k: seeds[k][metric] for k in sorted(seeds, key=int) if metric in seeds[k]}
 
 
 def ratio_interval(setting: Sequence[float], reference: Sequence[float],
@@ -515,6 +520,16 @@ def ratio_interval(setting: Sequence[float], reference: Sequence[float],
     out.update(lo=ratio * math.exp(-t * se), hi=ratio * math.exp(t * se), se_log=se,
                detectable=math.expm1((t + float(stats.t.ppf(power, df))) * se))
     return out
+
+
+def paired_ratio(setting: Mapping[str, float], reference: Mapping[str, float],
+                 level: float = 0.95) -> dict[str, float]:
+    """Over the sample seeds both rows have (same seed: same initial noise and labels): the
+    geometric mean of the per-seed ratios with a t interval over their logs (n - 1 df). Added
+    2026-12-06 after the first demo rows (exploratory; the reading uses :func:`ratio_interval`)."""
+    common = sorted(set(setting) & set(reference), key=int)
+    return {"n": len(common), **{k: v for k, v in log_ratio_over_training_seeds(
+        [setting[k] / reference[k] for k in common] or [math.nan], level).items() if k != "n"}}
 
 
 def reading(lo: float, hi: float, margin: float = 1.05) -> str:
@@ -567,6 +582,7 @@ def seed_summary_rows(out: str | Path) -> list[dict[str, Any]]:
                     continue
                 values = seed_values(row, metric)
                 ratio = ratio_interval(values, ref)
+                paired = paired_ratio(seed_map(row, metric), seed_map(reference, metric))
                 table.append({
                     "checkpoint": name, "cfg_scale": cfg, "setting": f"{solver} {target:g}",
                     "verdict": (solver, target) in VERDICT_SETTINGS[objective],
@@ -576,7 +592,9 @@ def seed_summary_rows(out: str | Path) -> list[dict[str, Any]]:
                     "reference_fid": float(np.mean(ref)),
                     "reference_sd": float(np.std(ref, ddof=1)) if len(ref) > 1 else 0.0,
                     **{k: ratio[k] for k in ("ratio", "lo", "hi", "detectable")},
-                    "reading": reading(ratio["lo"], ratio["hi"])})
+                    "reading": reading(ratio["lo"], ratio["hi"]),
+                    "paired": paired["ratio"], "paired_lo": paired["lo"],
+                    "paired_hi": paired["hi"]})
     return table
 
 
@@ -609,7 +627,7 @@ def _fmt(row: Mapping[str, Any]) -> dict[str, str]:
         if key in ("fid", "reference_fid"):
             sd = row["fid_sd" if key == "fid" else "reference_sd"]
             out[key] = f"{value:.2f} ± {sd:.2f}"
-        elif key in ("ratio", "lo", "hi"):
+        elif key in ("ratio", "lo", "hi", "paired", "paired_lo", "paired_hi"):
             out[key] = "–" if math.isnan(value) else f"{value:.3f}"
         elif key == "detectable":
             out[key] = "–" if math.isnan(value) else f"{100 * value:.1f} %"
@@ -635,7 +653,10 @@ def write_seed_summary(out: str | Path) -> Path:
         "independent, Student's t with min(n) − 1 df; `detectable`: smallest ratio difference "
         "found at 5 % two-sided with 80 % power at this n. `reading` (rule of 2026-12-06): below "
         "the reference (hi < 1), within 5 % (hi ≤ 1.05), more than 5 % above (lo > 1.05), else "
-        "not resolved. `verdict`: a setting the written rules read.\n\n"
+        "not resolved. `verdict`: a setting the written rules read. `paired` (added 2026-12-06 "
+        "after the first demo rows, exploratory): geometric mean of the per-seed ratios over the "
+        "seeds both rows have (a seed gives both the same initial noise and labels), with a 95 % "
+        "t interval over their logs.\n\n"
         + report.markdown_table([_fmt(r) for r in table], list(_fmt(table[0]))) + "\n")
     if kinds:
         text += ("\n## Over training seeds (digits)\n\nGeometric mean of each training seed's "
