@@ -222,12 +222,14 @@ def check_solvers(solvers: Sequence[str], path: str | Path, objective: str) -> N
 
 def git_commit(root: str | Path | None = None) -> str | None:
     """The commit HEAD of the checkout holding this file (40 hex digits; ``-dirty`` appended when
-    tracked files differ from it), None outside a git checkout."""
+    tracked files outside ``results/`` differ from it: result files being written do not change
+    what code ran), None outside a git checkout."""
     root = Path(root) if root is not None else Path(__file__).resolve().parent
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
                               text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
+                                ":/", ":(exclude,top)results"],
                                cwd=root, capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return None
