@@ -130,3 +130,41 @@ def test_the_rope_ablation_sentence_quotes_the_n4_runs():
 @pytest.mark.parametrize("value", [0.0037, 2.9e-06])
 def test_the_p_format_the_prose_copies_is_two_significant_digits(value):
     assert samples._p(value) == f"{value:.2g}" and not math.isnan(value)
+
+
+def _git(*args: str):
+    import subprocess
+
+    return subprocess.run(["git", *args], cwd=digits.REPO, capture_output=True, text=True)
+
+
+def test_a_run_record_that_carries_a_commit_descends_from_every_protocol_addition_before_it():
+    """Records written since issue 55 carry ``started_utc`` and ``commit``: each protocol addition
+    committed before a run started is an ancestor of the commit the run ran from (so the run was
+    judged by rules its code already had). Older records carry neither and are not checked."""
+    import datetime
+    import json
+    import re
+
+    protocol = digits.REPO / "results" / "digits" / "PROTOCOL.md"
+    headings = re.findall(r"^## Addition \([^)]*\)", protocol.read_text(), flags=re.M)
+    assert len(headings) >= 7
+    added = []
+    for heading in headings:
+        log = _git("log", "--reverse", "--format=%H %cI", "-S", heading, "--", str(protocol))
+        if log.returncode or not log.stdout.strip():
+            pytest.skip("no git history of PROTOCOL.md here")
+        commit, when = log.stdout.split("\n")[0].split()
+        added.append((heading, commit, datetime.datetime.fromisoformat(when)))
+    first = added[0][1]  # the primitive tells the order apart (so the loop below can fail)
+    assert _git("merge-base", "--is-ancestor", first, "HEAD").returncode == 0
+    assert _git("merge-base", "--is-ancestor", "HEAD", first).returncode == 1
+    records = [json.loads(p.read_text()) for p in
+               sorted((digits.REPO / "results" / "digits" / "runs").rglob("*.json"))]
+    for record in (r for r in records if r.get("commit")):
+        started = datetime.datetime.fromisoformat(record["started_utc"].replace("Z", "+00:00"))
+        commit = record["commit"].removesuffix("-dirty")
+        for heading, addition, when in added:
+            if when <= started:
+                assert _git("merge-base", "--is-ancestor", addition, commit).returncode == 0, (
+                    record["dataset"], record["variant"], record["seed"], heading)
