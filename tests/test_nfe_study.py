@@ -270,3 +270,21 @@ def test_the_paired_ratio_is_over_the_seeds_both_rows_have():
     assert out["n"] == 2 and out["ratio"] == pytest.approx(0.99 ** 0.5)
     half = 12.706 * abs(math.log(1.1) - math.log(0.9)) / 2
     assert out["hi"] == pytest.approx(0.99 ** 0.5 * math.exp(half), rel=1e-3)
+
+
+def test_a_random_labels_row_is_held_against_the_random_labels_reference(tmp_path):
+    """Labels i mod 10 and random labels are different draws: a random-labels row is read against
+    the random-labels SDE 250 only, and is left out while that has not run."""
+    def row(solver, target, fids):
+        return {"solver": solver, "target": target, "cfg_scale": 1.0,
+                "seeds": {str(i): {"nfe": target, "fid": f} for i, f in enumerate(fids)}}
+
+    rows = [row("sde-euler-mean", 250, [5, 5]), row("unipc random-labels", 8, [6, 6.2])]
+    path = tmp_path / "runs-demo-0002000.json"
+    path.write_text(json.dumps({str(i): r for i, r in enumerate(rows)}))
+    assert nfe.seed_summary_rows(tmp_path) == []
+    rows.append(row("sde-euler-mean random-labels", 250, [6, 6]))
+    path.write_text(json.dumps({str(i): r for i, r in enumerate(rows)}))
+    (only,) = nfe.seed_summary_rows(tmp_path)
+    assert only["reference"] == "sde-euler-mean random-labels 250"
+    assert only["ratio"] == pytest.approx(6.1 / 6)

@@ -575,13 +575,13 @@ def seed_summary_rows(out: str | Path) -> list[dict[str, Any]]:
         ref_solver, ref_nfe = REFERENCES[objective]
         for cfg in sorted({r["cfg_scale"] for r in rows}):
             at = {(r["solver"], r["target"]): r for r in rows if r["cfg_scale"] == cfg}
-            reference = at.get((ref_solver, ref_nfe))
-            if reference is None:
-                continue
-            ref = seed_values(reference, metric)
             for (solver, target), row in sorted(at.items(), key=lambda kv: (kv[0][0], kv[0][1])):
-                if (solver, target) == (ref_solver, ref_nfe):
+                # a random-labels row is held against the random-labels reference, if it ran
+                own = ref_solver + (" random-labels" if solver.endswith(" random-labels") else "")
+                reference = at.get((own, ref_nfe))
+                if reference is None or (solver, target) == (own, ref_nfe):
                     continue
+                ref = seed_values(reference, metric)
                 values = seed_values(row, metric)
                 ratio = ratio_interval(values, ref)
                 paired = paired_ratio(seed_map(row, metric), seed_map(reference, metric))
@@ -590,7 +590,7 @@ def seed_summary_rows(out: str | Path) -> list[dict[str, Any]]:
                     "verdict": (solver, target) in VERDICT_SETTINGS[objective],
                     "n": len(values), "fid": float(np.mean(values)),
                     "fid_sd": float(np.std(values, ddof=1)) if len(values) > 1 else 0.0,
-                    "reference": f"{ref_solver} {ref_nfe}", "n_reference": len(ref),
+                    "reference": f"{own} {ref_nfe}", "n_reference": len(ref),
                     "reference_fid": float(np.mean(ref)),
                     "reference_sd": float(np.std(ref, ddof=1)) if len(ref) > 1 else 0.0,
                     **{k: ratio[k] for k in ("ratio", "lo", "hi", "detectable")},
