@@ -288,3 +288,55 @@ def test_a_random_labels_row_is_held_against_the_random_labels_reference(tmp_pat
     (only,) = nfe.seed_summary_rows(tmp_path)
     assert only["reference"] == "sde-euler-mean random-labels 250"
     assert only["ratio"] == pytest.approx(6.1 / 6)
+
+
+#: few-step sentences issue 55 quoted as saying more than the runs; no page may carry them again
+STALE = (
+    "converges at its order there as the steps double (Euler 1, Heun / midpoint / UniPC 2",
+    "the best found at <= 20 NFE as well",
+    "the best found at ≤ 10 and ≤ 20 NFE",
+    "sampling noise of a few percent",
+    "a few percent of sampling noise",
+    "UniPC at 8 NFE is 1.14 × the 250-NFE SDE's FID",
+)
+
+
+def _page(path: Path) -> str:
+    """A page with line breaks folded, so a sentence wrapped across lines matches."""
+    return " ".join(path.read_text().split())
+
+
+def test_no_page_repeats_a_few_step_sentence_issue_55_quoted():
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")),
+             *sorted((ROOT / "results").rglob("*.md"))]
+    found = [(p.name, s) for p in pages for s in STALE if s in _page(p)]
+    assert not found, found
+
+
+def test_the_quoted_few_step_figures_are_the_sample_seed_records():
+    """Every FID (mean ± sd) and ratio interval the results page and the README quote for the demos
+    is what ``seed_summary_rows`` computes from the committed per-seed records."""
+    rows = {(r["checkpoint"], r["setting"]): r
+            for r in nfe.seed_summary_rows(ROOT / "results" / "nfe" / "sample-seeds")
+            if r["cfg_scale"] == 1}
+    results_page, readme = (_page(ROOT / "results" / "nfe" / "README.md"), _page(ROOT / "README.md"))
+
+    def fid(r):
+        return f"{r['fid']:.2f} ± {r['fid_sd']:.2f}"
+
+    def ratio(r):
+        return f"{r['ratio']:.3f} [{r['lo']:.3f}, {r['hi']:.3f}]"
+
+    quoted = [("runs-demo-0002000", "unipc 8"), ("runs-demo-0002000", "unipc 16"),
+              ("runs-demo-0002000", "ode-dopri5 0.0001"), ("runs-demo-dit-0002000", "ddim 16"),
+              ("runs-demo-dit-0002000", "ddpm-dpm++2m-sde 8"),
+              ("runs-demo-dit-0002000", "ddpm-dpm++2m-sde 12")]
+    for key in quoted:
+        r = rows[key]
+        assert r["n"] == r["n_reference"] == 5, key
+        assert fid(r) in results_page and ratio(r) in results_page, (key, fid(r), ratio(r))
+        assert f"{100 * r['detectable']:.1f} %" in results_page and r["reading"] in results_page
+    for key in quoted[:1] + quoted[3:]:
+        assert ratio(rows[key]) in readme, key
+    demo = rows["runs-demo-0002000", "unipc 8"]
+    assert f"{demo['reference_fid']:.2f} ± {demo['reference_sd']:.2f}" in readme
