@@ -226,6 +226,11 @@ def test_the_seed_summary_reads_each_files_reference_and_training_seeds(tmp_path
     assert kinds[0]["ratio"] == pytest.approx((0.8 * 0.9) ** 0.5)
     half = 12.706 * abs(math.log(0.8) - math.log(0.9)) / 2  # t(0.975, 1) * sd / sqrt(2)
     assert kinds[0]["hi"] == pytest.approx((0.8 * 0.9) ** 0.5 * math.exp(half), rel=1e-3)
+    # pooled paired (exploratory): the six (training, sample) seed ratios 0.8 x 3 and 0.9 x 3
+    assert kinds[0]["n_paired"] == 6 and kinds[0]["paired"] == pytest.approx((0.8 * 0.9) ** 0.5)
+    sd = math.sqrt(6 / 5) * abs(math.log(0.8) - math.log(0.9)) / 2  # ddof 1 of a two-point split
+    assert kinds[0]["paired_hi"] == pytest.approx(
+        (0.8 * 0.9) ** 0.5 * math.exp(2.5706 * sd / math.sqrt(6)), rel=1e-3)
     assert experiments_main(["nfe-summary", "--out", str(tmp_path)]) == 0
     text = (tmp_path / "summary.md").read_text()
     assert "| runs-demo-0002000 | 1.0 | unipc 8 | yes | 3 | 6.00 ± 0.60 |" in text
@@ -340,3 +345,20 @@ def test_the_quoted_few_step_figures_are_the_sample_seed_records():
         assert ratio(rows[key]) in readme, key
     demo = rows["runs-demo-0002000", "unipc 8"]
     assert f"{demo['reference_fid']:.2f} ± {demo['reference_sd']:.2f}" in readme
+
+
+def test_the_quoted_digits_kind_ratios_are_the_sample_seed_records():
+    """The digits8 kinds' ratios over training seeds (the rule's interval and the pooled paired one)
+    that the results page and the README quote are what ``kind_summary_rows`` computes."""
+    table = nfe.seed_summary_rows(ROOT / "results" / "nfe" / "sample-seeds")
+    kinds = {(k["kind"], k["setting"]): k for k in nfe.kind_summary_rows(table) if k["cfg_scale"] == 1}
+    results_page, readme = (_page(ROOT / "results" / "nfe" / "README.md"), _page(ROOT / "README.md"))
+    for arm in ("sit", "vit-5-g-1"):
+        for setting in ("unipc 8", "unipc 16"):
+            k = kinds[f"digits8-{arm}", setting]
+            assert k["n_training_seeds"] == 3 and k["n_paired"] == 15
+            rule = f"{k['ratio']:.3f} [{k['lo']:.3f}, {k['hi']:.3f}], {k['reading']}"
+            pooled = f"{k['paired']:.3f} [{k['paired_lo']:.3f}, {k['paired_hi']:.3f}], "
+            assert rule in results_page and pooled + k["paired_reading"] in results_page, (arm,
+                                                                                          setting)
+            assert f"{k['ratio']:.3f} [{k['lo']:.3f}, {k['hi']:.3f}]" in readme, (arm, setting)

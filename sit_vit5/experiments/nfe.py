@@ -534,6 +534,12 @@ def paired_ratio(setting: Mapping[str, float], reference: Mapping[str, float],
         [setting[k] / reference[k] for k in common] or [math.nan], level).items() if k != "n"}}
 
 
+def _common(a: Mapping[str, float], b: Mapping[str, float]) -> tuple[dict[str, float], ...]:
+    """``a`` and ``b`` restricted to the seeds both have, in seed order."""
+    keys = sorted(set(a) & set(b), key=int)
+    return {k: a[k] for k in keys}, {k: b[k] for k in keys}
+
+
 def reading(lo: float, hi: float, margin: float = 1.05) -> str:
     """The 2026-12-06 reading of a ratio's interval [lo, hi] against the 5 % margin."""
     if math.isnan(lo):
@@ -596,7 +602,10 @@ def seed_summary_rows(out: str | Path) -> list[dict[str, Any]]:
                     **{k: ratio[k] for k in ("ratio", "lo", "hi", "detectable")},
                     "reading": reading(ratio["lo"], ratio["hi"]),
                     "paired": paired["ratio"], "paired_lo": paired["lo"],
-                    "paired_hi": paired["hi"]})
+                    "paired_hi": paired["hi"],
+                    "paired_logs": [math.log(a / b) for a, b in zip(
+                        *(list(m.values()) for m in _common(seed_map(row, metric),
+                                                            seed_map(reference, metric))))]})
     return table
 
 
@@ -604,19 +613,28 @@ def kind_summary_rows(table: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]
     """Per digits kind (dataset-arm), CFG scale and verdict setting: the geometric mean of the
     training seeds' ratios with a t interval over them (rows of :func:`seed_summary_rows`)."""
     groups: dict[tuple[str, float, str], dict[int, float]] = {}
+    pooled: dict[tuple[str, float, str], list[float]] = {}
     for row in table:
         match = ROW_FILE.fullmatch(row["checkpoint"] + ".json")
         if match is None or not row["verdict"]:
             continue
         key = (match["kind"], row["cfg_scale"], row["setting"])
         groups.setdefault(key, {})[int(match["seed"])] = row["ratio"]
+        pooled.setdefault(key, []).extend(row.get("paired_logs", []))
     out = []
     for (kind, cfg, setting), by_seed in sorted(groups.items()):
         over = log_ratio_over_training_seeds([by_seed[s] for s in sorted(by_seed)])
+        # added 2026-12-06 after the digits8 rows (exploratory): every (training, sample) seed's
+        # paired log ratio pooled, t interval with n - 1 df (clustering by training seed ignored)
+        paired = log_ratio_over_training_seeds(
+            [math.exp(v) for v in pooled[kind, cfg, setting]] or [math.nan])
         out.append({"kind": kind, "cfg_scale": cfg, "setting": setting,
                     "n_training_seeds": over["n"],
                     "seeds": " ".join(map(str, sorted(by_seed))), "ratio": over["ratio"],
-                    "lo": over["lo"], "hi": over["hi"], "reading": reading(over["lo"], over["hi"])})
+                    "lo": over["lo"], "hi": over["hi"], "reading": reading(over["lo"], over["hi"]),
+                    "n_paired": len(pooled[kind, cfg, setting]), "paired": paired["ratio"],
+                    "paired_lo": paired["lo"], "paired_hi": paired["hi"],
+                    "paired_reading": reading(paired["lo"], paired["hi"])})
     return out
 
 
@@ -624,7 +642,7 @@ def _fmt(row: Mapping[str, Any]) -> dict[str, str]:
     """A summary row as printed: FIDs to 2 decimals with ± sd, ratios to 3."""
     out = {}
     for key, value in row.items():
-        if key in ("fid_sd", "reference_sd"):
+        if key in ("fid_sd", "reference_sd", "paired_logs"):
             continue
         if key in ("fid", "reference_fid"):
             sd = row["fid_sd" if key == "fid" else "reference_sd"]
@@ -662,7 +680,10 @@ def write_seed_summary(out: str | Path) -> Path:
         + report.markdown_table([_fmt(r) for r in table], list(_fmt(table[0]))) + "\n")
     if kinds:
         text += ("\n## Over training seeds (digits)\n\nGeometric mean of each training seed's "
-                 "ratio; 95 % t interval over their logs (n − 1 df).\n\n"
+                 "ratio; 95 % t interval over their logs (n − 1 df). `paired` (added 2026-12-06 "
+                 "after the digits8 rows, exploratory): every (training seed, sample seed) pair's "
+                 "ratio pooled (`n_paired`), geometric mean with a t interval over their logs, "
+                 "clustering by training seed ignored; `paired_reading`: the same words.\n\n"
                  + report.markdown_table([_fmt(r) for r in kinds], list(_fmt(kinds[0]))) + "\n")
     path = Path(out) / "summary.md"
     atomic_write_text(path, text)
