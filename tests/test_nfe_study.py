@@ -343,6 +343,12 @@ def test_the_quoted_few_step_figures_are_the_sample_seed_records():
         assert f"{100 * r['detectable']:.1f} %" in results_page and r["reading"] in results_page
     for key in quoted[:1] + quoted[3:]:
         assert ratio(rows[key]) in readme, key
+    guided = {(r["checkpoint"], r["setting"]): r
+              for r in nfe.seed_summary_rows(ROOT / "results" / "nfe" / "sample-seeds")
+              if r["cfg_scale"] == 1.5 and r["checkpoint"] == "runs-demo-0002000"}
+    for key, r in guided.items():
+        assert fid(r) in results_page and ratio(r) in results_page, key
+    assert ratio(guided["runs-demo-0002000", "unipc 8"]) in readme
     demo = rows["runs-demo-0002000", "unipc 8"]
     assert f"{demo['reference_fid']:.2f} ± {demo['reference_sd']:.2f}" in readme
 
