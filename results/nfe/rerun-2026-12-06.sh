@@ -74,4 +74,9 @@ for dataset in digits8 digits16; do
     done
   done
 done
+# 7. added 08:45, before its rows ran: the converged-ODE reference the 12-04 text reads on digits8
+#    (dopri5, seed 12 of both arms), its three tolerances
+for arm in sit vit-5-g-1; do
+  nfe runs/digits-proxy/digits8/$arm/seed12/checkpoints/0002000.pt --solvers ode-dopri5
+done
 $PY -m sit_vit5.experiments nfe-summary --out "$OUT"
