@@ -324,7 +324,8 @@ def test_the_quoted_few_step_figures_are_the_sample_seed_records():
     rows = {(r["checkpoint"], r["setting"]): r
             for r in nfe.seed_summary_rows(ROOT / "results" / "nfe" / "sample-seeds")
             if r["cfg_scale"] == 1}
-    results_page, readme = (_page(ROOT / "results" / "nfe" / "README.md"), _page(ROOT / "README.md"))
+    results_page, readme = (_page(ROOT / "results" / "nfe" / "README.md"),
+                            _page(ROOT / "docs" / "few-step.md"))  # the README's few-step page
 
     def fid(r):
         return f"{r['fid']:.2f} ± {r['fid_sd']:.2f}"
@@ -358,7 +359,8 @@ def test_the_quoted_digits_kind_ratios_are_the_sample_seed_records():
     that the results page and the README quote are what ``kind_summary_rows`` computes."""
     table = nfe.seed_summary_rows(ROOT / "results" / "nfe" / "sample-seeds")
     kinds = {(k["kind"], k["setting"]): k for k in nfe.kind_summary_rows(table) if k["cfg_scale"] == 1}
-    results_page, readme = (_page(ROOT / "results" / "nfe" / "README.md"), _page(ROOT / "README.md"))
+    results_page, readme = (_page(ROOT / "results" / "nfe" / "README.md"),
+                            _page(ROOT / "docs" / "few-step.md"))  # the README's few-step page
     for arm in ("sit", "vit-5-g-1"):
         for setting in ("unipc 8", "unipc 16"):
             k = kinds[f"digits8-{arm}", setting]

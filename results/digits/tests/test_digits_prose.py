@@ -69,10 +69,11 @@ def test_family_t_is_in_the_plain_words_and_the_bottom_lines_with_the_runs_figur
             assert _points(row) in body, (page.name, _points(row))
             assert f"Holm {samples._p(row['p_holm'])}" in body, (page.name, row["p_holm"])
         assert "family T" in body
-    readme = text(digits.REPO / "README.md")
+    readme = text(digits.REPO / "docs" / "comparison.md")
     assert f"{accuracy['effect']:+.2f} points, Holm {samples._p(accuracy['p_holm'])}" in readme
     line = " ".join(samples.bottom_line(list(results())).replace("−", "-").split())
-    for page in (digits.REPO / "README.md", digits.REPO / "results" / "digits" / "README.md"):
+    for page in (digits.REPO / "docs" / "comparison.md",
+                 digits.REPO / "results" / "digits" / "README.md"):
         assert line in text(page), page  # the generated block is the committed one
     assert "family T" in line and "SiT is better in class accuracy" in line
 
@@ -89,11 +90,11 @@ def test_the_size_resolution_and_fid16_figures_are_the_runs():
     lo, hi = c1["ci"]
     quoted = f"{c1['effect']:+.2f} % [{lo:+.1f}, {hi:+.1f}]"
     assert quoted == "-0.28 % [-0.8, +0.2]" and lo < 0 < hi  # no lead shown
-    assert quoted in text(digits.REPO / "README.md")
+    assert quoted in text(digits.REPO / "docs" / "comparison.md")
     assert quoted in text(digits.REPO / "results" / "digits" / "claims_summary.md")
     six = claims.resolution_references(list(results()))[0]
     assert six["size"] == "6×6" and six["vs SiT interpolated"].startswith("+6.4 [+0.5, +12.2], p=0.041")
-    assert "+6.4 log-% [+0.5, +12.2], raw p 0.041" in text(digits.REPO / "README.md")
+    assert "+6.4 log-% [+0.5, +12.2], raw p 0.041" in text(digits.REPO / "docs" / "comparison.md")
     s16 = next(r for r in samples.evaluate_samples(list(results())) if r["test"].name.startswith("S16"))
     ps = [samples._p(s16["p"])]
     for size in ("6×96", "8×128"):
