@@ -69,3 +69,16 @@ class GaussianTarget:
         a0, _, _, _, var0 = self._coefficients(torch.tensor(float(t_from), dtype=z.dtype, device=z.device), z)
         a1, _, _, _, var1 = self._coefficients(torch.tensor(float(t_to), dtype=z.dtype, device=z.device), z)
         return a1 * self.mean + self._in_basis((var1 / var0).sqrt(), z - a0 * self.mean)
+
+
+def drawn_targets(path: Path, count: int = 6, seed: int = 55) -> list[GaussianTarget]:
+    """``count`` 2-D diagonal Gaussian targets on ``path`` from a seeded generator: each mean
+    coordinate uniform in [-2, 2], each sd log-uniform in [0.3, 3] (a 10x range of scales), float64.
+    The solver-order tests run on all of them, not on one hand-picked target."""
+    gen = torch.Generator().manual_seed(seed)
+    targets = []
+    for _ in range(count):
+        mean = 4 * torch.rand(2, generator=gen, dtype=torch.float64) - 2
+        log_std = math.log(0.3) + math.log(10) * torch.rand(2, generator=gen, dtype=torch.float64)
+        targets.append(GaussianTarget(path, mean, torch.exp(log_std)))
+    return targets

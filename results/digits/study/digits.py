@@ -44,6 +44,7 @@ from sit_vit5.atomic_files import TMP_PREFIX, atomic_write_text
 from sit_vit5.config import configs_dir, load_config
 from sit_vit5.errors import SitVit5Error
 from sit_vit5.experiments import report
+from sit_vit5.experiments.nfe import git_commit, utc_now
 from sit_vit5.image_data import DigitsDataset
 from sit_vit5.models import count_params, flops, load_model, model_from_config
 from sit_vit5.models.layers import sincos_pos_embed_2d
@@ -384,8 +385,10 @@ def run_one(spec: RunSpec, threads: int | None = None,
     if not result:
         if spec.run_dir.exists():
             shutil.rmtree(spec.run_dir)  # a folder without this run's record: another request's, start over
+        # issue 55: when and from which commit the run started, so its order against a protocol
+        # addition can be checked (test_digits_prose.py)
         result = {"dataset": spec.dataset, "variant": spec.variant, "seed": spec.seed, "steps": spec.steps,
-                  "identity": identity, "complete": False}
+                  "identity": identity, "complete": False, "started_utc": utc_now(), "commit": git_commit()}
         _write_json(spec.result_path, result)  # the folder's record from the start: a stop keeps the folder
     if not (ckpt_dir / checkpoint_name(spec.steps, False)).is_file() and "diverged_at_step" not in result:
         resume = "latest" if latest_checkpoint(ckpt_dir) is not None else None

@@ -560,12 +560,27 @@ def bottom_line(results: Sequence[dict[str, Any]]) -> str:
     """The paragraph users read first (results/digits/README.md and docs/comparison.md): what the proxy shows
     in loss and in samples, with n and corrected p, and what only a GPU run can settle."""
     loss = {r["test"].dataset: r for r in evaluate_family(results) if r["test"].name == "ViT-5 (γ0=1) vs SiT"}
-    s = {r["test"].dataset: r for r in evaluate_samples(results) if r["test"].family == "S"}
-    long = {r["test"].name[:2]: r for r in evaluate_samples(results) if r["test"].family == "L"}
+    evaluated = evaluate_samples(results)
+    s = {r["test"].dataset: r for r in evaluated if r["test"].family == "S"}
+    long = {r["test"].name[:2]: r for r in evaluated if r["test"].family == "L"}
+    secondary = [r for r in evaluated if r["test"].family == "T"]
     words = {"ViT-5 better": "ViT-5 samples better", "SiT better": "**SiT samples better**"}
-    judged = [f"{d}: {words.get(s[d]['verdict'], s[d]['verdict'])}" for d in ("digits8", "digits16")
+    metric = {"digits8": "FID", "digits16": "FID16"}
+    judged = [f"{d} {metric[d]}: {words.get(s[d]['verdict'], s[d]['verdict'])}" for d in ("digits8", "digits16")
               if not s[d]["verdict"].startswith("pending")]
     verdicts = ("Verdicts: " + "; ".join(judged) + ". ") if judged else ""
+    # issue 55: FID is one measure; the same checkpoints' secondary family (T) goes beside it
+    family_t = ("The same checkpoints' secondary tests (family T, its own Holm, m = "
+                f"{len(secondary)}): " + "; ".join(f"{r['test'].name} {_say(r)}" for r in secondary)
+                + ". ") if secondary else ""
+    for d in ("digits8", "digits16"):
+        sides = {side: [r["test"].name.split(" (")[0] for r in secondary
+                        if r["test"].dataset == d and r["verdict"] == side]
+                 for side in ("ViT-5 better", "SiT better")}
+        if s[d]["verdict"].startswith("equivalent") and any(sides.values()):
+            family_t += (f"So on {d} only {metric[d]} is equivalent: "
+                         + " and ".join(f"{side.split()[0]} is better in {', '.join(names)}"
+                                        for side, names in sides.items() if names) + ". ")
     return "\n".join([
         BOTTOM_LINE_MARKERS[0],
         "**Bottom line of the digits proxy** (4-block, 64-wide models, 2,000 steps, CPU; generated from the "
@@ -576,7 +591,7 @@ def bottom_line(results: Sequence[dict[str, Any]]) -> str:
         + ". *In samples*, the pre-registered test (FID of the same final checkpoints, Welch on log FID, its "
         "own Holm family; n = 25 / 36 per arm for 80 % power at a 10 % difference) reads: digits8 FID by the "
         f"8×8 network {_say(s['digits8'])}; digits16 FID16 by the 16×16 network {_say(s['digits16'])}. "
-        + verdicts + f"After 5× the training (digits16, n = {N_LONG} per arm): FID16 {_say(long['L1'])}; "
+        + verdicts + family_t + f"After 5× the training (digits16, n = {N_LONG} per arm): FID16 {_say(long['L1'])}; "
         f"held-out loss {_say(long['L2'])}. "
         "A proxy this small cannot say whether ViT-5-XL/2 samples better than SiT-XL/2 on ImageNet 256 "
         "(FID-50K without guidance at 400K steps: 17.2 for SiT, ≈ 14.6 for ViT-5 read off the paper's figure; "

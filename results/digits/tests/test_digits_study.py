@@ -217,6 +217,7 @@ def test_a_stopped_run_keeps_its_folder_and_record_and_resumes(tmp_path):
         digits.run_one(spec, train=stopped_train)
     record = json.loads(spec.result_path.read_text())
     assert record["complete"] is False and record["seed"] == 0 and record["identity"]["overrides"]
+    assert record["started_utc"].endswith("Z") and record["commit"] != ""  # issue 55: order provable
     assert record["train_seconds"] >= 0 and "checkpoints" not in record
 
     def killed_train(cfg, resume=None):
