@@ -25,6 +25,7 @@ from .latent_norm import LatentNorm, LatentNormError
 from .names import (
     DDPM_DEFAULTS,
     INTERPOLATIONS,
+    MAX_SEED,
     MEANFLOW_DEFAULTS,
     MODEL_KEYS,
     MODEL_NAMES,
@@ -282,7 +283,7 @@ class Range(NamedTuple):
 _COUNT, _COUNT0 = Range(1, integer=True), Range(0, integer=True)
 _POSITIVE = Range(0, low_open=True)
 #: seeds: what torch.manual_seed takes (it overflows beyond 64 bits)
-SEED_RANGE = Range(0, 2**64 - 1, integer=True)
+SEED_RANGE = Range(0, MAX_SEED, integer=True)
 #: Numeric keys with a valid range (outside it a run trains garbage or crashes later).
 RANGES: dict[str, Range] = {
     "optim.lr": _POSITIVE,

@@ -79,6 +79,8 @@ PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
 #: the SD-VAE decoders of SiT/DiT (``vae.SD_VAE_IDS``) and their latent scaling factor
 SD_VAE_IDS: tuple[str, ...] = ("stabilityai/sd-vae-ft-ema", "stabilityai/sd-vae-ft-mse")
 SD_VAE_SCALING_FACTOR = 0.18215
+#: the largest seed (``train.seed``, ``sample.seed``, ``--seed``): torch.manual_seed takes 64 bits
+MAX_SEED = 2**64 - 1
 #: how bulk (FID) samples get their class labels: ``sample.py bulk --label-sampling`` (the first is
 #: the default: DiT/SiT's uniform random labels; equal = ADM / REPA-E's balanced classes)
 LABEL_SAMPLINGS: tuple[str, ...] = ("random", "equal")

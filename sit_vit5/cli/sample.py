@@ -36,6 +36,7 @@ from sit_vit5.errors import KNOWN_ERRORS, SettingError, SitVit5Error, one_line, 
 from sit_vit5.launcher import check_launcher_env
 from sit_vit5.names import (
     LABEL_SAMPLINGS,
+    MAX_SEED,
     OBJECTIVES,
     OFFICIAL_NAMES,
     PATHS,
@@ -59,7 +60,6 @@ SD_VAE_EMA = SD_VAE_IDS[0]
 
 #: LoadedModel sources that record their transport and VAE (flags may not contradict them)
 RECORDED = ("ours", "export")
-MAX_SEED = 2**64 - 1  # config.SEED_RANGE's bound, without importing the config module
 #: SiT/DiT's --vae words -> decoders (their sample.py: stabilityai/sd-vae-ft-{ema,mse})
 VAE_WORDS = {"ema": SD_VAE_IDS[0], "mse": SD_VAE_IDS[1]}
 #: SiT's positional mode word (sample.py ODE|SDE) -> --method
