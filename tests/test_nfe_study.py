@@ -370,3 +370,9 @@ def test_the_quoted_digits_kind_ratios_are_the_sample_seed_records():
             assert rule in results_page and pooled + k["paired_reading"] in results_page, (arm,
                                                                                           setting)
             assert f"{k['ratio']:.3f} [{k['lo']:.3f}, {k['hi']:.3f}]" in readme, (arm, setting)
+    rows = {(r["checkpoint"], r["setting"]): r for r in table if r["cfg_scale"] == 1}
+    for setting in ("unipc 8", "unipc 16"):  # the first digits16 checkpoint, quoted alone
+        r = rows["digits16-sit-seed12-0002000", setting]
+        quoted = f"{r['ratio']:.3f} [{r['lo']:.3f}, {r['hi']:.3f}]"
+        assert quoted in readme and quoted in results_page, setting
+        assert f"{r['fid']:.2f} ± {r['fid_sd']:.2f}" in results_page
