@@ -61,7 +61,7 @@ COLUMNS = ("model", "size", "sampler", "nfe", "cfg", "precision", "mode", "batch
 SETTING_COLUMNS = ("model", "size", "setting", "nfe", "cfg", "precision", "mode", "batch", "run_s", "img_per_s",
                    "ms_per_nfe", "speedup", "speedup_min", "peak_mem_gb")
 #: issue 39's speed line: SiT's default 250-step SDE, then the few-step setting of results/nfe (UniPC, 8 NFE:
-#: the best found at <= 10 and at <= 20 NFE) and UniPC at 16 NFE (the <= 20 budget; no better in FID); then
+#: the recommended setting, not shown better than its neighbours) and UniPC at 16 NFE (the <= 20 budget); then
 #: the DiT objective's protocol (DDPM, 250 steps) and its few-step setting (DPM-Solver++ 2M SDE, 12 NFE)
 FEW_STEP_SETTINGS = ("sde-euler-mean:250", f"unipc:{SampleSpec(**FEW_STEP).nfe}", "unipc:16", "ddpm:250",
                      f"ddpm-{FEW_STEPS['ddpm']['sampling_method']}:{SampleSpec(**FEW_STEPS['ddpm']).nfe}")

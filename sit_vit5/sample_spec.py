@@ -55,7 +55,8 @@ MIN_STEPS = {"ode": 2, "sde": 2, "ddpm": 1, "ddim": 1, "meanflow": 1}
 LIST = "list"
 #: results/nfe's few-step setting (exploratory; two training seeds per arm): diffusers' UniPC with
 #: flow sigmas at 8 NFE (9 grid points) reached the ODE solvers' plateau on every digits
-#: checkpoint measured, and 16 NFE did not improve on it (the best found at <= 10 and <= 20 NFE)
+#: checkpoint measured, and 16 NFE did not improve on it (the recommended setting at <= 10 NFE, not
+#: shown better than its neighbours: results/nfe's 12-06 rows over five sample seeds)
 FEW_STEP: dict[str, Any] = {"method": "ode", "sampling_method": "unipc", "num_steps": 9}
 #: the few-step setting of each objective; ddpm (results/nfe, exploratory, the DiT-objective demo
 #: only): diffusers' DPM-Solver++ 2M SDE at 12 NFE came to 0.94 x the FID of DDPM at 250 steps,

@@ -2,6 +2,7 @@
 and resumed, a table and a plot; diffusers' schedulers restart per batch (issue 39's groundwork)."""
 
 import datetime
+import itertools
 import json
 import math
 import re
@@ -371,8 +372,8 @@ def test_the_quoted_digits_kind_ratios_are_the_sample_seed_records():
                                                                                           setting)
             assert f"{k['ratio']:.3f} [{k['lo']:.3f}, {k['hi']:.3f}]" in readme, (arm, setting)
     rows = {(r["checkpoint"], r["setting"]): r for r in table if r["cfg_scale"] == 1}
-    for setting in ("unipc 8", "unipc 16"):  # the first digits16 checkpoint, quoted alone
-        r = rows["digits16-sit-seed12-0002000", setting]
+    for name, setting in itertools.product(("sit", "vit-5-g-1"), ("unipc 8", "unipc 16")):
+        r = rows[f"digits16-{name}-seed12-0002000", setting]  # the first digits16 checkpoints
         quoted = f"{r['ratio']:.3f} [{r['lo']:.3f}, {r['hi']:.3f}]"
         assert quoted in readme and quoted in results_page, setting
         assert f"{r['fid']:.2f} ± {r['fid_sd']:.2f}" in results_page
