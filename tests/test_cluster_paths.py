@@ -35,7 +35,9 @@ def test_every_xl_config_runs_the_cluster_path_at_reduced_size(tmp_path):
         (c, s) for c in cluster_paths.CONFIGS for s in STAGES]
     saved = json.loads(out.read_text())
     for stage in saved["stages"]:
-        assert stage["peak_rss"] > saved["baseline_rss"] > 0, stage["stage"]
+        # >=, not >: on Linux a child's ru_maxrss starts at its parent's RSS at fork (kept across exec), so
+        # under a long pytest run a small stage and the baseline can both read the parent's peak
+        assert stage["peak_rss"] >= saved["baseline_rss"] > 0, stage["stage"]
         if stage["stage"] == "sample.py grid":
             assert stage["extra"]["image_sizes"] == [[32, 32]]  # decoded by the VAE: 4 latents x 8
         if stage["stage"].startswith(("train", "resume")):
