@@ -20,7 +20,10 @@ train_digits() {  # $1: dataset, $2: arm, $3: training seed
   [ -f "$ckpt" ] && return 0
   mapfile -t over < <($PY -c "import json,sys; print('\n'.join(json.load(open(sys.argv[1]))['identity']['overrides']))" \
     "results/digits/runs/$1/$2-seed$3.json")
-  $PY train.py --config configs/digits/repro.yaml "${over[@]}"
+  # a run stopped part-way (a session ended) continues bit-identically from its last checkpoint
+  local resume=()
+  [ -f "runs/digits-proxy/$1/$2/seed$3/checkpoints/latest.json" ] && resume=(--resume latest)
+  $PY train.py --config configs/digits/repro.yaml "${over[@]}" "${resume[@]}"
 }
 
 # 1. the demo (SiT objective): reference, the verdict rows, the ODE limit (dopri5)
