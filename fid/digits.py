@@ -22,7 +22,7 @@ Images of another size [N, 1, H, W] are resized to 8×8 with area interpolation;
 
 16×16 variant (``resolution=16``, for data that lives at 16×16 such as the digits proxy's bilinear upsamples,
 whose area-downsampled copies the 8×8 network scores far from the originals): the same protocol on the
-digits upsampled bilinearly to 16×16 (align_corners False, clamped: ``sit_vit5.image_data.DigitsDataset``'s
+digits upsampled bilinearly to 16×16 (align_corners False, clamped: ``sit_vit5.datasets.DigitsDataset``'s
 transform), real statistics from the same upsamples, network conv3×3(1→32)–ReLU–maxpool2–conv3×3(32→64)–
 ReLU–maxpool2–linear(1024→64)–ReLU–linear(64→10); inputs of another size are area-downsampled or bilinearly
 upsampled to 16×16. Its own cache key (``TRAIN_CONFIGS[16]``).

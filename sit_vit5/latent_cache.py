@@ -37,16 +37,9 @@ from torch.utils.data import DataLoader, Dataset
 
 from .atomic_files import TMP_PREFIX, atomic_write, atomic_write_text, unwritable_dir_reason
 from .checksums import payload_sha256, sha256_file
+from .datasets import DataRootError, EpochDataset, item_generator
 from .errors import SitVit5Error
-from .image_data import (
-    DataRootError,
-    EpochDataset,
-    ImageFolderDataset,
-    TooSmallImageError,
-    UnreadableImageError,
-    item_generator,
-    read_image,
-)
+from .image_data import ImageFolderDataset, TooSmallImageError, UnreadableImageError, read_image
 from .latent_norm import LatentNorm, LatentNormError
 from .vae import downsampling_factor, encode_moments, load_vae
 

@@ -120,6 +120,15 @@ MODEL_KEYS: tuple[str, ...] = (
     "t_freq_shift")
 
 
+def flow_solver_name(sampling_method: str | None) -> str | None:
+    """The ``FLOW_SOLVERS`` key ``sampling_method`` names (any case, ``ODE_ALIASES`` applied), None
+    for other methods."""
+    if sampling_method is None:
+        return None
+    key = ODE_ALIASES.get(sampling_method.lower(), sampling_method.lower())
+    return key if key in FLOW_SOLVERS else None
+
+
 def name_objective(model_name: str) -> str | None:
     """The objective a model name implies ("ddpm" for ``DiT-*``), None when it leaves it open."""
     match = MODEL_NAME.match(model_name)

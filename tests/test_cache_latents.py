@@ -11,7 +11,8 @@ from PIL import Image
 
 import sit_vit5.cache_latents as cache_latents
 import sit_vit5.latent_cache as latent_cache
-from sit_vit5.image_data import ImageFolderDataset, item_generator
+from sit_vit5.datasets import item_generator
+from sit_vit5.image_data import ImageFolderDataset
 from sit_vit5.latent_cache import LatentCacheDataset
 from sit_vit5.training.data import build_dataset
 from tests.helpers import make_image_folder, naming

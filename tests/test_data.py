@@ -9,15 +9,10 @@ import torch
 from PIL import Image
 from sklearn.datasets import load_digits
 
-from sit_vit5.image_data import (
-    DigitsDataset,
-    ImageFolderDataset,
-    UnreadableImageError,
-    center_crop_arr,
-    item_generator,
-    item_seed,
-)
+from sit_vit5.datasets import DigitsDataset, item_generator
+from sit_vit5.image_data import ImageFolderDataset, UnreadableImageError, center_crop_arr
 from sit_vit5.training.data import build_dataset
+from sit_vit5.transport.rng import item_seed
 from tests.helpers import TRAIN_ARGV, naming, run_train
 
 

@@ -133,7 +133,7 @@ def test_cli_digits_mode(tmp_path, capsys):
 
 
 def test_16x16_network_inputs_and_data_match_the_digits16_dataset():
-    from sit_vit5.image_data import DigitsDataset
+    from sit_vit5.datasets import DigitsDataset
 
     images16, labels = digits.digits_data(16)
     assert torch.equal(images16, DigitsDataset(image_size=16).images)  # the data the proxy trains on

@@ -22,7 +22,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("atomic_files", "guidance", "precision", "vae", "distributed", "cpu_threads",
      "stepwise"),  # stepwise: the step-wise loop, shared by transport's flow solvers and objective
     ("images", "transport", "run_files"),
-    ("models",),
+    ("models", "datasets"),  # datasets: the shared dataset base and the embedded digits
     ("sample_spec",),
     ("objective",),
     ("config", "image_data", "diffusion"),  # diffusion: DiT's objective, an Objective subclass
@@ -48,7 +48,8 @@ BUILDERS = {
     "sit_vit5/objective/__init__.py": "objective_class imports DiT's objective for objective=ddpm "
                                       "and MeanFlow's for objective=meanflow",
     "sit_vit5/training/build.py": "REPA and FSDP2 when the config sets them",
-    "sit_vit5/training/data.py": "the latent cache for data.kind=latents",
+    "sit_vit5/training/data.py": "the image-folder reader for data.kind=imagefolder and the "
+                                 "latent cache for data.kind=latents",
     "sit_vit5/models/loading.py": "the diffusers DiT conversion for a diffusers DiT folder",
 }
 #: Modules that import some project modules inside functions, and why: they check their inputs before
@@ -59,6 +60,10 @@ DEFERRED_IMPORTS = {
     "sit_vit5/sample_spec.py": "parsing sample.py's flags needs no torch",
     "sit_vit5/cli/train.py": "the config and paths before the trainer",
     "sit_vit5/cli/sample.py": "the flags and --ckpt file before the models",
+    "sit_vit5/transport/sampler.py": "diffusers' flow solvers only when a sampling_method names one",
+    "sit_vit5/objective/sit.py": "diffusers' flow solvers only for a scheduler or a solver name",
+    "sit_vit5/vae.py": "the hub's network probe only for a hub id (pixel space and local folders "
+                       "need none)",
     **{builder: f"a builder: {why}" for builder, why in BUILDERS.items()},
 }
 RANK = {component: rank for rank, layer in enumerate(LAYERS) for component in layer}

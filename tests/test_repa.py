@@ -313,7 +313,7 @@ def test_images_beside_latents_must_be_the_cached_ones(latent_cache, tmp_path):
 
     from PIL import Image
 
-    from sit_vit5.image_data import DataRootError
+    from sit_vit5.datasets import DataRootError
     from sit_vit5.latent_cache import CacheMismatchError, LatentCacheDataset
 
     root, cache = latent_cache

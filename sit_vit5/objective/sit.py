@@ -9,17 +9,12 @@ from typing import Any
 from torch import Tensor
 
 from ..errors import SettingError
+from ..names import flow_solver_name
 from ..sample_spec import SampleSpec
 from ..stepwise import Steps
 from ..transport import TRANSPORT_KEYS, Sampler, Transport, create_transport
 from ..transport.integrators import ode_method
-from ..transport.sampler import (
-    EulerSteps,
-    FlowSchedulerSteps,
-    flow_scheduler,
-    flow_solver_name,
-    is_flow_scheduler,
-)
+from ..transport.sampler import EulerSteps
 from .base import BuiltSampler, Objective
 
 
@@ -54,6 +49,13 @@ class SiTObjective(Objective):
         return BuiltSampler(build(**spec.options()), sampler)
 
     def _steps(self, spec: SampleSpec, pixel_space: bool, scheduler: Any, device: Any) -> Steps:
+        solver = flow_solver_name(spec.sampling_method) if spec.method == "ode" else None
+        if scheduler is not None or solver is not None:  # diffusers' schedulers: loaded only here
+            from ..transport.flow_solvers import (
+                FlowSchedulerSteps,
+                flow_scheduler,
+                is_flow_scheduler,
+            )
         if scheduler is not None:
             if not is_flow_scheduler(scheduler):
                 raise SettingError("scheduler", type(scheduler).__name__,
@@ -63,7 +65,6 @@ class SiTObjective(Objective):
                                    "or the SiTScheduler")
             return FlowSchedulerSteps(Sampler(self.transport), scheduler, spec.num_steps, device,
                                       spec.time_shift)
-        solver = flow_solver_name(spec.sampling_method) if spec.method == "ode" else None
         if solver is not None:  # diffusers' multistep solver, its flow_shift = our time shift
             return FlowSchedulerSteps(Sampler(self.transport),
                                       flow_scheduler(solver, spec.time_shift), spec.num_steps,

@@ -12,7 +12,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from ..config import Config, ConfigError
-from ..image_data import DataRootError, DigitsDataset, ImageFolderDataset
+from ..datasets import DataRootError, DigitsDataset
 from ..latent_norm import LatentNorm, LatentNormError
 from ..models.registry import _NAME
 from ..vae import downsampling_factor
@@ -25,6 +25,8 @@ def _build_digits(cfg: dict[str, Any]) -> Dataset:
 
 
 def _build_imagefolder(cfg: dict[str, Any]) -> Dataset:
+    from ..image_data import ImageFolderDataset  # PIL decoding and folder listing: this kind only
+
     return ImageFolderDataset(_require(cfg, "root"), _require(cfg, "image_size"),
                               random_flip=cfg.get("random_flip", True),
                               skip_bad=cfg.get("skip_bad", False), seed=cfg.get("seed", 0),

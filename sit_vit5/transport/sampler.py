@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -21,12 +20,11 @@ from ..errors import SettingError
 from ..names import (
     DEFAULT_ATOL,
     DEFAULT_RTOL,
-    FLOW_SOLVERS,
-    ODE_ALIASES,
     TRANSPORT_METHODS,
     choose,
+    flow_solver_name,
 )
-from ..stepwise import denoise, refuse_repeated_timesteps
+from ..stepwise import Steps, denoise
 from .integrators import (
     SDE_STEPS,
     CountingModel,
@@ -121,6 +119,8 @@ class Sampler:
             if reverse:
                 raise SettingError("sampling_method", sampling_method,
                                    ": diffusers' flow solvers integrate noise -> data only")
+            from .flow_solvers import FlowSchedulerSteps, flow_scheduler  # diffusers: only here
+
             return self._sample_flow_solver(FlowSchedulerSteps(
                 self, flow_scheduler(sampling_method, time_shift), num_steps))
         method = ode_method(sampling_method)
@@ -138,7 +138,7 @@ class Sampler:
 
         return _sample
 
-    def _sample_flow_solver(self, steps: FlowSchedulerSteps) -> Callable[..., Tensor]:
+    def _sample_flow_solver(self, steps: Steps) -> Callable[..., Tensor]:
         """The whole trajectory of a diffusers flow scheduler's ``steps`` (restarted per call)."""
 
         def _sample(z: Tensor, model_fn: Callable[..., Tensor], *,
@@ -301,98 +301,3 @@ class EulerSteps:
         t, t_next = self.grid[i], self.grid[i + 1]
         out = self.transport.read_output(model_output, x)
         return x + (t_next - t) * self.transport.velocity(out, x, batch_time(t, x))
-
-
-def flow_solver_name(sampling_method: str | None) -> str | None:
-    """The ``FLOW_SOLVERS`` key ``sampling_method`` names (any case), None for other methods."""
-    if sampling_method is None:
-        return None
-    key = ODE_ALIASES.get(sampling_method.lower(), sampling_method.lower())
-    return key if key in FLOW_SOLVERS else None
-
-
-def flow_scheduler(sampling_method: str, time_shift: float | None = None) -> Any:
-    """diffusers' multistep scheduler of a ``FLOW_SOLVERS`` name with flow sigmas and velocity
-    (``flow_prediction``) output, its sigmas shifted by ``time_shift`` (SD3's shift = diffusers'
-    ``flow_shift``; None: uniform)."""
-    import diffusers
-
-    name = flow_solver_name(sampling_method)
-    if name is None:
-        raise SettingError("sampling_method", sampling_method,
-                           f": not a diffusers flow solver; valid: {', '.join(FLOW_SOLVERS)}")
-    cls, kwargs = FLOW_SOLVERS[name]
-    return getattr(diffusers, cls)(use_flow_sigmas=True, prediction_type="flow_prediction",
-                                   flow_shift=1.0 if time_shift is None else float(time_shift),
-                                   **kwargs)
-
-
-def is_flow_scheduler(scheduler: Any) -> bool:
-    """Whether a diffusers ``scheduler`` steps a flow on sigma = 1 - t: ``FlowMatch*``, or a
-    multistep solver (UniPC, DPM-Solver++, DEIS) with ``use_flow_sigmas`` and
-    ``prediction_type="flow_prediction"``."""
-    config = scheduler.config
-    return type(scheduler).__name__.startswith("FlowMatch") or (
-        bool(config.get("use_flow_sigmas")) and config.get("prediction_type") == "flow_prediction")
-
-
-class FlowSchedulerSteps:
-    """diffusers' flow ``scheduler`` (:func:`is_flow_scheduler`) stepping our model: its sigma is
-    1 - t and its flow points from data to noise (= -velocity). ``FlowMatch*`` steps on our ODE grid
-    (``num_steps`` points, shifted by ``time_shift``); the multistep solvers on their own sigmas,
-    ``num_steps - 1`` of them (their ``flow_shift`` is the shift: ``time_shift`` is refused). Their
-    timesteps are integers (sigma x num_train_timesteps, rounded): a step count at which two of
-    them coincide would misplace the first step and is refused (SettingError naming num_steps)."""
-
-    def __init__(self, sampler: Sampler, scheduler: Any, num_steps: int,
-                 device: torch.device | str | None = None, time_shift: float | None = None) -> None:
-        self.transport, self.scheduler = sampler.transport, scheduler
-        cpu = torch.empty(0)  # on cpu: the sigmas go out as numpy
-        grid = sampler.ode_grid(num_steps, cpu, time_shift=time_shift)
-        name = type(scheduler).__name__
-        if float(grid[-1]) != 1.0:
-            raise SettingError("scheduler", name,
-                               f": ends at sigma 0 (t = 1), but this transport integrates to "
-                               f"t = {float(grid[-1])} ({self.transport!r}); keep the SiTScheduler")
-        self._exact_sigma = not name.startswith("FlowMatch")  # multistep: integer timesteps
-        if not self._exact_sigma:
-            sigmas = (1.0 - grid[:-1].double()).numpy()
-            self._setup = lambda: scheduler.set_timesteps(sigmas=sigmas, device=device)
-        elif time_shift not in (None, 1.0):
-            raise SettingError("time_shift", time_shift, f": {name} spaces its own sigmas; set its "
-                               "flow_shift instead")
-        else:
-            self._setup = lambda: scheduler.set_timesteps(num_steps - 1, device=device)
-        self._setup()
-        self.timesteps = scheduler.timesteps
-        self.init_noise_sigma = getattr(scheduler, "init_noise_sigma", 1.0)
-        if self._exact_sigma:
-            shift = scheduler.config.get("flow_shift", 1.0)
-            refuse_repeated_timesteps(
-                self.timesteps, num_steps,
-                f": {name} rounds its timesteps to integers (sigma x "
-                f"{scheduler.config.num_train_timesteps}), and at {num_steps - 1} steps"
-                + (f" with flow_shift {shift:g}" if shift != 1 else "") + " two coincide; "
-                "use fewer steps")
-
-    def restart(self) -> None:
-        self._setup()
-
-    def model_input(self, x: Tensor, t: Tensor) -> Tensor:
-        return x
-
-    def model_time(self, t: Tensor, x: Tensor) -> Tensor:
-        """Our t = 1 - sigma. A multistep solver's timestep is sigma rounded to an integer (up to
-        5e-4 off in t), which leaves UniPC first order below ~4e-3; its exact sigma keeps it
-        second order. FlowMatch's timesteps are unrounded (sigma x 1000), read as they are."""
-        if self._exact_sigma:
-            return (1.0 - self.scheduler.sigmas[index_of(self.timesteps, t)]).to(x).expand(len(x))
-        return (1.0 - t / self.scheduler.config.num_train_timesteps).to(x).expand(len(x))
-
-    def step(self, model_output: Tensor, t: Tensor, x: Tensor,
-             generator: GeneratorLike = None) -> Tensor:
-        """``x`` ``(B, C, H, W)`` at the next timestep (``t``: one of ``timesteps``): the
-        scheduler's step on its flow, ``-velocity``."""
-        out = self.transport.read_output(model_output, x)
-        velocity = self.transport.velocity(out, x, self.model_time(t, x))
-        return self.scheduler.step(-velocity, t, x).prev_sample
