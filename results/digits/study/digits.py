@@ -42,10 +42,10 @@ from fid.metrics import precision_recall
 from sit_vit5 import training
 from sit_vit5.atomic_files import TMP_PREFIX, atomic_write_text
 from sit_vit5.config import configs_dir, load_config
+from sit_vit5.datasets import DigitsDataset
 from sit_vit5.errors import SitVit5Error
 from sit_vit5.experiments import report
 from sit_vit5.experiments.nfe import git_commit, utc_now
-from sit_vit5.datasets import DigitsDataset
 from sit_vit5.models import count_params, flops, load_model, model_from_config
 from sit_vit5.models.layers import sincos_pos_embed_2d
 from sit_vit5.objective import transport_kwargs
