@@ -1,16 +1,15 @@
 """``SampleSpec``: every sampler option (integration and guidance), its default, help and range.
 
-sample.py's flags (:func:`add_arguments`) and the config's ``sample`` keys
-(:func:`config_defaults`) derive from its fields. A bad value raises SettingError naming the field.
+The config's ``sample`` keys (:func:`config_defaults`) and sample.py's flags
+(:mod:`sit_vit5.cli.sample_flags`) derive from its fields. A bad value raises SettingError naming
+the field.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
-import textwrap
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -18,11 +17,9 @@ from .errors import SettingError
 from .names import (
     DEFAULT_ATOL,
     DEFAULT_RTOL,
-    DIFFUSION_FORMS,
     DIFFUSION_METHODS,
     DIFFUSION_SOLVERS,
     FLOW_SOLVERS,
-    LAST_STEPS,
     MEANFLOW_METHODS,
     ODE_ADAPTIVE_METHODS,
     ODE_ALIASES,
@@ -51,7 +48,7 @@ METHOD_TITLES = {
 DEFAULT_SAMPLING_METHOD = {"ode": "dopri5", "sde": "Euler"}  # SiT's sample.py defaults per method
 #: grid points / respaced steps / jumps needed
 MIN_STEPS = {"ode": 2, "sde": 2, "ddpm": 1, "ddim": 1, "meanflow": 1}
-#: ``--method list`` (or a bare ``--method``): print :func:`describe_methods` and exit
+#: ``--method list`` (or a bare ``--method``): sample.py lists every method and solver and exits
 LIST = "list"
 #: results/nfe's few-step setting (exploratory; two training seeds per arm): diffusers' UniPC with
 #: flow sigmas at 8 NFE (9 grid points) reached the ODE solvers' plateau on every digits
@@ -93,113 +90,16 @@ def step_evaluations(method: str, sampling_method: str | None) -> int | None:
     return 1
 
 
-def describe_methods() -> str:
-    """Every sampling method and solver with its NFE (model evaluations per image), from the
-    tables the spec checks against: what ``sample.py --method list`` prints."""
-    def names(items: Sequence[str], default: str | None) -> str:
-        return ", ".join(f"{n} (default)" if n == default else n for n in items)
-
-    ode_default, sde_default = DEFAULT_SAMPLING_METHOD["ode"], DEFAULT_SAMPLING_METHOD["sde"]
-    fixed = [f"{n} {ODE_STEP_NFE[n]}" if n in ODE_STEP_NFE else n for n in ODE_FIXED_STEP_METHODS]
-    aliases = ", ".join(f"{a} = {n}" for a, n in ODE_ALIASES.items())
-    def classes(table: Mapping[str, tuple[str, dict[str, Any]]]) -> list[str]:
-        return [f"{n} ({cls}" + "".join(f", {k}={v}" for k, v in kw.items()) + ")"
-                for n, (cls, kw) in table.items()]
-
-    flow = classes(FLOW_SOLVERS)
-    solvers = {
-        "ode": [f"fixed-step, NFE a step: {', '.join(fixed)} (alias {aliases})",
-                "adaptive, NFE as counted (--atol / --rtol): "
-                + names(ODE_ADAPTIVE_METHODS, ode_default),
-                "diffusers' multistep, flow sigmas, 1 NFE a step: " + ", ".join(flow)],
-        "sde": ["NFE a step: " + ", ".join(f"{n} {k}" + (" (default)" if n == sde_default else "")
-                                           for n, k in SDE_STEP_NFE.items()),
-                "last step, +1 NFE: " + names([k for k in LAST_STEPS if k and k != "none"], "Mean")
-                + "; None: +0"],
-        **{method: [f"--sampling-method, diffusers' multistep on the same {process}, epsilon, 1 "
-                    "NFE a step, its own timesteps: "
-                    + ", ".join(classes(DIFFUSION_SOLVERS[method]))]
-           for method, process in (("ddpm", "SDE"), ("ddim", "ODE"))},
-    }
-    lines = ["sampling methods (--method, then --sampling-method: a solver); NFE = model "
-             "evaluations per image (CFG's doubled batch counts once); --nfe N sets --num-steps"]
-    for objective, methods in SAMPLE_METHODS.items():
-        lines.append(f"objective {objective} ({OBJECTIVE_TITLES[objective]}; default method "
-                     f"{methods[0]}):")
-        for method in methods:
-            lines.append(f"  {method:5s} {METHOD_TITLES[method]}")
-            lines += [textwrap.fill(line, 100, initial_indent=" " * 8, subsequent_indent=" " * 10)
-                      for line in solvers.get(method, [])]
-    for objective, setting in FEW_STEPS.items():
-        few = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in setting.items()
-                       if k != "num_steps")
-        lines.append(f"few-step setting of objective {objective} (results/nfe, exploratory): {few} "
-                     f"--nfe {SampleSpec(**setting).nfe}")
-    return "\n".join(lines)
-
-
-class ListMethods(argparse.Action):
-    """``--method`` with argparse: ``list`` (the const of a bare ``--method``) prints
-    :func:`describe_methods` and exits 0; any other value is stored."""
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
-                 values: Any, option_string: str | None = None) -> None:
-        if values == LIST:
-            print(describe_methods())
-            parser.exit(0)
-        setattr(namespace, self.dest, values)
 #: annotation -> accepted types
 NUMBER_TYPES: dict[str, type | tuple[type, ...]] = {"int": int, "float": (int, float)}
 
 
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def finite_float(text: str) -> float:
-    """argparse type: a finite number (``nan`` / ``inf`` refused at parse time, naming the flag)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    """argparse type: a finite number > 0."""
-    value = finite_float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
-    return value
-
-
-def _channels(text: str) -> int | None:
-    """``all`` -> None (every channel), else a positive channel count."""
-    if text == "all":
-        return None
-    try:
-        return positive_int(text)
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer or 'all', got {text!r}"
-                                         ) from None
-
-
 def option(default: Any, help: str, *, solvers: tuple[str, ...] = (),
-           methods: tuple[str, ...] = METHODS, **flag: Any) -> Any:
-    """A spec field and its sample.py flag: ``help`` (``{default}`` filled in), ``solvers`` (the
-    methods whose sampler builder takes it), ``methods`` (where it applies at all; elsewhere it is
-    refused) and argparse keywords (``type``, ``choices``, ``nargs``, ``metavar``, ``aliases``)."""
-    return field(default=default,
-                 metadata={"help": help, "solvers": solvers, "methods": methods, **flag})
+           methods: tuple[str, ...] = METHODS) -> Any:
+    """A spec field: its ``help`` (``{default}`` filled in by sample.py's flag), ``solvers`` (the
+    methods whose sampler builder takes it) and ``methods`` (where it applies at all; elsewhere it
+    is refused)."""
+    return field(default=default, metadata={"help": help, "solvers": solvers, "methods": methods})
 
 
 @dataclass(frozen=True)
@@ -211,8 +111,7 @@ class SampleSpec:
     method: str = option(
         "ode", "; ".join(f"objective {o}: {' | '.join(m)} (default {m[0]})"
                          for o, m in SAMPLE_METHODS.items())
-        + f"; '{LIST}' (or a bare --method) lists every method and solver with its NFE and exits",
-        choices=(*METHODS, LIST), nargs="?", const=LIST, action=ListMethods)
+        + f"; '{LIST}' (or a bare --method) lists every method and solver with its NFE and exits")
     sampling_method: str | None = option(
         None, f"ode: torchdiffeq's {', '.join(ODE_FIXED_STEP_METHODS + ODE_ADAPTIVE_METHODS)} "
         f"(default {DEFAULT_SAMPLING_METHOD['ode']}) or diffusers' {', '.join(FLOW_SOLVERS)}; "
@@ -222,35 +121,33 @@ class SampleSpec:
         + f"; see --method {LIST}", solvers=TRANSPORT_METHODS)
     num_steps: int = option(250, "time-grid points (default {default}; fixed-step ODE takes "
                             "num_steps-1 steps; adaptive ODE: output grid only); ddpm / ddim: "
-                            "respaced diffusion steps; meanflow: jumps (= NFE)", solvers=METHODS,
-                            type=positive_int, aliases=("--num-sampling-steps",))
+                            "respaced diffusion steps; meanflow: jumps (= NFE)", solvers=METHODS)
     atol: float = option(DEFAULT_ATOL, "adaptive ODE absolute tolerance (default {default})",
-                         solvers=("ode",), type=finite_float)
+                         solvers=("ode",))
     rtol: float = option(DEFAULT_RTOL, "adaptive ODE relative tolerance (default {default})",
-                         solvers=("ode",), type=finite_float)
+                         solvers=("ode",))
     # sigma (not the Sampler API's SBDM): SiT's sample.py default, behind FID 2.06 (DESIGN.md §4)
     diffusion_form: str = option("sigma", "SDE diffusion coefficient D(t) (default {default})",
-                                 solvers=("sde",), choices=tuple(DIFFUSION_FORMS))
+                                 solvers=("sde",))
     diffusion_norm: float = option(1.0, "SDE diffusion scale (default {default})",
-                                   solvers=("sde",), type=finite_float)
-    last_step: str | None = option("Mean", "SDE final step (default {default})", solvers=("sde",),
-                                   choices=(*(k for k in LAST_STEPS if k is not None), "None"))
+                                   solvers=("sde",))
+    last_step: str | None = option("Mean", "SDE final step (default {default})", solvers=("sde",))
     last_step_size: float = option(0.04, "SDE final step size (default {default})",
-                                   solvers=("sde",), type=finite_float)
+                                   solvers=("sde",))
     time_shift: float | None = option(
         None, "ode / sde: SD3 time shift s of the noise level sigma = 1 - t, sigma' = s sigma / "
         "(1 + (s - 1) sigma); s > 1 spends more steps at high noise (default none = uniform)",
-        solvers=TRANSPORT_METHODS, methods=TRANSPORT_METHODS, type=positive_float)
+        solvers=TRANSPORT_METHODS, methods=TRANSPORT_METHODS)
     eta: float = option(0.0,
                         "DDIM noise: 0 = deterministic (DiT, default {default}), 1 = DDPM-like",
-                        solvers=("ddim",), type=finite_float)
+                        solvers=("ddim",))
     cfg_scale: float = option(1.0, "classifier-free guidance scale (default {default:g} = off; < 0 "
-                              "needs --allow-negative-cfg)", type=finite_float)
+                              "needs --allow-negative-cfg)")
     cfg_channels: int | None = option(None, "guided channels: all (default) or 3 for the SiT/DiT "
-                                      "legacy mode behind the published numbers", type=_channels)
+                                      "legacy mode behind the published numbers")
     cfg_interval: tuple[float, float] | None = option(
         None, "guide only for t in [T_LO, T_HI] (t = 0 noise, 1 data; ode / sde)",
-        type=finite_float, nargs=2, metavar=("T_LO", "T_HI"), methods=TRANSPORT_METHODS)
+        methods=TRANSPORT_METHODS)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -394,18 +291,6 @@ class SampleSpec:
             and is_adaptive(self.sampling_method)
 
 
-def add_arguments(group: argparse._ArgumentGroup) -> None:
-    """One flag per spec field (``--num-steps`` = num_steps), default None: unset flags fall
-    through to the next layer of :meth:`resolve`."""
-    for f in fields(SampleSpec):
-        meta = dict(f.metadata)
-        meta.pop("solvers"), meta.pop("methods")
-        names = [f"--{f.name.replace('_', '-')}", *meta.pop("aliases", ())]
-        default = "none" if f.default is None else f.default
-        meta["help"] = meta["help"].format(default=default)
-        group.add_argument(*names, dest=f.name, default=None, **meta)
-
-
 def config_defaults() -> dict[str, None]:
     """The config's sampler keys: every spec field, None = the spec's default."""
     return dict.fromkeys(SampleSpec.keys())
@@ -418,7 +303,6 @@ def check_cfg_scale(cfg_scale: float, allow_negative: bool = False) -> None:
                            "their class (1 = no guidance, > 1 = stronger); allow it explicitly "
                            "(sample.py --allow-negative-cfg) if that is meant")
 
-__all__ = ["DEFAULT_SAMPLING_METHOD", "FEW_STEP", "FEW_STEPS", "METHODS", "SAMPLE_METHODS",
-           "SampleSpec",
-           "add_arguments", "check_cfg_scale", "config_defaults", "describe_methods",
-           "finite_float", "option", "positive_int", "sampling_methods", "step_evaluations"]
+__all__ = ["DEFAULT_SAMPLING_METHOD", "FEW_STEP", "FEW_STEPS", "LIST", "METHODS",
+           "SAMPLE_METHODS", "SampleSpec", "check_cfg_scale", "config_defaults", "option",
+           "sampling_methods", "step_evaluations"]

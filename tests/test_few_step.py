@@ -17,6 +17,7 @@ from diffusers import DPMSolverMultistepScheduler, UniPCMultistepScheduler
 
 import sample
 from sit_vit5 import SiTPipeline
+from sit_vit5.cli.sample_flags import describe_methods
 from sit_vit5.errors import SettingError
 from sit_vit5.experiments import nfe
 from sit_vit5.experiments.__main__ import main as experiments_main
@@ -31,7 +32,6 @@ from sit_vit5.sample_spec import (
     METHODS,
     SAMPLE_METHODS,
     SampleSpec,
-    describe_methods,
     sampling_methods,
 )
 from tests.gaussian_target import GaussianTarget

@@ -28,8 +28,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("config", "image_data", "diffusion"),  # diffusion: DiT's objective, an Objective subclass
     ("sampling", "latent_cache"),  # latent_cache: the cache's format, writer, reader and verifier
     ("training", "hub"),
-    ("experiments", "export", "pipeline"),  # pipeline: the import path exported folders run
+    ("export", "pipeline"),  # pipeline: the import path exported folders run
     ("cli", "cache_latents"),  # cache_latents: the command line over latent_cache
+    ("experiments",),  # studies over the whole stack; the NFE study takes sample.py's flag types
 ]
 #: The platform: optional layers around the research core (backbones, the SiT objective, samplers,
 #: the training step and loop). An entry point or builder imports one only when a config or flag
@@ -65,6 +66,12 @@ DEFERRED_IMPORTS = {
     "sit_vit5/vae.py": "the hub's network probe only for a hub id (pixel space and local folders "
                        "need none)",
     **{builder: f"a builder: {why}" for builder, why in BUILDERS.items()},
+}
+#: Modules that import without torch (seconds to load), and why: they run before the first-minute
+#: checks refuse a bad flag or key.
+TORCH_FREE = {
+    "sit_vit5.sample_spec": "checking the config's sample keys needs no torch",
+    "sit_vit5.cli.sample_flags": "parsing sample.py's flags (and refusing bad values) needs no torch",
 }
 RANK = {component: rank for rank, layer in enumerate(LAYERS) for component in layer}
 CLI_RANK = len(LAYERS)  # sample.py, train.py: on top of everything
@@ -163,6 +170,13 @@ def test_no_upward_or_hidden_imports(path):
         deferred = path.relative_to(ROOT).as_posix() in DEFERRED_IMPORTS
         assert at_top or deferred, (f"{where} inside a function: project imports belong at module "
                                     "top (or in DEFERRED_IMPORTS, with the reason)")
+
+
+def test_torch_free_modules_load_no_torch():
+    code = f"import sys, {', '.join(TORCH_FREE)}; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=ROOT).stdout.split()
+    assert out == ["False"], f"importing {list(TORCH_FREE)} loaded torch"
 
 
 def _is_platform(module: str) -> bool:

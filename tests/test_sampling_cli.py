@@ -11,6 +11,7 @@ import torch
 from PIL import Image
 
 import sample
+from sit_vit5.cli.sample_flags import FLAGS
 from sit_vit5.config import load_config
 from sit_vit5.models import create_model, load_model
 from sit_vit5.objective import create_objective
@@ -180,6 +181,11 @@ def test_sampler_flags_default_to_the_spec():
     args = sample.build_parser().parse_args(["grid", "--ckpt", "x.pt"])
     assert all(getattr(args, key) is None for key in SampleSpec.keys())
     assert sample.resolve_spec(args, {}) == SampleSpec()
+
+
+def test_flag_table_names_exactly_the_spec_fields():
+    """sample_flags.FLAGS holds the argparse side of each spec field: one entry per field, no more."""
+    assert list(FLAGS) == list(SampleSpec.keys())
 
 
 def test_training_grid_is_sample_py_grid(tmp_path):

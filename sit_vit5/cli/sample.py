@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, TextIO
 
 from sit_vit5.atomic_files import unwritable_dir_reason
 from sit_vit5.cli.preflight import check_checkpoint_file, check_torch_pair
+from sit_vit5.cli.sample_flags import add_arguments as add_sampler_arguments
+from sit_vit5.cli.sample_flags import finite_float, positive_int
 from sit_vit5.errors import KNOWN_ERRORS, SettingError, SitVit5Error, one_line, run_cli
 from sit_vit5.launcher import check_launcher_env
 from sit_vit5.names import (
@@ -46,8 +48,7 @@ from sit_vit5.names import (
     name_objective,
 )
 from sit_vit5.run_files import CKPT_DIR, checkpoints_of, latest_checkpoint
-from sit_vit5.sample_spec import SampleSpec, finite_float, positive_int
-from sit_vit5.sample_spec import add_arguments as add_sampler_arguments
+from sit_vit5.sample_spec import SampleSpec
 
 if TYPE_CHECKING:
     import torch

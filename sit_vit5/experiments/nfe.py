@@ -30,11 +30,11 @@ import numpy as np
 import torch
 
 from ..atomic_files import atomic_write_text
+from ..cli.sample_flags import finite_float, positive_float, positive_int
 from ..errors import SettingError, one_line
 from ..models import load_model
 from ..names import DIFFUSION_SOLVERS, FLOW_SOLVERS
 from ..objective import create_objective
-from ..sample_spec import finite_float, positive_float, positive_int
 from ..sampling import SampleSpec, SamplingPipeline
 from . import report
 
