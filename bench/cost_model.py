@@ -833,6 +833,21 @@ def markdown(rep: dict) -> str:
               "### What would reach 45 % MFU (batch 32, predicted)", "",
               *_table(rep["what_if_sit"], [("setting", "setting", ""), ("ms", "ms", ".1f"), ("mfu", "MFU", ".1%")]),
               "", f"Host syncs: {rep['host_syncs']}", ""]
+    lines += [
+        "## What the model misses", "",
+        "* **Compiled ViT-5 (measured 1.26, predicted 1.06).** With Inductor's fusion the traced extra bytes are "
+        "small; "
+        "20 ms of the measured 96 ms are unexplained. Candidates to check with the `vit5_ablate` stage: under "
+        "`torch.compile` `RopeTables.tables` rebuilds the RoPE tables from float64 CPU `arange`s inside the graph and "
+        "moves them with `.to(device)` every forward (`models/rope.py`: a blocking host-to-device copy, i.e. a "
+        "host sync per step); the torch 2.11 graph break at `_compute_dtype`; Inductor not fusing the per-head "
+        "(72-wide) reductions into one kernel.",
+        "* **Eager ViT-5 at batch 64 (1.42, predicted 1.34).** The extra device time grows faster with the batch than "
+        "the traced bytes; `short_rows` (the QK-norm's F.rms_norm over 72-wide rows at 20 % of bandwidth) carries "
+        "most of the fitted excess and is the least certain constant.",
+        "* **Identifiability.** 6 fitted constants for 8 times: the split between host and device is a fit, not a "
+        "measurement (`python_us` = 42 us per Python torch call makes ViT5's eager step and both sampling NFEs "
+        "host-bound). A profile (`torch.profiler`, one step) would settle it.", ""]
     if "ablations" in rep:
         lines += ["## Ablations: each ViT-5 component off (predicted, batch 32)", "",
                   "The rows `bench.vit5_overhead --ablate` times on a GPU (suite stage `vit5_ablate`), with these "
