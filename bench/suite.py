@@ -6,6 +6,8 @@
     python -m bench.suite --out /tmp/dry --device cpu          # dry run: every stage, tiny, depth 1 (seconds)
 
 Stages (each catches its own failure, so one error does not lose the others):
+  vit5_ablate  first, ~3 min: XL/2 bf16 (4 blocks), batch 32, eager and compiled: ViT5 with each component off
+               in turn against SiT, bench.cost_model's predicted ratio beside each row (issue 56)
   correctness  first, ~30 s: SiT and ViT5 at XL/2 (full 2C outputs), CUDA forward (fp32 with TF32, and
                bf16 with SDPA held to flash attention) against the CPU fp32 forward; odeint and SDE steps on CUDA
   xl_eager     XL/2 bf16 eager, batch 32 and 64: SiT, ViT5, timm-SiT: img/s, MFU, peak memory (and
@@ -45,6 +47,10 @@ from bench import (
 
 TIMING = "--warmup 2 --steps 4 --rounds 3"
 STAGES = {
+    # first (issue 56): every ViT-5 component off in turn, eager and compiled, the cost model's ratio beside each
+    # row; 4 blocks so that 16 compilations fit in ~3 minutes (the per-block costs are XL/2's)
+    "vit5_ablate": (vit5_overhead.main, "--ablate --predict --settings XL:32:bf16 --modes eager compile --depth 4 "
+                                        "--batch-size 32 --warmup 2 --steps 3 --rounds 3"),
     "correctness": (correctness.main, "--size XL --batch-size 4 --num-steps 4"),
     "xl_eager": (train_step.main, f"--sizes XL --precisions bf16 --batch-size 32 64 {TIMING}"),
     "xl_compile": (train_step.main, f"--sizes XL --precisions bf16 --modes compile --models SiT ViT5 "
@@ -67,7 +73,7 @@ STAGES = {
 TINY = "--device cpu --depth 1 --batch-size 2 --warmup 1 --steps 1 --rounds 1"
 SMOKE = {
     "correctness": "--device cpu --size S --input-size 8 --batch-size 2 --num-steps 3",
-    "vit5_overhead": f"{TINY} --settings S:8:fp32 S:8:bf16",
+    "vit5_overhead": f"{TINY} --settings S:8:fp32 S:8:bf16 --modes eager",
     "train_step": f"{TINY} --sizes S --input-size 8 --precisions fp32 --modes eager",
     "sample_speed": f"{TINY} --sizes S --input-size 8 --precisions fp32 --num-steps 3",
     "data_path": f"{TINY} --vae tiny --image-size 32 --num-images 4 --model SiT-S/2 --precision fp32",

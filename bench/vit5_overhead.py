@@ -9,8 +9,13 @@ rounds; ``per_flop`` = median per-round step ratio / FLOP ratio (``sit_vit5.mode
 the step's 3x cancels). 1.00 means ViT-5 costs exactly what its extra tokens say; the goal is <= 1.03.
 
 ``--ablate`` adds ViT5 variants with one component switched back to SiT's (``-rmsnorm``: LayerNorm blocks,
-``-qknorm``, ``-rope``, ``-registers``, ``-learned_ape``: a frozen table) to the same rounds: each one's own
-per-FLOP ratio, so ViT5's excess minus a variant's is what that component costs.
+``-qknorm``, ``-rope``, ``-registers``, ``-learned_ape``: a frozen table, ``-layerscale``) to the same rounds: each
+one's own per-FLOP ratio, so ViT5's excess minus a variant's is what that component costs. ``--modes eager compile``
+times each variant both ways; ``--predict`` prints ``bench.cost_model``'s predicted step ratio (H100 constants on an
+H100, else H200) beside each row. The GPU session's first stage (``vit5_ablate`` in bench.suite, issue 56):
+
+    python -m bench.vit5_overhead --device cuda --ablate --predict --settings XL:32:bf16 --depth 4 --batch-size 32
+        --modes eager compile       (one command line)
 """
 
 from __future__ import annotations
@@ -37,9 +42,10 @@ ABLATIONS: dict[str, dict] = {
     "-rope": dict(rope=False, register_rope_theta=None),
     "-registers": dict(num_registers=0, register_rope_theta=None),
     "-learned_ape": dict(pos_embed="fixed"),
+    "-layerscale": dict(layer_scale_init=None),
 }
-COLUMNS = ("setting", "variant", "batch", "flop_ratio", "step_ratio", "per_flop", "per_round_min",
-           "per_round_max", "rounds", "step_ms")
+COLUMNS = ("setting", "variant", "mode", "batch", "flop_ratio", "step_ratio", "pred_ratio", "per_flop",
+           "per_round_min", "per_round_max", "rounds", "step_ms")
 
 
 def parse_setting(text: str) -> tuple[str, int, str]:
@@ -53,35 +59,58 @@ def parse_setting(text: str) -> tuple[str, int, str]:
         raise SystemExit(f"--settings: expected SIZE:SIDE:fp32|bf16 (e.g. S:16:fp32), got {text!r}") from None
 
 
+def predicted_ratios(args: argparse.Namespace, size: str, side: int, batch: int, depth: int,
+                     variants: dict[str, tuple[str, dict]]) -> dict[tuple[str, str], float]:
+    """bench.cost_model's predicted step ratio variant / SiT per (variant, mode): the bf16 GPU path's model, the
+    same size, latent side, batch and depth (H100 constants when the GPU is one, else H200)."""
+    import torch
+
+    from bench import cost_model
+
+    name = torch.cuda.get_device_name() if args.device == "cuda" else ""
+    dev = cost_model.DEVICES["H100" if "H100" in name else "H200"]
+    times = {}
+    for variant, (backbone, kw) in variants.items():
+        tr = cost_model.trace(backbone, size, batch, train=True, input_size=side, depth=depth, **kw)
+        for mode in args.modes:
+            times[variant, mode] = cost_model.predict(tr, mode, dev).seconds
+    return {(v, m): times[v, m] / times["SiT", m] for v, m in times}
+
+
 def measure_setting(args: argparse.Namespace, device, size: str, side: int, precision: str) -> list[dict]:
-    """One row per ViT5 variant (ViT5, and the ablations with --ablate): step and FLOP ratios against SiT."""
+    """One row per ViT5 variant (ViT5, and the ablations with --ablate) and mode: step and FLOP ratios against
+    SiT; with --predict the cost model's ratio beside it."""
     variants = {"SiT": ("SiT", {}), "ViT5": ("ViT5", {})}
     if args.ablate:
         variants.update({f"ViT5{k}": ("ViT5", kw) for k, kw in ABLATIONS.items()})
     batch = args.batch_size or max(2, 16 * 16 * 16 // side**2)  # ~ the same tokens per step at either side
     depth = args.depth or SIZES[size][0]
-    steps, gflops = {}, {}
-    for name, (backbone, kw) in variants.items():
-        model = create_model(f"{backbone}-{size}/2", input_size=side, depth=depth, **kw)
-        gflops[name] = flops(model)
-        model = perturb_zero_init(model).to(device).train()
-        steps[name] = make_train_step(model, device, precision, "eager", batch, side, 1000, args.seed)
-        for _ in range(args.warmup):
-            steps[name]()
-    times = interleaved_timings(steps, rounds=args.rounds, steps=args.steps, clock=args.clock, device=device)
+    predicted = predicted_ratios(args, size, side, batch, depth, variants) if args.predict else {}
     rows = []
-    for name in variants:
-        if name == "SiT":
-            continue
-        per_round = [a / b for a, b in zip(times[name], times["SiT"])]
-        flop_ratio = gflops[name] / gflops["SiT"]
-        step_ratio = statistics.median(per_round)
-        rows.append(dict(setting=f"{size}/2 {side}x{side} {precision}", variant=name, batch=batch,
-                         flop_ratio=flop_ratio, step_ratio=step_ratio, per_flop=step_ratio / flop_ratio,
-                         per_round_min=min(per_round) / flop_ratio, per_round_max=max(per_round) / flop_ratio,
-                         rounds=len(per_round), step_ms=statistics.median(times[name]) * 1e3,
-                         sit_step_ms=statistics.median(times["SiT"]) * 1e3,
-                         per_round_ratio=[round(r, 4) for r in per_round]))
+    for mode in args.modes:
+        steps, gflops = {}, {}
+        for name, (backbone, kw) in variants.items():
+            model = create_model(f"{backbone}-{size}/2", input_size=side, depth=depth, **kw)
+            gflops[name] = flops(model)
+            model = perturb_zero_init(model).to(device).train()
+            steps[name] = make_train_step(model, device, precision, mode, batch, side, 1000, args.seed)
+            for _ in range(args.warmup):
+                steps[name]()
+        times = interleaved_timings(steps, rounds=args.rounds, steps=args.steps, clock=args.clock, device=device)
+        for name in variants:
+            if name == "SiT":
+                continue
+            per_round = [a / b for a, b in zip(times[name], times["SiT"])]
+            flop_ratio = gflops[name] / gflops["SiT"]
+            step_ratio = statistics.median(per_round)
+            rows.append(dict(setting=f"{size}/2 {side}x{side} {precision}", variant=name, mode=mode, batch=batch,
+                             flop_ratio=flop_ratio, step_ratio=step_ratio, pred_ratio=predicted.get((name, mode)),
+                             per_flop=step_ratio / flop_ratio, per_round_min=min(per_round) / flop_ratio,
+                             per_round_max=max(per_round) / flop_ratio, rounds=len(per_round),
+                             step_ms=statistics.median(times[name]) * 1e3,
+                             sit_step_ms=statistics.median(times["SiT"]) * 1e3,
+                             per_round_ratio=[round(r, 4) for r in per_round]))
+        del steps  # free one mode's models (and compiled graphs) before the next
     return rows
 
 
@@ -91,17 +120,22 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--batch-size", type=int, default=None,
                    help="default: 16 at side 16, 4 at side 32 (the same tokens per step)")
     p.add_argument("--ablate", action="store_true", help="add ViT5 variants with one component removed")
+    p.add_argument("--modes", nargs="+", choices=("eager", "compile"), default=["eager"])
+    p.add_argument("--predict", action="store_true",
+                   help="print bench.cost_model's predicted step ratio (bf16 GPU path) beside each row")
     add_common_args(p, steps=1, warmup=2, rounds=7)
     args = p.parse_args(argv)
     settings = [parse_setting(s) for s in args.settings]
     device = setup(args)
     rows = []
     for size, side, precision in settings:
-        rows += measure_setting(args, device, size, side, precision)
-        print_table(rows[-1:] if not args.ablate else rows[-1 - len(ABLATIONS):], COLUMNS)
+        new = measure_setting(args, device, size, side, precision)
+        rows += new
+        print_table(new, COLUMNS)
     unit = "wall" if args.clock == "wall" else "process-CPU"
     print_table(rows, COLUMNS, f"ViT5 / SiT train step per FLOP ({args.device}, {unit} time, interleaved; "
-                               "per_round_*: the extremes of the per-round ratio / FLOP ratio)")
+                               "per_round_*: the extremes of the per-round ratio / FLOP ratio; pred_ratio: "
+                               "bench.cost_model's)")
     write_json(args.json, "vit5_overhead", args, device, rows=rows)
     return dict(rows=rows)
 

@@ -9,9 +9,34 @@ backward (``tests/test_bench_kernels.py``, ``tests/test_vit5_kernels.py``).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
+
+#: Whether the CPU autograd nodes below may run on CPU tensors (layers.py asks
+#: :func:`cpu_nodes_enabled`). False only inside :func:`generic_path`.
+_CPU_NODES = True
+
+
+def cpu_nodes_enabled() -> bool:
+    """Whether CPU tensors take the hand-written CPU nodes (the default) or the generic path."""
+    return _CPU_NODES
+
+
+@contextmanager
+def generic_path() -> Iterator[None]:
+    """Inside, CPU tensors take the device-generic ops a GPU runs (``F.rms_norm``, the unfused
+    QK-norm + RoPE chain) instead of the CPU nodes: for tracing the GPU's op sequence on a CPU
+    (``bench.cost_model``). Not thread-safe; outside it nothing changes."""
+    global _CPU_NODES
+    previous, _CPU_NODES = _CPU_NODES, False
+    try:
+        yield
+    finally:
+        _CPU_NODES = previous
 
 
 def swap_pairs(x: Tensor) -> Tensor:

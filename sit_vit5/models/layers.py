@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from .kernels import Rotation, _QKNormRopeFunction, _RMSNormFunction
+from .kernels import Rotation, _QKNormRopeFunction, _RMSNormFunction, cpu_nodes_enabled
 
 
 def _fusable() -> bool:
@@ -47,7 +47,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         x32 = x.float()
-        if x32.device.type == "cpu" and _fusable():
+        if x32.device.type == "cpu" and cpu_nodes_enabled() and _fusable():
             return _RMSNormFunction.apply(x32, self.weight, self.eps).to(x.dtype)
         # CUDA: fused forward and backward; under torch.func: the composite (forward-mode rules)
         return F.rms_norm(x32, (self.dim,), self.weight, self.eps).to(x.dtype)
@@ -138,7 +138,8 @@ def norm_and_rotate(x: Tensor, norm: nn.Module, rope: Rotation | None) -> Tensor
     within float rounding; bf16/fp16 x: computed in fp32, within that dtype's rounding."""
     if (
         rope is not None and isinstance(norm, RMSNorm) and norm.weight is not None
-        and x.device.type == "cpu" and norm.weight.dtype == torch.float32 and _fusable()
+        and x.device.type == "cpu" and cpu_nodes_enabled() and norm.weight.dtype == torch.float32
+        and _fusable()
     ):
         if x.dtype == torch.float32 and rope.complex_ok(x):
             return _QKNormRopeFunction.apply(x, norm.weight, norm.eps, rope.cis, rope.cis_conj)

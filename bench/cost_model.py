@@ -1,0 +1,898 @@
+"""A GPU cost model that runs on a CPU: ViT-5's and SiT's XL/2 step times predicted from their traced aten ops.
+
+    python -m bench.cost_model                          # calibration table, breakdowns (H200)
+    python -m bench.cost_model --device H100 --out cost.json
+    python -m bench.cost_model --fit                    # refit the four constants to the H200 table
+    python -m bench.cost_model --write-doc              # regenerate docs/gpu-cost-model.md
+
+**Trace.** One training step (transport loss forward under bf16 autocast, backward) and one sampling call
+(one CFG forward on the doubled batch, as ``guidance.ClassifierFreeGuidance`` runs it) are executed on fake CPU
+tensors (``FakeTensorMode``: shapes and dtypes, no values, about a second at XL/2) inside
+``sit_vit5.models.kernels.generic_path()``, so ViT-5 takes the ops a GPU runs (``F.rms_norm``, the unfused
+QK-norm + RoPE chain), not the CPU autograd nodes. A ``TorchDispatchMode`` records every aten op with its
+tensors; a ``TorchFunctionMode`` labels each torch call with the component it belongs to (module path and
+source frame) and tags the autograd nodes it creates, so backward ops inherit their forward's label.
+
+**Cost per op.** FLOPs for matmuls (``2·M·K·N``) and attention (``4·B·H·L·S·D`` forward, 2.5x that backward:
+flash recomputes the scores); bytes read + written for everything else (distinct elements x itemsize; views
+free). Eager: one kernel per aten op, except each ``F.rms_norm`` call, which CUDA runs as one fused kernel per
+direction (CPU traces its composite). Compiled: Inductor-like fusion, every maximal chain of non-matmul ops
+between two matmul/attention ops is one kernel that moves only its external inputs and outputs (an output is
+external when an op outside the chain reads it, or nothing does: gradients, the loss).
+
+**Time.** ``Σ_kernel max(FLOPs / (peak·e_kind), bytes / (bandwidth·e_mem)) + kernels · launch``, with the
+datasheet peak and bandwidth of the card and four constants (``Efficiency``) fitted once to the H200 table
+(``TARGETS``, ``results/bench/h200/``). The optimizer is modelled, not traced: torch's AdamW on CUDA defaults
+to ``foreach`` (7 passes over fp32 state, 72 B per parameter at weight decay 0), ``fused=True`` is 1 pass
+(28 B); the EMA update (``training/ema.py``: ``_foreach_mul_`` + ``_foreach_add_``) is 20 B per parameter
+and is not in the bench's step (nor in the targets).
+
+What it leaves out: the host (Python) time beyond the per-kernel launch constant, so a launch-bound step is
+underestimated; cuBLAS tile effects (one matmul efficiency for every shape with M >= 256); Inductor's
+recomputation choices and the one graph break of ViT-5 under torch 2.11; the sampler's own elementwise ops
+(a few dozen (B, 4, 32, 32) kernels per NFE).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import linecache
+import math
+import sys
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from unittest import mock
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+ROOT = Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "gpu-cost-model.md"
+PACKAGE = str(ROOT / "sit_vit5")
+
+
+# ----------------------------------------------------------------------------------------------- devices
+
+
+@dataclass(frozen=True)
+class Device:
+    """A card's datasheet peaks: dense bf16 tensor-core FLOP/s (no sparsity) and HBM bytes/s."""
+
+    name: str
+    peak_flops: float
+    bandwidth: float
+
+
+DEVICES = {
+    # NVIDIA H200 SXM datasheet: 989 TFLOP/s dense BF16 (1979 with sparsity), 4.8 TB/s HBM3e, 141 GB
+    "H200": Device("NVIDIA H200 SXM", 989e12, 4.8e12),
+    # NVIDIA H100 SXM5 datasheet: 989 TFLOP/s dense BF16, 3.35 TB/s HBM3, 80 GB (the PCIe card: 756, 2.0)
+    "H100": Device("NVIDIA H100 SXM", 989e12, 3.35e12),
+}
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """The model's constants: achievable fractions of the datasheet peaks, and host costs.
+
+    Device: ``matmul`` of peak FLOP/s in a GEMM; ``attention`` in flash attention (head dim 72);
+    ``memory`` of peak bandwidth in an elementwise/reduction kernel; ``short_rows`` in an eager norm kernel
+    over rows shorter than ``SHORT_ROW`` (QK-norm).
+    Host: ``python_us`` per torch call made from Python (the eager forward); ``launch_us`` per kernel
+    launched by the autograd engine, a foreach optimizer or Inductor's wrapper.
+    """
+
+    matmul: float
+    attention: float
+    memory: float
+    short_rows: float
+    python_us: float
+    launch_us: float
+
+
+#: Fitted to TARGETS (``python -m bench.cost_model --fit``, H200), rounded; see FIT_NOTE.
+FITTED = Efficiency(matmul=0.49, attention=0.81, memory=0.64, short_rows=0.20, python_us=41.9, launch_us=11.7)
+FIT_NOTE = ("6 constants fitted to 8 measured times (rms log error 0.06). Met: SiT's step (+2 %), the eager b32 ratio "
+            "and the sampling ratio. Not met: the eager b64 ratio (-0.09) and the compiled ratio (-0.20): the model "
+            "has no term for what costs compiled ViT-5 20 ms over SiT (see 'What the model misses').")
+
+# ----------------------------------------------------------------------------------------------- tracing
+
+#: aten ops costed as matmuls (FLOPs from the operand shapes)
+MATMULS = {"mm", "addmm", "bmm", "baddbmm", "mv", "addmv", "linear", "matmul", "convolution",
+           "convolution_backward", "_convolution"}
+#: allocations and metadata: no kernel, no bytes
+NO_KERNEL = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "detach", "alias", "lift_fresh",
+        "_local_scalar_dense", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "device", "_to_copy_noop"}
+
+
+@dataclass
+class Op:
+    """One recorded aten op (a kernel in eager mode).
+
+    ``reads``/``writes``: (storage key, bytes) of each tensor argument / output; ``region``: the id of the
+    ``F.rms_norm`` call it belongs to (CUDA fuses the call), else None.
+    """
+
+    name: str
+    phase: str  # "fwd" | "bwd"
+    group: str
+    kind: str  # "matmul" | "attention" | "memory"
+    flops: float
+    reads: list[tuple[int, int]] = field(default_factory=list)
+    writes: list[tuple[int, int]] = field(default_factory=list)
+    region: int | None = None
+    stamp: int = 0  # torch calls made from Python so far (forward host work done before this op launches)
+    row: int = 0  # last-dim length of its first input (the row a norm/reduction kernel works along)
+
+    @property
+    def bytes(self) -> int:
+        return sum(b for _, b in self.reads) + sum(b for _, b in self.writes)
+
+
+@dataclass
+class Trace:
+    """The ops of one step of one model, and what the optimizer model needs."""
+
+    name: str
+    ops: list[Op]
+    params: int  # trainable parameters (AdamW state is 2 fp32 tensors of this size)
+    param_tensors: int
+    fwd_macs: float  # sit_vit5.models.flops: forward multiply-adds per image
+    batch: int  # images per step (sampling: before CFG doubles them)
+    train: bool
+    host_calls: dict[str, int] = field(default_factory=dict)  # torch calls from Python; aten ops by direction
+    cache: dict = field(default_factory=dict, repr=False)  # mode -> kernels
+
+
+def distinct_bytes(t: Tensor) -> int:
+    """Bytes a kernel touches in ``t``: its distinct elements (stride-0 broadcast dims once) x itemsize."""
+    n = 1
+    for size, stride in zip(t.shape, t.stride()):
+        if stride != 0:
+            n *= size
+    return n * t.element_size()
+
+
+def matmul_flops(name: str, args: tuple, out: object) -> float:
+    """FLOPs (2 per multiply-add) of a matmul-like aten op from its operand shapes."""
+    if name in ("mm", "matmul"):
+        (m, k), n = args[0].shape, args[1].shape[-1]
+        return 2.0 * m * k * n
+    if name == "addmm":
+        (m, k), n = args[1].shape, args[2].shape[-1]
+        return 2.0 * m * k * n
+    if name in ("bmm", "baddbmm"):
+        a, b = (args[0], args[1]) if name == "bmm" else (args[1], args[2])
+        return 2.0 * a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2]
+    if name in ("mv", "addmv"):
+        mat = args[0] if name == "mv" else args[1]
+        return 2.0 * mat.numel()
+    if name == "linear":
+        return 2.0 * args[0].numel() / args[0].shape[-1] * args[1].numel()
+    if name in ("convolution", "_convolution"):
+        w = args[1]
+        return 2.0 * out.numel() * w[0].numel()  # each output: Cin/groups x kh x kw multiply-adds
+    if name == "convolution_backward":  # grad input + grad weight: twice the forward
+        w = args[2]
+        return 4.0 * args[0].numel() * w[0].numel()
+    raise KeyError(name)
+
+
+def attention_flops(q: Tensor, k: Tensor, v: Tensor) -> float:
+    """Forward FLOPs of softmax(q kᵀ) v for q (B, H, L, D), k (B, H, S, D), v (B, H, S, Dv): QKᵀ and PV."""
+    b, h, L, d = q.shape
+    s, dv = k.shape[-2], v.shape[-1]
+    return 2.0 * b * h * L * s * (d + dv)
+
+
+#: eager CUDA norm kernels (LayerNorm's, which F.rms_norm reuses) give each row a block: a row shorter than
+#: this leaves most of a block idle
+SHORT_ROW = 128
+#: flash attention's backward recomputes QKᵀ: 5 matmuls of the forward's 2
+ATTENTION_BACKWARD = 2.5
+
+
+def classify(module: str, frames: list[tuple[str, str]], func: str) -> str:
+    """The component a torch call belongs to, from the module path (``blocks.3.attn.q_norm``), the model
+    frames on the stack (innermost last: (qualname, source line)) and the torch function's name."""
+    names = [q for q, _ in frames]
+    line = frames[-1][1] if frames else ""
+    if any(q.startswith(("Rotation.", "RopeTables.")) or q in ("swap_pairs", "rotate_half") for q in names):
+        return "RoPE"
+    if module.endswith(("q_norm", "k_norm")):
+        return "QK-norm"
+    if module.endswith(("norm1", "norm2", "norm_final")):
+        return "block norm"
+    if ".attn" in module:
+        return "attention"
+    if ".mlp" in module:
+        return "MLP"
+    if "adaLN_modulation" in module or "modulate" in names:
+        return "adaLN"
+    if names and names[-1] == "Block.forward":
+        return "LayerScale" if "gamma" in line else "gate + residual"
+    if "register" in line:
+        return "registers"
+    if module.startswith(("x_embedder", "t_embedder", "y_embedder")) or "pos_embed" in line:
+        return "embedding"
+    if module.startswith("final_layer") or "unpatchify" in " ".join(names) or "final_layer" in line:
+        return "final layer"
+    return "loss, CFG, other"
+
+
+class _Recorder(TorchDispatchMode):
+    """Records every aten op below autograd (forward and backward) as an :class:`Op`."""
+
+    def __init__(self, labeler: _Labeler, params: set[int]) -> None:
+        super().__init__()
+        self.labeler, self.params = labeler, params
+        self.ops: list[Op] = []
+        self.calls: dict[str, int] = defaultdict(int)  # every aten op, views included, by direction
+        self.keys: dict[StorageWeakRef, int] = {}
+        self.alive: list[Tensor] = []  # keeps every storage alive: a freed key must not be reused
+
+    def key(self, t: Tensor) -> int:
+        ref = StorageWeakRef(t.untyped_storage())
+        if ref not in self.keys:
+            self.keys[ref] = len(self.keys)
+            self.alive.append(t)
+        return self.keys[ref]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.calls["bwd" if torch._C._current_autograd_node() is not None else "fwd"] += 1
+        name = func.__name__.split(".")[0]
+        ins = [t for t in tree_leaves((args, kwargs)) if isinstance(t, Tensor)]
+        outs = [t for t in tree_leaves(out) if isinstance(t, Tensor)]
+        if name in NO_KERNEL or func.namespace == "prim" or not outs:
+            return out
+        in_keys = {self.key(t) for t in ins}
+        if not func._schema.is_mutable and all(self.key(t) in in_keys for t in outs):
+            return out  # a view: no kernel
+        node = torch._C._current_autograd_node()
+        if node is None:
+            phase, (group, region) = "fwd", self.labeler.current
+        else:
+            phase, (group, region) = "bwd", self.labeler.tags.get(node, ("loss, CFG, other", None))
+        kind, flops = "memory", 0.0
+        if name in MATMULS:
+            kind, flops = "matmul", matmul_flops(name, args, out)
+        elif "scaled_dot_product" in name:
+            kind = "attention"
+            if name.endswith("_backward"):  # (grad_out, q, k, v, ...)
+                flops = ATTENTION_BACKWARD * attention_flops(args[1], args[2], args[3])
+            else:
+                flops = attention_flops(args[0], args[1], args[2])
+        elif name in ("_to_copy", "copy_") and outs[0].dtype != ins[-1].dtype:
+            src = ins[-1]
+            weight = id(src) in self.params or (node is not None and any(
+                type(n).__name__ == "AccumulateGrad" for n, _ in node.next_functions if n is not None))
+            group = "weight casts" if weight else "fp32 casts"
+        self.ops.append(Op(name, phase, group, kind, flops,
+                           [(self.key(t), distinct_bytes(t)) for t in ins],
+                           [(self.key(t), distinct_bytes(t)) for t in outs], region, self.labeler.calls,
+                           ins[0].shape[-1] if ins and ins[0].dim() else 1))
+        return out
+
+
+class _Labeler(TorchFunctionMode):
+    """Labels each torch call with its component (:func:`classify`) and tags the autograd nodes it creates
+    with that label, which the backward's ops inherit."""
+
+    def __init__(self, module_names: dict[int, str]) -> None:
+        super().__init__()
+        self.module_names = module_names
+        self.stack: list[str] = []  # module paths, innermost last
+        self.current: tuple[str, int | None] = ("loss, CFG, other", None)
+        self.tags: dict[object, tuple[str, int | None]] = {}
+        self.regions = 0
+        self.calls = 0  # torch calls from Python (the forward's host work)
+
+    def frames(self) -> list[tuple[str, str]]:
+        f, found = sys._getframe(2), []
+        while f is not None:
+            if f.f_code.co_filename.startswith(PACKAGE):
+                found.append((f.f_code.co_qualname, linecache.getline(f.f_code.co_filename, f.f_lineno)))
+            f = f.f_back
+        return found[::-1]
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", str(func))
+        label = classify(self.stack[-1] if self.stack else "", self.frames(), name)
+        self.calls += 1
+        region = None
+        if func is F.rms_norm:  # CUDA: one fused kernel forward, one backward (CPU traces the composite)
+            region = self.regions = self.regions + 1
+        previous, self.current = self.current, (label, region)
+        try:
+            out = func(*args, **(kwargs or {}))
+        finally:
+            self.current = previous
+        todo = [t.grad_fn for t in tree_leaves(out) if isinstance(t, Tensor) and t.grad_fn is not None]
+        while todo:  # every node this call created: the walk stops at nodes of earlier calls
+            node = todo.pop()
+            if node is None or node in self.tags:
+                continue
+            self.tags[node] = (label, region)
+            todo.extend(n for n, _ in node.next_functions)
+        return out
+
+    @contextmanager
+    def modules(self) -> Iterator[None]:
+        """Track the module path of the running forward (global module hooks)."""
+
+        def pre(module: nn.Module, _args: object) -> None:
+            self.stack.append(self.module_names.get(id(module), type(module).__name__))
+
+        def post(_module: nn.Module, _args: object, _out: object) -> None:
+            self.stack.pop()
+
+        hooks = (nn.modules.module.register_module_forward_pre_hook(pre),
+                 nn.modules.module.register_module_forward_hook(post))
+        try:
+            yield
+        finally:
+            for h in hooks:
+                h.remove()
+
+
+def build_fake(backbone: str, size: str, **overrides) -> nn.Module:
+    """The model with fake (shape-only) weights: call inside FakeTensorMode. Initialisation is skipped: it
+    reads values (``trunc_normal_``), and a cost does not depend on them."""
+    from sit_vit5.models import create_model
+    from sit_vit5.models.sit import SiT
+
+    with mock.patch.object(SiT, "initialize_weights", lambda self: None):
+        return create_model(f"{backbone}-{size}/2", **overrides)
+
+
+def trace(backbone: str, size: str = "XL", batch: int = 32, train: bool = True, cfg: bool = True,
+          **overrides) -> Trace:
+    """Trace one bf16-autocast step on fake CPU tensors along the GPU's code path.
+
+    ``train``: transport loss (Linear, velocity) forward + backward on latents (batch, 4, s, s), s =
+    ``input_size`` (default 32); otherwise one Euler-Maruyama SDE step of ``Sampler.sample_sde`` with CFG
+    4.0 (``cfg``): the model on the doubled batch (2·batch) under ``torch.no_grad``, the CFG mix, the
+    step. ``overrides``: create_model keywords (switches,
+    depth, input_size ...). A warm-up call runs untraced first (it builds the RoPE tables once, as on a GPU).
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from sit_vit5.guidance import ClassifierFreeGuidance
+    from sit_vit5.models import flops
+    from sit_vit5.models.kernels import generic_path
+    from sit_vit5.transport import Sampler, create_transport
+
+    num_classes = overrides.get("num_classes", 1000)
+    side = overrides.get("input_size", 32)
+    transport = create_transport()
+    # one Euler-Maruyama step of the bench's SDE (2 grid points, no last step): 1 NFE; its host-side time
+    # grid is built here, outside the fake mode
+    sde = Sampler(transport).sample_sde(num_steps=2, last_step=None)
+    with FakeTensorMode(), generic_path():
+        model = build_fake(backbone, size, **overrides).train(train)
+        macs = float(flops(model)) * 1e9  # flops() is GFLOPs (multiply-adds) per image
+        params = [p for p in model.parameters() if p.requires_grad]
+        x = torch.randn(batch, model.in_channels, side, side)
+        y = torch.randint(0, num_classes, (batch,))
+
+        def model_fn(xt: Tensor, t: Tensor, labels: Tensor) -> Tensor:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return model(xt, t, labels).float()
+
+        guided = ClassifierFreeGuidance(model_fn, 4.0 if cfg else 1.0, null_class=num_classes)
+        guided.checked = True  # its first-call check reads values
+
+        def step() -> None:
+            if train:
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    loss = transport.training_losses(model, x, dict(y=y))["loss"].mean()
+                loss.backward()
+                for p in params:
+                    p.grad = None
+            else:
+                sde(x, guided, y=y)
+
+        step()
+        labeler = _Labeler({id(m): n for n, m in model.named_modules()})
+        recorder = _Recorder(labeler, {id(p) for p in model.parameters()})
+        with labeler.modules(), labeler, recorder:
+            step()
+    name = f"{backbone}-{size}/2 {'train' if train else 'sample'} b{batch}"
+    calls = dict(python=labeler.calls, **{f"aten_{k}": v for k, v in recorder.calls.items()})
+    return Trace(name, recorder.ops, sum(p.numel() for p in params), len(params), macs, batch, train, calls)
+
+
+# ----------------------------------------------------------------------------------------------- kernels
+
+
+@dataclass
+class Kernel:
+    """One GPU kernel of the model: its FLOPs, bytes moved, kind and component."""
+
+    group: str
+    kind: str
+    flops: float
+    bytes: float
+    phase: str
+    ops: int = 1  # aten ops it runs (> 1: fused)
+    stamp: int = 0  # Python torch calls made before it launches (its last op's)
+    short_rows: bool = False  # an eager norm over rows shorter than SHORT_ROW (QK-norm: head dim 72)
+    shares: dict[str, float] | None = None  # fused: each member component's fraction (of unfused bytes)
+
+
+def readers(ops: list[Op]) -> dict[int, list[int]]:
+    """Storage key -> indices of the ops that read it."""
+    found: dict[int, list[int]] = defaultdict(list)
+    for i, op in enumerate(ops):
+        for k, _ in op.reads:
+            found[k].append(i)
+    return found
+
+
+def fused_kernel(ops: list[Op], members: list[int], read_by: dict[int, list[int]]) -> Kernel:
+    """One kernel running ``ops[members]``: it reads the tensors they read that none of them wrote, and writes
+    those they wrote that an op outside reads, or that nothing reads (gradients, the loss); each once."""
+    inside = set(members)
+    written: dict[int, int] = {}
+    reads: dict[int, int] = {}
+    for i in members:
+        for k, b in ops[i].reads:
+            if k not in written:
+                reads[k] = max(reads.get(k, 0), b)
+        for k, b in ops[i].writes:
+            written[k] = max(written.get(k, 0), b)
+    writes = {k: b for k, b in written.items()
+              if not read_by.get(k) or any(j not in inside for j in read_by[k])}
+    groups: dict[str, float] = defaultdict(float)  # its time is split in proportion to unfused bytes
+    for i in members:
+        groups[ops[i].group] += ops[i].bytes + 1e-9
+    total = sum(groups.values())
+    first = ops[members[0]]
+    return Kernel(max(groups, key=groups.get), first.kind, sum(ops[i].flops for i in members),
+                  sum(reads.values()) + sum(writes.values()), first.phase, len(members),
+                  stamp=max(ops[i].stamp for i in members),
+                  short_rows=first.region is not None and first.row < SHORT_ROW,
+                  shares={g: b / total for g, b in groups.items()} if len(groups) > 1 else None)
+
+
+def kernels(tr: Trace, mode: str = "eager") -> list[Kernel]:
+    """The step's GPU kernels. eager: one per op, each ``F.rms_norm`` call one per direction. compile: every
+    maximal run of memory ops between matmul/attention ops (within one direction) fused into one."""
+    ops, read_by = tr.ops, readers(tr.ops)
+    runs: list[list[int]] = []
+    if mode == "eager":
+        regions: dict[tuple[int, str], list[int]] = {}
+        for i, op in enumerate(ops):
+            if op.region is not None and op.kind == "memory":
+                key = (op.region, op.phase)
+                if key not in regions:
+                    regions[key] = []
+                    runs.append(regions[key])
+                regions[key].append(i)
+            else:
+                runs.append([i])
+    elif mode == "compile":
+        chain: list[int] = []
+        for i, op in enumerate(ops):
+            if chain and (op.kind != "memory" or op.phase != ops[chain[-1]].phase):
+                runs.append(chain)
+                chain = []
+            if op.kind == "memory":
+                chain.append(i)
+            else:
+                runs.append([i])
+        if chain:
+            runs.append(chain)
+    else:
+        raise ValueError(f"mode {mode!r}: eager or compile")
+    ks = [fused_kernel(ops, run, read_by) for run in runs]
+    if mode == "compile":  # Inductor generates its own (persistent) reductions for short rows
+        for k in ks:
+            k.short_rows = False
+    return ks
+
+
+def optimizer_kernels(tr: Trace, optimizer: str = "foreach", ema: bool = False) -> list[Kernel]:
+    """AdamW (weight decay 0, as the bench) and optionally the EMA update, as bytes and kernel counts.
+
+    foreach (torch's CUDA default): lerp_(m, g) 12 B, mul_(v) 8, addcmul_(v, g, g) 12, sqrt(v) 8, div_ 8,
+    add_(eps) 8, addcdiv_(p, m, d) 16 = 72 B per fp32 parameter; one launch per 320 chunks of 65536 elements
+    (``multi_tensor_apply``). fused: one pass reading p, g, m, v and writing p, m, v: 28 B.
+    """
+    chunks = tr.params / 65536 + tr.param_tensors / 2  # the last chunk of each tensor is partial
+    launches = max(1, math.ceil(chunks / 320))
+    passes = {"foreach": [12, 8, 12, 8, 8, 8, 16], "fused": [28], "none": []}[optimizer]
+    out = [Kernel("optimizer (AdamW)", "memory", 0.0, b * tr.params, "opt", launches) for b in passes]
+    if ema:
+        out += [Kernel("EMA", "memory", 0.0, b * tr.params, "opt", launches) for b in (8, 12)]
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- time
+
+
+def kernel_time(k: Kernel, dev: Device, eff: Efficiency) -> float:
+    """Seconds of one kernel (launch excluded): the slower of its FLOPs and its bytes at achievable rates."""
+    rate = {"matmul": eff.matmul, "attention": eff.attention, "memory": 1.0}[k.kind] * dev.peak_flops
+    memory = eff.short_rows if k.short_rows else eff.memory
+    return max(k.flops / rate, k.bytes / (dev.bandwidth * memory))
+
+
+@dataclass
+class Prediction:
+    """Predicted seconds of one step: ``device`` (Σ kernel times), ``host`` (Python calls and launches),
+    ``seconds`` (the step), ``groups[name] = (seconds, kernels)`` (device time by component, plus
+    "host-bound" for the time the GPU waits on the host), ``kinds`` (device seconds by kernel kind)."""
+
+    seconds: float
+    device: float
+    host: float
+    kernels: int
+    groups: dict[str, tuple[float, int]]
+    kinds: dict[str, float]
+
+    def ms(self) -> float:
+        return self.seconds * 1e3
+
+
+def cached_kernels(tr: Trace, mode: str) -> list[Kernel]:
+    """:func:`kernels`, computed once per trace and mode."""
+    if mode not in tr.cache:
+        tr.cache[mode] = kernels(tr, mode)
+    return tr.cache[mode]
+
+
+def predict(tr: Trace, mode: str = "eager", dev: Device = DEVICES["H200"], eff: Efficiency = FITTED,
+            optimizer: str = "foreach", ema: bool = False) -> Prediction:
+    """The step time of ``tr`` on ``dev``.
+
+    Device time: Σ_kernel max(FLOPs / (peak·e), bytes / (bandwidth·e_mem)) over the model's kernels
+    (training: and the optimizer's). Host time: ``python_us`` per Python torch call (eager forward) and
+    ``launch_us`` per kernel the engine / foreach / Inductor launches. Training (no sync in the bench's loop)
+    runs the host ahead of the GPU: ``max(device, host)``. Sampling starts each NFE from an idle GPU (the
+    SDE draws its noise with a CPU generator: a blocking host-to-device copy, a stream sync), so the GPU
+    waits whenever the host falls behind: ``max_k (host until kernel k launches + device time from k on)``.
+    """
+    ks = cached_kernels(tr, mode) + (optimizer_kernels(tr, optimizer, ema) if tr.train else [])
+    times = [kernel_time(k, dev, eff) for k in ks]
+    launch, py = eff.launch_us * 1e-6, eff.python_us * 1e-6
+    host, starts = 0.0, []
+    for k in ks:  # when each kernel is launched
+        if mode == "eager" and k.phase == "fwd":
+            host = max(host, py * k.stamp)
+        else:
+            host = max(host, py * tr.host_calls.get("python", 0)) if mode == "eager" else host
+            host += launch * _launches(k)
+        starts.append(host)
+    device = sum(times)
+    if tr.train:
+        seconds = max(device, host)
+    else:
+        seconds, tail = 0.0, 0.0
+        for start, t in zip(reversed(starts), reversed(times)):
+            tail += t
+            seconds = max(seconds, start + tail)
+    groups: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    kinds: dict[str, float] = defaultdict(float)
+    for k, t in zip(ks, times):
+        for name, share in (k.shares or {k.group: 1.0}).items():
+            g = groups[name]
+            g[0] += share * t
+            g[1] += share * _launches(k)
+        kinds[k.kind] += t
+    if seconds > device:
+        groups["host-bound (GPU idle)"] = [seconds - device, 0]
+    return Prediction(seconds, device, host, sum(_launches(k) for k in ks),
+                      {n: (g[0], round(g[1])) for n, g in groups.items()}, dict(kinds))
+
+
+def _launches(k: Kernel) -> int:
+    """Launches of a kernel: 1 for a model kernel, the multi_tensor_apply launches for an optimizer pass."""
+    return k.ops if k.phase == "opt" else 1
+
+
+# ----------------------------------------------------------------------------------------------- calibration
+
+
+@dataclass(frozen=True)
+class Target:
+    """One measured H200 number (results/bench/h200): ms per step (train) or per NFE (sample)."""
+
+    name: str
+    backbone: str
+    train: bool
+    mode: str
+    batch: int
+    ms: float
+    source: str
+
+
+TARGETS = (
+    Target("SiT train eager b32", "SiT", True, "eager", 32, 92.22, "xl_eager.json"),
+    Target("ViT5 train eager b32", "ViT5", True, "eager", 32, 127.99, "xl_eager.json"),
+    Target("SiT train eager b64", "SiT", True, "eager", 64, 157.96, "xl_eager.json"),
+    Target("ViT5 train eager b64", "ViT5", True, "eager", 64, 224.02, "xl_eager.json"),
+    Target("SiT train compiled b32", "SiT", True, "compile", 32, 75.43, "xl_compile.json"),
+    Target("ViT5 train compiled b32", "ViT5", True, "compile", 32, 95.99, "xl_compile.json"),
+    Target("SiT sample per NFE (CFG, 2x32)", "SiT", False, "eager", 32, 51.28, "sample.json"),
+    Target("ViT5 sample per NFE (CFG, 2x32)", "ViT5", False, "eager", 32, 82.61, "sample.json"),
+)
+#: the measured ratios ViT5 / SiT (medians of per-round ratios in the JSON; within 0.005 of the ms ratios)
+RATIOS = {"train eager b32": 1.388, "train eager b64": 1.424, "train compiled b32": 1.257, "sample": 1.611}
+
+
+def target_traces(size: str = "XL", **overrides) -> dict[tuple[str, bool, int], Trace]:
+    """The traces the targets need: each backbone's train step at batch 32 and 64 and its sampling call."""
+    out = {}
+    for backbone in ("SiT", "ViT5"):
+        for batch in (32, 64):
+            out[backbone, True, batch] = trace(backbone, size, batch, train=True, **overrides)
+        out[backbone, False, 32] = trace(backbone, size, 32, train=False, **overrides)
+    return out
+
+
+def calibration_rows(traces: dict, dev: Device = DEVICES["H200"], eff: Efficiency = FITTED) -> list[dict]:
+    """Measured against predicted for every target, then the four ViT5 / SiT ratios."""
+    rows, pred = [], {}
+    for t in TARGETS:
+        p = predict(traces[t.backbone, t.train, t.batch], t.mode, dev, eff).ms()
+        pred[t.name] = p
+        rows.append(dict(row=t.name, measured=t.ms, predicted=p, error=p / t.ms - 1))
+    pairs = {"train eager b32": ("train eager b32",), "train eager b64": ("train eager b64",),
+             "train compiled b32": ("train compiled b32",), "sample": ("sample per NFE (CFG, 2x32)",)}
+    for ratio, (suffix,) in pairs.items():
+        p = pred[f"ViT5 {suffix}"] / pred[f"SiT {suffix}"]
+        rows.append(dict(row=f"ratio ViT5/SiT {ratio}", measured=RATIOS[ratio], predicted=p,
+                         error=p - RATIOS[ratio]))
+    return rows
+
+
+#: the constants --fit adjusts (the others keep FITTED's values)
+FREE = ("matmul", "attention", "memory", "short_rows", "python_us", "launch_us")
+
+
+def fit(traces: dict, dev: Device = DEVICES["H200"], free: tuple[str, ...] = FREE,
+        start: Efficiency = FITTED) -> tuple[Efficiency, float]:
+    """Least squares on log(predicted / measured) over the 8 targets, adjusting the constants ``free``
+    (Nelder-Mead, fractions clipped to [0.05, 1]); returns the constants and the rms relative error."""
+    from scipy.optimize import minimize
+
+    def unpack(v) -> Efficiency:
+        vals = {}
+        for name, x in zip(free, v):
+            vals[name] = float(max(x, 0.0)) if name.endswith("_us") else float(min(max(x, 0.05), 1.0))
+        return replace(start, **vals)
+
+    def loss(v) -> float:
+        eff = unpack(v)
+        return sum(math.log(predict(traces[t.backbone, t.train, t.batch], t.mode, dev, eff).ms() / t.ms) ** 2
+                   for t in TARGETS)
+
+    res = minimize(loss, [getattr(start, n) for n in free], method="Nelder-Mead",
+                   options=dict(xatol=1e-4, fatol=1e-9, maxiter=4000))
+    return unpack(res.x), math.sqrt(res.fun / len(TARGETS))
+
+
+def excess(vit5: Prediction, sit: Prediction) -> list[dict]:
+    """ViT5's predicted time minus SiT's, per component, with each one's share of the total excess."""
+    total = vit5.seconds - sit.seconds
+    rows = []
+    for g in sorted(set(vit5.groups) | set(sit.groups)):
+        a, b = vit5.groups.get(g, (0.0, 0)), sit.groups.get(g, (0.0, 0))
+        rows.append(dict(component=g, vit5_ms=a[0] * 1e3, sit_ms=b[0] * 1e3, excess_ms=(a[0] - b[0]) * 1e3,
+                         share=(a[0] - b[0]) / total, kernels=a[1] - b[1]))
+    return sorted(rows, key=lambda r: -r["excess_ms"])
+
+
+def mfu(tr: Trace, p: Prediction, dev: Device) -> float:
+    """Model FLOP utilisation as the bench counts it: batch x 6 x forward multiply-adds / time / peak."""
+    per_image = (6 if tr.train else 2) * tr.fwd_macs
+    return tr.batch * (1 if tr.train else 2) * per_image / p.seconds / dev.peak_flops
+
+
+def breakdown(p: Prediction) -> list[dict]:
+    """A prediction's components, largest first, with shares."""
+    return sorted((dict(component=g, ms=t * 1e3, share=t / p.seconds, kernels=n) for g, (t, n) in p.groups.items()),
+                  key=lambda r: -r["ms"])
+
+
+#: ViT5 with one component switched back to SiT's: bench.vit5_overhead's --ablate variants
+def ablations() -> dict[str, dict]:
+    from bench.vit5_overhead import ABLATIONS
+
+    return ABLATIONS
+
+
+def ablation_predictions(size: str = "XL", batch: int = 32, dev: Device = DEVICES["H200"],
+                         eff: Efficiency = FITTED, **overrides) -> list[dict]:
+    """Predicted train-step ms of SiT, ViT5 and each ablated ViT5, eager and compiled (bf16, AdamW foreach)."""
+    rows = []
+    variants = {"SiT": ("SiT", {}), "ViT5": ("ViT5", {})}
+    variants.update({f"ViT5{k}": ("ViT5", kw) for k, kw in ablations().items()})
+    for name, (backbone, kw) in variants.items():
+        tr = trace(backbone, size, batch, train=True, **{**overrides, **kw})
+        rows.append(dict(variant=name, eager_ms=predict(tr, "eager", dev, eff).ms(),
+                         compile_ms=predict(tr, "compile", dev, eff).ms()))
+    sit = rows[0]
+    for r in rows:
+        r["eager_ratio"], r["compile_ratio"] = r["eager_ms"] / sit["eager_ms"], r["compile_ms"] / sit["compile_ms"]
+    return rows
+
+
+def what_if_sit(traces: dict, dev: Device = DEVICES["H200"], eff: Efficiency = FITTED) -> list[dict]:
+    """SiT-XL/2's predicted MFU at batch 32 as the known costs are removed one after another."""
+    tr = traces["SiT", True, 32]
+    steps = [("eager (measured: 25.0 %)", "eager", "foreach", eff),
+             ("compiled (measured: 30.5 %)", "compile", "foreach", eff),
+             ("compiled + AdamW fused=True", "compile", "fused", eff),
+             ("... + GEMMs at 60 % of peak", "compile", "fused", replace(eff, matmul=0.60)),
+             ("... + GEMMs at 70 % of peak", "compile", "fused", replace(eff, matmul=0.70)),
+             ("... + GEMMs at 80 % of peak", "compile", "fused", replace(eff, matmul=0.80))]
+    rows = []
+    for name, mode, opt, e in steps:
+        p = predict(tr, mode, dev, e, optimizer=opt)
+        rows.append(dict(setting=name, ms=p.ms(), mfu=mfu(tr, p, dev)))
+    return rows
+
+
+HOST_SYNCS = ("`sit_vit5/training/loop.py`: `accelerator.reduce(loss).item()` and `float(clip_grad_norm_(...))` run "
+              "every step (two host syncs, before the optimizer step; `bench.train_step` has neither); "
+              "`training/step_report.py` has none.")
+
+
+def report(dev_name: str = "H200", eff: Efficiency = FITTED, traces: dict | None = None,
+           ablate: bool = True) -> dict:
+    """Everything the page and the JSON hold: calibration, breakdowns, excess, what-ifs, ablations."""
+    traces = traces or target_traces()
+    dev = DEVICES[dev_name]
+    out: dict = dict(device=asdict(dev), constants=asdict(eff), fitted=list(FREE), fit_note=FIT_NOTE,
+                     calibration=calibration_rows(traces, dev, eff))
+    cases = {"train_eager_b32": (True, "eager", 32), "train_compile_b32": (True, "compile", 32),
+             "train_eager_b64": (True, "eager", 64), "sample": (False, "eager", 32)}
+    for key, (train, mode, batch) in cases.items():
+        sit, vit5 = (predict(traces[b, train, batch], mode, dev, eff) for b in ("SiT", "ViT5"))
+        out[key] = dict(sit_ms=sit.ms(), vit5_ms=vit5.ms(), ratio=vit5.seconds / sit.seconds,
+                        sit_device_ms=sit.device * 1e3, sit_host_ms=sit.host * 1e3,
+                        vit5_device_ms=vit5.device * 1e3, vit5_host_ms=vit5.host * 1e3,
+                        sit_mfu=mfu(traces["SiT", train, batch], sit, dev),
+                        excess=excess(vit5, sit), sit_breakdown=breakdown(sit), vit5_kernels=vit5.kernels,
+                        sit_kernels=sit.kernels)
+    out["what_if_sit"] = what_if_sit(traces, dev, eff)
+    out["host_syncs"] = HOST_SYNCS
+    if ablate:
+        out["ablations"] = ablation_predictions(dev=dev, eff=eff)
+    return out
+
+
+def _table(rows: list[dict], cols: list[tuple[str, str, str]]) -> list[str]:
+    """Markdown table: cols = (key, header, format)."""
+    lines = ["| " + " | ".join(h for _, h, _ in cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        lines.append("| " + " | ".join(format(r[k], f) if f else str(r[k]) for k, _, f in cols) + " |")
+    return lines
+
+
+def markdown(rep: dict) -> str:
+    """docs/gpu-cost-model.md from :func:`report`."""
+    c = rep["constants"]
+    cal = [dict(r, ok=("yes" if (abs(r["error"]) <= 0.05 if r["row"].startswith("ratio") else
+                                abs(r["error"]) <= 0.10) else "**no**")) for r in rep["calibration"]]
+    lines = [
+        "# GPU cost model (issue 56)", "",
+        "Generated by `python -m bench.cost_model --write-doc` (do not edit by hand). What it is and how it traces: "
+        "the docstring of [bench/cost_model.py](../bench/cost_model.py). In short: one XL/2 bf16 training step "
+        "(forward + backward, batch 32 or 64) and one sampling NFE (Euler-Maruyama SDE step, CFG on the doubled "
+        "batch 2 × 32) of each backbone are traced on fake CPU tensors along the GPU's code path "
+        "(`kernels.generic_path()`), every aten op recorded with its shapes; each kernel costs "
+        "max(FLOPs / (peak · e), bytes / (bandwidth · e_mem)); the host costs `python_us` per torch call from "
+        "Python and `launch_us` per engine / foreach / Inductor launch; training runs the host ahead "
+        "(max(device, host)), a sampling NFE starts from an idle GPU (the SDE's CPU-generator noise is a "
+        "blocking host-to-device copy), so its forward waits on the host wherever the host falls behind.", "",
+        f"Device: {rep['device']['name']}, {rep['device']['peak_flops'] / 1e12:.0f} TFLOP/s dense bf16, "
+        f"{rep['device']['bandwidth'] / 1e12:.2f} TB/s (datasheet).", "",
+        "## Calibration against the H200 table", "",
+        f"**Fitted**: all {len(rep['fitted'])} constants ({', '.join(rep['fitted'])}), by least squares on "
+        f"log(predicted / measured) over the 8 measured times below (`--fit`); the 4 ratios are not fitted "
+        f"separately, they follow from the 8. {rep['fit_note']}", "",
+        "| constant | value |", "|---|---|",
+        *[f"| {k} | {v:g} |" for k, v in c.items()], "",
+        *_table(cal, [("row", "row", ""), ("measured", "measured", ".3f"), ("predicted", "predicted", ".3f"),
+                      ("error", "error (relative; ratios: absolute)", "+.3f"), ("ok", "within 10 % / 0.05", "")]),
+        "",
+    ]
+    for key, title in (("train_eager_b32", "training step, eager, batch 32"),
+                       ("train_compile_b32", "training step, compiled, batch 32"),
+                       ("sample", "sampling, one NFE (CFG, 2 × 32)")):
+        r = rep[key]
+        lines += [f"## ViT-5's excess over SiT: {title}", "",
+                  f"Predicted SiT {r['sit_ms']:.1f} ms (device {r['sit_device_ms']:.1f}, host {r['sit_host_ms']:.1f}, "
+                  f"{r['sit_kernels']} kernels), ViT5 {r['vit5_ms']:.1f} ms (device {r['vit5_device_ms']:.1f}, host "
+                  f"{r['vit5_host_ms']:.1f}, {r['vit5_kernels']} kernels): ratio {r['ratio']:.3f}. Device time by "
+                  "component (fused kernels split by their ops' unfused bytes); 'host-bound' is the time the GPU "
+                  "waits on the host.", "",
+                  *_table([x for x in r["excess"] if abs(x["excess_ms"]) >= 0.05],
+                          [("component", "component", ""), ("sit_ms", "SiT ms", ".2f"), ("vit5_ms", "ViT5 ms", ".2f"),
+                           ("excess_ms", "excess ms", "+.2f"), ("share", "share of excess", ".0%"),
+                           ("kernels", "extra kernels", "+d")]), ""]
+    r = rep["train_eager_b32"]
+    lines += ["## SiT-XL/2 itself: where the step goes (eager, batch 32)", "",
+              f"Predicted MFU {r['sit_mfu']:.1%} (measured 25.0 %).", "",
+              *_table(r["sit_breakdown"], [("component", "component", ""), ("ms", "ms", ".2f"),
+                                           ("share", "share", ".0%"), ("kernels", "kernels", "d")]), "",
+              "### What would reach 45 % MFU (batch 32, predicted)", "",
+              *_table(rep["what_if_sit"], [("setting", "setting", ""), ("ms", "ms", ".1f"), ("mfu", "MFU", ".1%")]),
+              "", f"Host syncs: {rep['host_syncs']}", ""]
+    lines += [
+        "## What the model misses", "",
+        "* **Compiled ViT-5 (measured 1.26, predicted 1.06).** With Inductor's fusion the traced extra bytes are "
+        "small; "
+        "20 ms of the measured 96 ms are unexplained. Candidates to check with the `vit5_ablate` stage: under "
+        "`torch.compile` `RopeTables.tables` rebuilds the RoPE tables from float64 CPU `arange`s inside the graph and "
+        "moves them with `.to(device)` every forward (`models/rope.py`: a blocking host-to-device copy, i.e. a "
+        "host sync per step); the torch 2.11 graph break at `_compute_dtype`; Inductor not fusing the per-head "
+        "(72-wide) reductions into one kernel.",
+        "* **Eager ViT-5 at batch 64 (1.42, predicted 1.34).** The extra device time grows faster with the batch than "
+        "the traced bytes; `short_rows` (the QK-norm's F.rms_norm over 72-wide rows at 20 % of bandwidth) carries "
+        "most of the fitted excess and is the least certain constant.",
+        "* **Identifiability.** 6 fitted constants for 8 times: the split between host and device is a fit, not a "
+        "measurement (`python_us` = 42 us per Python torch call makes ViT5's eager step and both sampling NFEs "
+        "host-bound). A profile (`torch.profiler`, one step) would settle it.", ""]
+    if "ablations" in rep:
+        lines += ["## Ablations: each ViT-5 component off (predicted, batch 32)", "",
+                  "The rows `bench.vit5_overhead --ablate` times on a GPU (suite stage `vit5_ablate`), with these "
+                  "predictions printed beside them.", "",
+                  *_table(rep["ablations"], [("variant", "variant", ""), ("eager_ms", "eager ms", ".1f"),
+                                             ("eager_ratio", "/ SiT", ".3f"), ("compile_ms", "compiled ms", ".1f"),
+                                             ("compile_ratio", "/ SiT", ".3f")]), ""]
+    return "\n".join(lines)
+
+
+def print_calibration(rows: list[dict]) -> None:
+    print(f"{'row':42s} {'measured':>9s} {'predicted':>9s} {'error':>7s}")
+    for r in rows:
+        print(f"{r['row']:42s} {r['measured']:9.3f} {r['predicted']:9.3f} {r['error']:+7.3f}")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(prog="python -m bench.cost_model", description=__doc__.split("\n")[0])
+    p.add_argument("--device", choices=sorted(DEVICES), default="H200")
+    p.add_argument("--fit", action="store_true", help="refit the constants to TARGETS and use them")
+    p.add_argument("--out", help="write the report as JSON here")
+    p.add_argument("--write-doc", action="store_true", help=f"write {DOC.relative_to(ROOT)}")
+    p.add_argument("--no-ablate", action="store_true", help="skip the ablation predictions (7 more traces)")
+    args = p.parse_args(argv)
+    traces = target_traces()
+    eff = FITTED
+    if args.fit:
+        eff, rms = fit(traces)
+        print(f"fit ({len(FREE)} constants, {len(TARGETS)} targets): {eff}, rms log error {rms:.4f}")
+    rep = report(args.device, eff, traces, ablate=not args.no_ablate)
+    print_calibration(rep["calibration"])
+    for key in ("train_eager_b32", "train_compile_b32", "sample"):
+        print(f"\nViT5 excess, {key}: ratio {rep[key]['ratio']:.3f}")
+        for r in rep[key]["excess"][:8]:
+            print(f"  {r['component']:24s} {r['excess_ms']:+8.2f} ms  {r['share']:6.1%}")
+    print(f"\nSiT eager b32 predicted MFU {rep['train_eager_b32']['sit_mfu']:.1%}")
+    for r in rep["what_if_sit"]:
+        print(f"  {r['setting']:40s} {r['ms']:7.1f} ms  MFU {r['mfu']:.1%}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(rep, indent=1, default=float))
+    if args.write_doc:
+        DOC.write_text(markdown(rep) + "\n")
+        print(f"wrote {DOC}")
+    return rep
+
+
+if __name__ == "__main__":
+    main()
