@@ -29,7 +29,7 @@ from torch import nn
 
 from sit_vit5.models import count_params, create_model, flops
 from sit_vit5.models.registry import SIZES
-from sit_vit5.precision import PRECISIONS, autocast  # noqa: F401 (the bench scripts import them here)
+from sit_vit5.utils.precision import PRECISIONS, autocast  # noqa: F401 (the bench scripts import them here)
 
 BACKBONE_NAMES = ("SiT", "ViT5", "Timm")  # Timm: SiT built from timm's Attention/Mlp (the official layers)
 MODES = ("eager", "compile")

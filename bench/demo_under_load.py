@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from sit_vit5.cpu_threads import THREAD_ENV_VARS, load_average, usable_cores
+from sit_vit5.utils.cpu_threads import THREAD_ENV_VARS, load_average, usable_cores
 
 ROOT = Path(__file__).resolve().parents[1]
 SPIN = "while True:\n    pass\n"

@@ -47,13 +47,13 @@ from bench.common import (
     write_json,
 )
 from sit_vit5.diffusion import DiffusionSampler
-from sit_vit5.errors import SettingError
 from sit_vit5.experiments.nfe import SOLVERS
 from sit_vit5.guidance import ClassifierFreeGuidance
 from sit_vit5.models import SIZES
 from sit_vit5.objective import StepsSampler, create_objective
 from sit_vit5.sample_spec import FEW_STEP, FEW_STEPS, SampleSpec
 from sit_vit5.transport import Sampler
+from sit_vit5.utils.errors import SettingError
 
 SAMPLERS = ("sde", "ode")
 COLUMNS = ("model", "size", "sampler", "nfe", "cfg", "precision", "mode", "batch", "run_s", "img_per_s",

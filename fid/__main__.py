@@ -17,7 +17,7 @@ SAMPLES must have the reference's image size (digits: 8×8, gray as 1 or 3 equal
 
 Exit status: 0 done; 2 bad input, one line `python -m fid: error: ...` naming the file and what is
 wrong; 130 interrupted (nothing is written until the end). SIT_VIT5_DEBUG=1 shows the traceback.
-(The contract of the sit_vit5 commands' `sit_vit5.errors.run_cli`, in a few lines of its own: fid/
+(The contract of the sit_vit5 commands' `sit_vit5.utils.errors.run_cli`, in a few lines of its own: fid/
 imports nothing of sit_vit5.)
 """
 

@@ -45,7 +45,7 @@ METADATA_FIELDS = ("sampler", "nfe_per_image", "cfg_scale", "cfg_interval", "pre
 
 def file_sha256(path: str | os.PathLike, chunk: int = 1 << 24) -> str:
     """Hex SHA-256 of a file, read in 16 MiB chunks: fid/'s one file hash (``fid.inception`` uses it
-    as ``sha256_of``). A copy of ``sit_vit5.checksums.sha256_file`` on purpose: fid/ imports
+    as ``sha256_of``). A copy of ``sit_vit5.utils.checksums.sha256_file`` on purpose: fid/ imports
     nothing from sit_vit5, so it stays usable on its own."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:

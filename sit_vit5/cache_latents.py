@@ -19,8 +19,6 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from sit_vit5.distributed import LaunchError, describe_group, join_launcher_group
-from sit_vit5.errors import KNOWN_ERRORS, run_cli
 from sit_vit5.latent_cache import (
     STORAGE_DTYPES,
     VAE_DTYPES,
@@ -29,6 +27,8 @@ from sit_vit5.latent_cache import (
     verify_cache,
 )
 from sit_vit5.names import SD_VAE_SCALING_FACTOR
+from sit_vit5.utils.distributed import LaunchError, describe_group, join_launcher_group
+from sit_vit5.utils.errors import KNOWN_ERRORS, run_cli
 
 PROG = "python -m sit_vit5.cache_latents"
 # a shorter image side is refused (or skipped with --skip-bad): upscaling it invents the picture

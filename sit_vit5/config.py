@@ -19,8 +19,6 @@ from typing import Any, NamedTuple
 
 import yaml
 
-from .atomic_files import unwritable_dir_reason
-from .errors import SettingError, SitVit5Error
 from .latent_norm import LatentNorm, LatentNormError
 from .names import (
     DDPM_DEFAULTS,
@@ -33,6 +31,8 @@ from .names import (
     SD_VAE_SCALING_FACTOR,
 )
 from .sample_spec import SampleSpec, check_cfg_scale, config_defaults
+from .utils.atomic_files import unwritable_dir_reason
+from .utils.errors import SettingError, SitVit5Error
 
 # The model and objective checks import torch (seconds): they run last, so that a bad key, type,
 # range or path is reported before torch loads.

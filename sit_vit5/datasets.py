@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from .errors import SitVit5Error
 from .transport.rng import item_seed
+from .utils.errors import SitVit5Error
 
 
 class DataRootError(SitVit5Error, FileNotFoundError):

@@ -33,8 +33,16 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .atomic_files import unwritable_dir_reason
-from .errors import (
+from .hub import SiTPipeline, read_id2label, scheduler_from
+from .latent_norm import LatentNorm
+from .models import CheckpointError, LoadedModel, load_model, resolve_checkpoint
+from .models.diffusers_dit import dit_folder, dit_pipeline
+from .models.official import OfficialWeights
+from .objective import create_objective, ddpm_settings
+from .sample_spec import FEW_STEPS, SampleSpec
+from .training.checkpoint import latest_checkpoint
+from .utils.atomic_files import unwritable_dir_reason
+from .utils.errors import (
     KNOWN_ERRORS,
     SettingError,
     SitVit5Error,
@@ -43,15 +51,7 @@ from .errors import (
     one_line,
     run_cli,
 )
-from .hub import SiTPipeline, read_id2label, scheduler_from
-from .latent_norm import LatentNorm
-from .models import CheckpointError, LoadedModel, load_model, resolve_checkpoint
-from .models.diffusers_dit import dit_folder, dit_pipeline
-from .models.official import OfficialWeights
-from .objective import create_objective, ddpm_settings
-from .precision import PRECISIONS, check_precision
-from .sample_spec import FEW_STEPS, SampleSpec
-from .training.checkpoint import latest_checkpoint
+from .utils.precision import PRECISIONS, check_precision
 from .vae import load_vae, vae_enabled
 
 PROG = "python -m sit_vit5.export"

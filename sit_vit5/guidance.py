@@ -10,7 +10,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from .errors import SettingError
+from .utils.errors import SettingError
 
 ModelFn = Callable[..., Tensor]
 #: first guided step: max |guided| / max(|cond|, |uncond|) above this means saturated images

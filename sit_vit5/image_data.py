@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 
 from .datasets import DataRootError, EpochDataset, item_generator
-from .errors import SitVit5Error
+from .utils.errors import SitVit5Error
 
 # torchvision's ImageFolder extensions (matched case-insensitively)
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")

@@ -15,7 +15,7 @@ from PIL import Image
 from torch import Tensor
 from torchvision.utils import save_image
 
-from .atomic_files import atomic_write
+from .utils.atomic_files import atomic_write
 
 
 def to_uint8(x: Tensor) -> np.ndarray:

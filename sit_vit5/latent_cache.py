@@ -35,12 +35,12 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from .atomic_files import TMP_PREFIX, atomic_write, atomic_write_text, unwritable_dir_reason
-from .checksums import payload_sha256, sha256_file
 from .datasets import DataRootError, EpochDataset, item_generator
-from .errors import SitVit5Error
 from .image_data import ImageFolderDataset, TooSmallImageError, UnreadableImageError, read_image
 from .latent_norm import LatentNorm, LatentNormError
+from .utils.atomic_files import TMP_PREFIX, atomic_write, atomic_write_text, unwritable_dir_reason
+from .utils.checksums import payload_sha256, sha256_file
+from .utils.errors import SitVit5Error
 from .vae import downsampling_factor, encode_moments, load_vae
 
 if TYPE_CHECKING:

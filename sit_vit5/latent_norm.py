@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .errors import SitVit5Error
 from .names import SD_VAE_SCALING_FACTOR
+from .utils.errors import SitVit5Error
 
 if TYPE_CHECKING:
     from torch import Tensor

@@ -13,7 +13,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from .errors import SettingError
 from .names import (
     DEFAULT_ATOL,
     DEFAULT_RTOL,
@@ -29,6 +28,7 @@ from .names import (
     SDE_STEP_NFE,
     TRANSPORT_METHODS,
 )
+from .utils.errors import SettingError
 
 #: sample.method values of each objective: SiT's transport, DiT's diffusion
 SAMPLE_METHODS: dict[str, tuple[str, ...]] = {"sit": TRANSPORT_METHODS, "ddpm": DIFFUSION_METHODS,

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from torch import Tensor
 
-from .errors import SettingError
+from .utils.errors import SettingError
 
 
 class Steps(Protocol):

@@ -58,7 +58,7 @@ def _fetch_hint(hub_id: str) -> str:
 @contextlib.contextmanager
 def _quiet_hub() -> Iterator[None]:
     """Hide diffusers' huggingface_hub deprecation warning and the hub's retry warnings."""
-    from . import hub_access
+    from .utils import hub_access
 
     with warnings.catch_warnings(), hub_access.quiet_hub_logs():
         warnings.filterwarnings("ignore", message=".*local_dir_use_symlinks", category=UserWarning)
@@ -96,7 +96,7 @@ def load_vae(name_or_path: str | os.PathLike, device: str | torch.device = "cpu"
     else:
         from huggingface_hub import constants
 
-        from . import hub_access  # the network probe: only for a hub id, never a local folder
+        from .utils import hub_access  # the network probe: only for a hub id, never a local folder
 
         cache = Path(cache_dir) if cache_dir is not None else Path(constants.HF_HUB_CACHE)
         # probed before any hub call (huggingface_hub goes offline before its first request)

@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from sit_vit5.cpu_threads import THREAD_ENV_VARS
+from sit_vit5.utils.cpu_threads import THREAD_ENV_VARS
 
 #: A tiny SD-VAE-shaped AutoencoderKL (downsampling factor 2, 4 latent channels), built without downloads.
 TINY_VAE = dict(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from sit_vit5 import atomic_files, checksums
 from sit_vit5.config import load_config
 from sit_vit5.training import checkpoint as ck
+from sit_vit5.utils import atomic_files, checksums
 from tests.helpers import TRAIN_ARGV, assert_states_equal, load_train_cli, naming, run_train
 
 

@@ -1,9 +1,9 @@
-"""CPU thread choice (sit_vit5.cpu_threads): an explicit request, then OMP_NUM_THREADS, then the model
+"""CPU thread choice (sit_vit5.utils.cpu_threads): an explicit request, then OMP_NUM_THREADS, then the model
 size and the free cores."""
 
 from __future__ import annotations
 
-from sit_vit5.cpu_threads import TINY_MODEL_PARAMS, choose_cpu_threads, free_cores
+from sit_vit5.utils.cpu_threads import TINY_MODEL_PARAMS, choose_cpu_threads, free_cores
 
 
 def test_cpu_thread_choice():

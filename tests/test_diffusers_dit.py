@@ -305,7 +305,7 @@ def test_dit_pipeline_refuses_what_it_cannot_sample(tmp_path, vae_dir, capsys):
 
 def test_sample_py_bulk_takes_a_diffusers_dit_folder_and_records_its_digest(tmp_path, vae_dir, capsys):
     import sample
-    from sit_vit5.checksums import sha256_tree
+    from sit_vit5.utils.checksums import sha256_tree
 
     folder = tmp_path / "dit"
     tiny_dit().save_pretrained(folder)

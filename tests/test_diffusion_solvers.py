@@ -14,11 +14,11 @@ import torch
 
 import sample
 from sit_vit5.cli.sample_flags import describe_methods
-from sit_vit5.errors import SettingError
 from sit_vit5.names import DIFFUSION_SOLVERS
 from sit_vit5.objective import create_objective
 from sit_vit5.sample_spec import SampleSpec, sampling_methods
 from sit_vit5.sampling import SamplingPipeline
+from sit_vit5.utils.errors import SettingError
 from tests.helpers import assert_names, one_sample_error
 from tests.test_pipeline import grid_images
 from tests.test_pipeline_conventions import ddpm_checkpoint

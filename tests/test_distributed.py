@@ -15,14 +15,14 @@ import pytest
 import torch
 
 from sit_vit5.config import load_config, save_config
-from sit_vit5.distributed import (
+from sit_vit5.training import read_checkpoint, train
+from sit_vit5.utils.distributed import (
     WORLD_SIZE_VARS,
     LaunchError,
     check_group,
     describe_group,
     launcher_world_size,
 )
-from sit_vit5.training import read_checkpoint, train
 
 
 def test_launcher_world_size_reads_the_variables_accelerate_reads():

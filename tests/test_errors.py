@@ -1,4 +1,4 @@
-"""One-line errors (sit_vit5.errors): DataLoader worker messages unwrapped, SIT_VIT5_DEBUG
+"""One-line errors (sit_vit5.utils.errors): DataLoader worker messages unwrapped, SIT_VIT5_DEBUG
 re-raises."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from sit_vit5.config import ConfigError
-from sit_vit5.errors import DEBUG_ENV, one_line
+from sit_vit5.utils.errors import DEBUG_ENV, one_line
 from tests.helpers import load_train_cli
 
 
@@ -31,7 +31,7 @@ def test_run_cli_turns_sigterm_into_one_line_and_status_3(capsys):
     import signal
     import time
 
-    from sit_vit5.errors import run_cli
+    from sit_vit5.utils.errors import run_cli
 
     cleaned = []
 

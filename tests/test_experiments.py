@@ -12,10 +12,10 @@ import torch
 import yaml
 from PIL import Image
 
-from sit_vit5.checksums import sha256_file
 from sit_vit5.config import load_config
 from sit_vit5.experiments import imagenet, report
 from sit_vit5.experiments.__main__ import main as experiments_main
+from sit_vit5.utils.checksums import sha256_file
 
 REPO = Path(__file__).resolve().parents[1]
 # the REPA files (*-repa.yaml, REPA's recipe in fp16, a torch.hub encoder): tests/test_repa.py

@@ -18,7 +18,6 @@ from diffusers import DPMSolverMultistepScheduler, UniPCMultistepScheduler
 import sample
 from sit_vit5 import SiTPipeline
 from sit_vit5.cli.sample_flags import describe_methods
-from sit_vit5.errors import SettingError
 from sit_vit5.experiments import nfe
 from sit_vit5.experiments.__main__ import main as experiments_main
 from sit_vit5.export import FEW_STEP_FOLDER
@@ -34,6 +33,7 @@ from sit_vit5.sample_spec import (
     SampleSpec,
     sampling_methods,
 )
+from sit_vit5.utils.errors import SettingError
 from tests.gaussian_target import GaussianTarget
 from tests.helpers import ROOT, assert_names, one_error_line, one_sample_error
 from tests.test_nfe_study import tiny_checkpoint

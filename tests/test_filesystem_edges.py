@@ -104,7 +104,7 @@ def test_yaml_stays_safe_and_merges_still_override(tmp_path):
 
 # ----------------------------------------------------------------------------- one run per out_dir
 
-HOLD = ("import sys, time; from sit_vit5.run_files import hold_run_dir; "
+HOLD = ("import sys, time; from sit_vit5.utils.run_files import hold_run_dir; "
         "held = hold_run_dir(sys.argv[1]); held.__enter__(); print('held', flush=True); time.sleep(120)")
 
 
@@ -145,8 +145,8 @@ def test_resume_after_the_holder_died(tmp_path, capsys):
 
 
 def test_only_rank_0_holds_the_folder(tmp_path, monkeypatch):
-    from sit_vit5.launcher import launcher_rank
-    from sit_vit5.run_files import hold_run_dir
+    from sit_vit5.utils.launcher import launcher_rank
+    from sit_vit5.utils.run_files import hold_run_dir
 
     assert launcher_rank({"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"}) == 1
     assert launcher_rank({}) == 0
@@ -259,7 +259,7 @@ def test_a_full_disk_during_bulk_names_the_file(ckpt, tmp_path, capsys, monkeypa
 
 
 def test_a_full_disk_in_an_atomic_write_names_the_file(tmp_path):
-    from sit_vit5.atomic_files import atomic_write
+    from sit_vit5.utils.atomic_files import atomic_write
 
     def write(f):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -407,7 +407,7 @@ def test_the_lock_is_released_while_forked_workers_live_on(tmp_path):
     import multiprocessing
     import time
 
-    from sit_vit5.run_files import hold_run_dir
+    from sit_vit5.utils.run_files import hold_run_dir
 
     fork = multiprocessing.get_context("fork")
     with hold_run_dir(tmp_path / "D"):

@@ -22,8 +22,8 @@ from sit_vit5.cli import train as train_cli
 from sit_vit5.config import load_config
 from sit_vit5.guidance import ClassifierFreeGuidance
 from sit_vit5.models import create_model
-from sit_vit5.run_files import previous_checkpoint, truncation
 from sit_vit5.training import save_checkpoint
+from sit_vit5.utils.run_files import previous_checkpoint, truncation
 from tests.helpers import ROOT, TRAIN_ARGV, naming, one_error_line
 
 TINY = dict(depth=1, hidden_size=32, num_heads=2, input_size=8, num_classes=10, learn_sigma=False)
@@ -240,13 +240,14 @@ def test_the_torch_modules_take_their_names_from_the_torch_free_tables():
     and the registries that map a name to code are keyed by exactly those names."""
     from fid import inception, reference
     from fid.evaluate import METRICS
-    from sit_vit5 import precision, vae
+    from sit_vit5 import vae
     from sit_vit5.diffusion import METHODS as DIFFUSION_METHODS
     from sit_vit5.models import registry
     from sit_vit5.models.official import ALIASES, OFFICIAL_WEIGHTS
     from sit_vit5.training import repa
     from sit_vit5.transport import DIFFUSION_FORMS, LAST_STEPS, PATHS, PREDICTIONS, integrators
     from sit_vit5.transport.sampler import METHODS as TRANSPORT_METHODS
+    from sit_vit5.utils import precision
 
     assert names.TRANSPORT_METHODS is TRANSPORT_METHODS and names.DIFFUSION_METHODS is DIFFUSION_METHODS
     assert names.SDE_STEP_NFE is integrators.SDE_STEP_NFE and names.INTERPOLATIONS is repa.INTERPOLATIONS

@@ -16,12 +16,12 @@ from diffusers import (
     UniPCMultistepScheduler,
 )
 
-from sit_vit5.errors import SettingError
 from sit_vit5.names import FLOW_SOLVERS
 from sit_vit5.objective import create_objective
 from sit_vit5.sample_spec import SampleSpec
 from sit_vit5.stepwise import denoise
 from sit_vit5.transport.sampler import shift_times
+from sit_vit5.utils.errors import SettingError
 from tests.gaussian_target import GaussianTarget, drawn_targets
 
 F64 = torch.float64

@@ -21,12 +21,12 @@ from PIL import Image
 
 import sit_vit5.cache_latents as cache_latents
 import sit_vit5.latent_cache as latent_cache
-from sit_vit5.atomic_files import TMP_PREFIX
 from sit_vit5.config import load_config
-from sit_vit5.errors import SitVit5Error, run_cli
 from sit_vit5.latent_cache import CacheMismatchError, CorruptCacheError, LatentCacheDataset, npy_layout
 from sit_vit5.training import NonFiniteLossError, train
 from sit_vit5.training.data import build_dataset
+from sit_vit5.utils.atomic_files import TMP_PREFIX
+from sit_vit5.utils.errors import SitVit5Error, run_cli
 from tests.conftest import TINY_VAE
 from tests.helpers import assert_names, make_image_folder, naming, refused_in_one_line
 

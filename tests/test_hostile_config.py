@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sit_vit5.config import ConfigError, load_config
-from sit_vit5.errors import SitVit5Error
+from sit_vit5.utils.errors import SitVit5Error
 from tests.helpers import assert_names
 
 ROOT = Path(__file__).resolve().parents[1]

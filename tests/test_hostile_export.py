@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from sit_vit5.errors import SitVit5Error
 from sit_vit5.export import ExportError, main
 from sit_vit5.pipeline import SiTPipeline
+from sit_vit5.utils.errors import SitVit5Error
 from tests.test_pipeline import checkpoint
 
 PROG = "python -m sit_vit5.export"

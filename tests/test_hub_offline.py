@@ -15,9 +15,9 @@ import huggingface_hub.constants
 import pytest
 import torch
 
-from sit_vit5 import hub_access
 from sit_vit5.models import WeightsUnavailableError, resolve_checkpoint
 from sit_vit5.training import repa as R
+from sit_vit5.utils import hub_access
 from sit_vit5.vae import load_vae
 
 

@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from sit_vit5.cli import sample as sample_cli
-from sit_vit5.errors import SettingError
 from sit_vit5.sampling import (
     LABEL_SAMPLINGS,
     METADATA_KEY,
@@ -22,6 +21,7 @@ from sit_vit5.sampling import (
     sample_bulk,
 )
 from sit_vit5.sampling import bulk as bulk_module
+from sit_vit5.utils.errors import SettingError
 from tests.helpers import one_error_line
 from tests.test_first_minute import pixel_checkpoint
 from tests.test_sampling import ODE, SDE, pipeline

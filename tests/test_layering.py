@@ -15,13 +15,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: Components of sit_vit5 by layer, bottom first: a module may import only from lower layers.
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "names"),
-    ("checksums",),  # file and checkpoint digests: below atomic_files, which writes their sidecars
-    ("launcher", "hub_access"),  # read before torch: the launcher's environment, whether the hub answers
+    ("names", "utils"),  # utils: the plumbing (errors, files, launcher), no project import above
     ("latent_norm",),  # latent normalisation: plain numbers for the config checks, tensors for vae
-    ("atomic_files", "guidance", "precision", "vae", "distributed", "cpu_threads",
-     "stepwise"),  # stepwise: the step-wise loop, shared by transport's flow solvers and objective
-    ("images", "transport", "run_files"),
+    ("guidance", "vae", "stepwise"),  # stepwise: the step-wise loop of flow solvers and objectives
+    ("images", "transport"),
     ("models", "datasets"),  # datasets: the shared dataset base and the embedded digits
     ("sample_spec",),
     ("objective",),
@@ -79,6 +76,11 @@ CLI_RANK = len(LAYERS)  # sample.py, train.py: on top of everything
 #: Modules of a sit_vit5 package by layer, bottom first: the same rule one package down (the
 #: package's __init__ re-exports from any of them).
 PACKAGE_LAYERS: dict[str, list[tuple[str, ...]]] = {
+    "utils": [
+        ("errors",),
+        ("checksums", "launcher", "hub_access", "precision", "cpu_threads"),
+        ("atomic_files", "distributed", "run_files"),  # atomic_files writes checksum sidecars
+    ],
     "training": [
         ("batching", "checkpoint", "data", "diagnostics", "ema", "fsdp", "grids", "logging",
          "step_report", "optim", "preemption"),

@@ -14,11 +14,11 @@ import torch
 from torch import Tensor, nn
 
 from sit_vit5.config import ConfigError, load_config
-from sit_vit5.errors import SettingError
 from sit_vit5.models import create_model
 from sit_vit5.objective import create_objective
 from sit_vit5.objective.meanflow import MeanFlowObjective, MeanFlowSettings
 from sit_vit5.sample_spec import SampleSpec
+from sit_vit5.utils.errors import SettingError
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPE = (1, 2, 2)  # (C, H, W): four independent Gaussian coordinates

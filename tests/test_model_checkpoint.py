@@ -7,8 +7,8 @@ import argparse
 import pytest
 import torch
 
-from sit_vit5.checksums import sha256_file, sidecar
 from sit_vit5.models import CheckpointError, create_model, load_checkpoint
+from sit_vit5.utils.checksums import sha256_file, sidecar
 from tests.helpers import assert_names, naming
 from tests.test_models import TINY, inputs, randomize
 
@@ -118,7 +118,7 @@ def test_shape_mismatch_hints_fire_only_when_true(tmp_path, change, expected):
 def test_a_folders_digest_is_its_sha256sum_listings_and_moves_with_any_file(tmp_path):
     import hashlib
 
-    from sit_vit5.checksums import checkpoint_sha256, sha256_tree
+    from sit_vit5.utils.checksums import checkpoint_sha256, sha256_tree
 
     folder = tmp_path / "dit"
     (folder / "transformer").mkdir(parents=True)
@@ -138,7 +138,7 @@ def test_a_folders_digest_is_its_sha256sum_listings_and_moves_with_any_file(tmp_
 
 
 def test_a_files_digest_is_its_checked_sidecars_else_its_own(tmp_path):
-    from sit_vit5.checksums import checkpoint_sha256
+    from sit_vit5.utils.checksums import checkpoint_sha256
 
     path = tmp_path / "w.pt"
     path.write_bytes(b"weights")

@@ -9,13 +9,13 @@ import torch
 
 from sit_vit5.config import DEFAULTS, ConfigError, flatten, load_config
 from sit_vit5.diffusion import DiffusionSampler, GaussianDiffusion, create_diffusion
-from sit_vit5.errors import SettingError
 from sit_vit5.models import create_model, list_models, load_model, name_objective
 from sit_vit5.objective import DDPMObjective, SiTObjective, create_objective
 from sit_vit5.sample_spec import SampleSpec
 from sit_vit5.training import read_checkpoint, save_checkpoint, train
 from sit_vit5.training.checkpoint import config_differences
 from sit_vit5.transport import Transport
+from sit_vit5.utils.errors import SettingError
 
 TINY_MODEL = dict(depth=2, hidden_size=32, num_heads=2, input_size=8, in_channels=1, num_classes=10)
 DDPM = ["transport.objective=ddpm", "model.learn_sigma=true", "sample.method=ddpm"]

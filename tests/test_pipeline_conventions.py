@@ -22,12 +22,12 @@ import sit_vit5.hub
 import sit_vit5.pipeline
 from sit_vit5 import SiTPipeline
 from sit_vit5.config import load_config
-from sit_vit5.errors import SettingError
 from sit_vit5.export import main as export_main
 from sit_vit5.models import create_model
 from sit_vit5.pipeline import SiTScheduler, diffusers_scheduler
 from sit_vit5.training import save_checkpoint
 from sit_vit5.transport.rng import sample_seed
+from sit_vit5.utils.errors import SettingError
 from tests.helpers import assert_names, naming
 from tests.test_pipeline import TINY, checkpoint, exported, grid_images
 

@@ -23,9 +23,9 @@ from sit_vit5 import SiTPipeline
 from sit_vit5 import cache_latents as cache_latents_module
 from sit_vit5.config import ConfigError, load_config
 from sit_vit5.models import load_model
-from sit_vit5.precision import PRECISION_OF_DTYPE, PRECISIONS
 from sit_vit5.sampling import SampleSpec, SamplingPipeline
 from sit_vit5.training import read_checkpoint, train
+from sit_vit5.utils.precision import PRECISION_OF_DTYPE, PRECISIONS
 from tests.test_pipeline import checkpoint as pipeline_checkpoint
 from tests.test_pipeline import exported
 from tests.test_train import TINY

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from sit_vit5 import checksums
 from sit_vit5.cli.train import main as train_main
 from sit_vit5.config import load_config
 from sit_vit5.training import checkpoint as ck
 from sit_vit5.training import train
+from sit_vit5.utils import checksums
 from tests.helpers import ROOT, TRAIN_ARGV
 
 

@@ -11,13 +11,13 @@ import torch
 import sample
 from sit_vit5.config import load_config
 from sit_vit5.diffusion import create_diffusion
-from sit_vit5.errors import SettingError
 from sit_vit5.models import LoadedModel, create_model, load_model
 from sit_vit5.objective import SiTObjective, create_objective
 from sit_vit5.sampling import SampleSpec, SamplingPipeline
 from sit_vit5.training import save_checkpoint
 from sit_vit5.transport import create_transport
 from sit_vit5.transport.rng import sample_seed
+from sit_vit5.utils.errors import SettingError
 from tests.helpers import assert_names, naming, one_sample_error
 
 DEPTH, WIDTH, HEADS, PATCH, C, SIDE, CLASSES = 2, 32, 2, 2, 4, 8, 10

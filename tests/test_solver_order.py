@@ -11,12 +11,12 @@ import pytest
 import torch
 
 import sample
-from sit_vit5.errors import SettingError
 from sit_vit5.names import ODE_ADAPTIVE_METHODS, ODE_EQUAL_STEP_METHODS, ODE_FIXED_STEP_METHODS, ODE_STEP_NFE
 from sit_vit5.objective import create_objective
 from sit_vit5.sample_spec import SampleSpec
 from sit_vit5.transport import create_transport
 from sit_vit5.transport.sampler import Sampler, shift_times
+from sit_vit5.utils.errors import SettingError
 from tests.gaussian_target import GaussianTarget, drawn_targets
 from tests.helpers import one_sample_error
 

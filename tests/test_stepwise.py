@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sit_vit5.errors import SettingError
 from sit_vit5.stepwise import denoise, refuse_repeated_timesteps
+from sit_vit5.utils.errors import SettingError
 
 
 class HalvingSteps:

@@ -49,9 +49,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sit_vit5.checksums import payload_sha256  # noqa: E402
 from sit_vit5.cli.train import EXIT_PREEMPTED  # noqa: E402
 from sit_vit5.training import checkpoint as ck  # noqa: E402
+from sit_vit5.utils.checksums import payload_sha256  # noqa: E402
 
 TINY = ["model.name=ViT5-S/2", "model.depth=2", "model.hidden_size=32", "model.num_heads=2",
         "model.learn_sigma=false", "data.kind=digits", "data.image_size=8", "data.num_workers=0",
@@ -274,7 +274,7 @@ def cache_state_problems(
     (problems, lost shards)."""
     import json
 
-    from sit_vit5.atomic_files import TMP_PREFIX
+    from sit_vit5.utils.atomic_files import TMP_PREFIX
 
     held = digests(out)
     problems: list[str] = []
@@ -305,7 +305,7 @@ def cache_faults(args: argparse.Namespace) -> int:
     the module docstring). A chain of 1-3 kills is followed by an uninterrupted rerun whose cache
     must equal the reference byte for byte; each kill of that chain then counts as a byte-identical
     resume."""
-    from sit_vit5.atomic_files import TMP_PREFIX
+    from sit_vit5.utils.atomic_files import TMP_PREFIX
 
     signals = [s.strip().upper().removeprefix("SIG") for s in args.signals.split(",") if s.strip()]
     rng = random.Random(args.seed)

@@ -18,8 +18,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from sit_vit5.atomic_files import atomic_write_text
 from sit_vit5.experiments.nfe import git_commit, utc_now
+from sit_vit5.utils.atomic_files import atomic_write_text
 
 CKPT = "runs/demo/checkpoints/0002000.pt"
 OUT = Path(__file__).with_name("harness-vs-bulk.json")

@@ -8,9 +8,9 @@ import re
 from importlib import metadata
 from pathlib import Path
 
-from sit_vit5.checksums import ChecksumError, verify_sidecar
-from sit_vit5.errors import SitVit5Error
-from sit_vit5.run_files import previous_checkpoint, resume_file, truncation
+from sit_vit5.utils.checksums import ChecksumError, verify_sidecar
+from sit_vit5.utils.errors import SitVit5Error
+from sit_vit5.utils.run_files import previous_checkpoint, resume_file, truncation
 
 #: sidecars of files up to this size are verified here too (the loader verifies every file again
 #: after the imports; above this the second read would cost seconds)

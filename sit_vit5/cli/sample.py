@@ -30,12 +30,9 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from sit_vit5.atomic_files import unwritable_dir_reason
 from sit_vit5.cli.preflight import check_checkpoint_file, check_torch_pair
 from sit_vit5.cli.sample_flags import add_arguments as add_sampler_arguments
 from sit_vit5.cli.sample_flags import finite_float, positive_int
-from sit_vit5.errors import KNOWN_ERRORS, SettingError, SitVit5Error, one_line, run_cli
-from sit_vit5.launcher import check_launcher_env
 from sit_vit5.names import (
     LABEL_SAMPLINGS,
     MAX_SEED,
@@ -47,8 +44,11 @@ from sit_vit5.names import (
     SD_VAE_IDS,
     name_objective,
 )
-from sit_vit5.run_files import CKPT_DIR, checkpoints_of, latest_checkpoint
 from sit_vit5.sample_spec import SampleSpec
+from sit_vit5.utils.atomic_files import unwritable_dir_reason
+from sit_vit5.utils.errors import KNOWN_ERRORS, SettingError, SitVit5Error, one_line, run_cli
+from sit_vit5.utils.launcher import check_launcher_env
+from sit_vit5.utils.run_files import CKPT_DIR, checkpoints_of, latest_checkpoint
 
 if TYPE_CHECKING:
     import torch
@@ -408,10 +408,10 @@ def _grid(args: argparse.Namespace) -> int:
 def _bulk(args: argparse.Namespace) -> int:
     import torch
 
-    from sit_vit5.checksums import checkpoint_sha256
-    from sit_vit5.distributed import describe_group, join_launcher_group
     from sit_vit5.sampling import sample_bulk
     from sit_vit5.sampling.labels import check_label_sampling
+    from sit_vit5.utils.checksums import checkpoint_sha256
+    from sit_vit5.utils.distributed import describe_group, join_launcher_group
 
     check_device(args.device)
     # the launcher's group (gloo without a GPU): else every process would draw every sample

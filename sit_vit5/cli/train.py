@@ -43,9 +43,9 @@ from sit_vit5.config import (
     load_config,
     validate_models,
 )
-from sit_vit5.errors import KNOWN_ERRORS, one_line, run_cli
-from sit_vit5.launcher import check_launcher_env
 from sit_vit5.names import OBJECTIVE_OVERRIDES, name_objective
+from sit_vit5.utils.errors import KNOWN_ERRORS, one_line, run_cli
+from sit_vit5.utils.launcher import check_launcher_env
 
 if TYPE_CHECKING:
     from sit_vit5.training import TrainResult

@@ -18,11 +18,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..errors import SettingError
 from ..names import DIFFUSION_SOLVERS
 from ..stepwise import refuse_repeated_timesteps
 from ..transport.integrators import index_of
 from ..transport.rng import GeneratorLike, randn_like, resolve_generator
+from ..utils.errors import SettingError
 from .gaussian_diffusion import GaussianDiffusion
 
 #: numpy 2's DeprecationWarning when diffusers' multistep schedulers call np.array on a torch tensor

@@ -13,11 +13,11 @@ from typing import Any
 
 from torch import Tensor
 
-from ..errors import SettingError
 from ..names import DDPM_DEFAULTS
 from ..objective.base import BuiltSampler, Objective, StepsSampler
 from ..sample_spec import SampleSpec
 from ..stepwise import Steps
+from ..utils.errors import SettingError
 from .ddpm_sampler import (
     DiffusionSampler,
     DiffusionSteps,

@@ -7,7 +7,7 @@ import argparse
 import shlex
 import sys
 
-from ..errors import KNOWN_ERRORS, SettingError, one_line, run_cli
+from ..utils.errors import KNOWN_ERRORS, SettingError, one_line, run_cli
 
 
 def main(argv: list[str] | None = None) -> int:

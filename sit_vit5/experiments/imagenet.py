@@ -25,12 +25,12 @@ from accelerate import PartialState
 import fid
 from fid.provenance import check_reference_match, provenance, read_class_labels, read_metadata
 
-from ..checksums import checkpoint_sha256, sha256_file
 from ..models import count_params, flops, load_model
-from ..precision import PRECISIONS
 from ..sampling import SampleSpec, SamplingPipeline, sample_bulk
 from ..sampling.labels import LABEL_SAMPLINGS
 from ..training.checkpoint import list_checkpoints
+from ..utils.checksums import checkpoint_sha256, sha256_file
+from ..utils.precision import PRECISIONS
 from . import report
 
 SAMPLE_KEYS = SampleSpec.keys()  # a protocol's sample section: SampleSpec's fields

@@ -29,13 +29,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..atomic_files import atomic_write_text
 from ..cli.sample_flags import finite_float, positive_float, positive_int
-from ..errors import SettingError, one_line
 from ..models import load_model
 from ..names import DIFFUSION_SOLVERS, FLOW_SOLVERS
 from ..objective import create_objective
 from ..sampling import SampleSpec, SamplingPipeline
+from ..utils.atomic_files import atomic_write_text
+from ..utils.errors import SettingError, one_line
 from . import report
 
 NFES = (4, 6, 8, 12, 16, 24, 32, 64, 128, 250)

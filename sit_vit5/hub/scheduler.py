@@ -14,10 +14,10 @@ from diffusers.configuration_utils import register_to_config
 from diffusers.schedulers.scheduling_utils import SchedulerOutput
 from torch import Tensor
 
-from ..errors import SettingError
 from ..objective import Objective, create_objective
 from ..sample_spec import SampleSpec
 from ..stepwise import Steps
+from ..utils.errors import SettingError
 from ..vae import vae_enabled
 
 #: the scheduler-config sections that describe how to sample (kept when a scheduler is swapped)

@@ -21,15 +21,15 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..checksums import (
+from ..utils.checksums import (
     PAYLOAD_DIGEST_KEY,
     ChecksumError,
     verify_payload_digest,
     verify_sha256,
     verify_sidecar,
 )
-from ..errors import SitVit5Error, one_line
-from ..run_files import truncation
+from ..utils.errors import SitVit5Error, one_line
+from ..utils.run_files import truncation
 
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP and torch.compile wrappers
 

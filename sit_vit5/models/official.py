@@ -23,8 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import hub_access
-from ..checksums import ChecksumError, sha256_file, sidecar, verify_sha256, verify_sidecar
+from ..utils import hub_access
+from ..utils.checksums import ChecksumError, sha256_file, sidecar, verify_sha256, verify_sidecar
 from .checkpoint_files import CheckpointError
 
 # announced in willisma/SiT issue #42 (SiT's old Dropbox link is dead)

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor
 
-from ..errors import SettingError, SitVit5Error
 from ..sample_spec import SAMPLE_METHODS, SampleSpec
 from ..stepwise import Steps, denoise
 from ..transport.rng import GeneratorLike, resolve_generator
+from ..utils.errors import SettingError, SitVit5Error
 
 if TYPE_CHECKING:
     from ..diffusion import DiffusionSampler

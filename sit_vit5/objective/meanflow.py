@@ -24,11 +24,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..errors import SettingError
 from ..names import MEANFLOW_DEFAULTS, MEANFLOW_METHODS
 from ..sample_spec import SampleSpec
 from ..stepwise import Steps
 from ..transport.rng import GeneratorLike
+from ..utils.errors import SettingError
 from .base import BuiltSampler, Objective, StepsSampler
 
 #: transport-section keys the meanflow objective reads

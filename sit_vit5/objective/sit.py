@@ -8,13 +8,13 @@ from typing import Any
 
 from torch import Tensor
 
-from ..errors import SettingError
 from ..names import flow_solver_name
 from ..sample_spec import SampleSpec
 from ..stepwise import Steps
 from ..transport import TRANSPORT_KEYS, Sampler, Transport, create_transport
 from ..transport.integrators import ode_method
 from ..transport.sampler import EulerSteps
+from ..utils.errors import SettingError
 from .base import BuiltSampler, Objective
 
 

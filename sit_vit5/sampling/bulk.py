@@ -34,10 +34,10 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..atomic_files import atomic_write, atomic_write_text, output_dir
-from ..errors import SitVit5Error
 from ..images import save_png, to_rgb
 from ..sample_spec import DEFAULT_SAMPLING_METHOD
+from ..utils.atomic_files import atomic_write, atomic_write_text, output_dir
+from ..utils.errors import SitVit5Error
 from .labels import DEFAULT_LABEL_SAMPLING, check_label_sampling, class_histogram, equal_labels
 from .sampling_pipeline import Generated, SamplingPipeline
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from ..atomic_files import output_dir
 from ..images import save_png, save_uint8_grid
+from ..utils.atomic_files import output_dir
 from .sampling_pipeline import Generated, SamplingPipeline
 
 

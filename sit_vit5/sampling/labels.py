@@ -19,8 +19,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..errors import SettingError
 from ..names import LABEL_SAMPLINGS
+from ..utils.errors import SettingError
 from .sampling_pipeline import random_labels
 
 DEFAULT_LABEL_SAMPLING = LABEL_SAMPLINGS[0]

@@ -15,17 +15,17 @@ import torch
 from diffusers import AutoencoderKL
 from torch import Tensor, nn
 
-from ..checksums import json_safe, payload_sha256
-from ..errors import SettingError, SitVit5Error
 from ..guidance import ClassifierFreeGuidance
 from ..images import to_uint8
 from ..latent_norm import LatentNorm, LatentNormError
 from ..objective import Objective, as_objective, create_objective
-from ..precision import PRECISION_OF_DTYPE, autocast, check_precision
 from ..sample_spec import SampleSpec, check_cfg_scale
 from ..stepwise import Steps, denoise
 from ..transport import Sampler, Transport
 from ..transport.rng import sample_seed
+from ..utils.checksums import json_safe, payload_sha256
+from ..utils.errors import SettingError, SitVit5Error
+from ..utils.precision import PRECISION_OF_DTYPE, autocast, check_precision
 from ..vae import (
     SD_VAE_EMA,
     decoder,

@@ -17,13 +17,13 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
 from ..config import Config, ConfigError, check_out_dir, save_config, validate_architecture
-from ..cpu_threads import set_cpu_threads
-from ..distributed import check_group, describe_group, prepare_launch
 from ..models import count_params, model_from_config
 from ..models.registry import _NAME, SIZES
 from ..objective import Objective, create_objective
-from ..precision import grad_scaler
-from ..run_files import previous_checkpoint
+from ..utils.cpu_threads import set_cpu_threads
+from ..utils.distributed import check_group, describe_group, prepare_launch
+from ..utils.precision import grad_scaler
+from ..utils.run_files import previous_checkpoint
 from ..vae import load_vae, vae_enabled
 from .batching import StepBatchSampler
 from .checkpoint import (

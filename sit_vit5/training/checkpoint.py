@@ -31,12 +31,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..atomic_files import TMP_PREFIX, atomic_torch_save, atomic_write_text
-from ..checksums import PAYLOAD_DIGEST_KEY, payload_sha256, sha256_file, sidecar
 from ..config import DEFAULTS
-from ..errors import find_errno
 from ..models.checkpoint_files import CheckpointError, read_checkpoint
-from ..run_files import (
+from ..utils.atomic_files import TMP_PREFIX, atomic_torch_save, atomic_write_text
+from ..utils.checksums import PAYLOAD_DIGEST_KEY, payload_sha256, sha256_file, sidecar
+from ..utils.errors import find_errno
+from ..utils.run_files import (
     CKPT_DIR,
     LATEST,
     checkpoint_name,

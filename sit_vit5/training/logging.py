@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..atomic_files import atomic_write_text
+from ..utils.atomic_files import atomic_write_text
 
 #: CSV columns (a JSONL row may hold more keys).
 CSV_FIELDS = ("step", "epoch", "loss", "grad_norm", "lr", "steps_per_s", "img_per_s", "time_s")

@@ -21,12 +21,12 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..config import Config, check_out_dir
-from ..errors import SitVit5Error
 from ..latent_norm import LatentNorm
-from ..launcher import launcher_rank
-from ..precision import autocast
-from ..run_files import hold_run_dir
 from ..transport.rng import mix_seed
+from ..utils.errors import SitVit5Error
+from ..utils.launcher import launcher_rank
+from ..utils.precision import autocast
+from ..utils.run_files import hold_run_dir
 from ..vae import encode
 from .build import LossFn, Run, TrainResult, build, describe, objective_loss
 from .checkpoint import latest_checkpoint, package_versions, rng_state, save_checkpoint

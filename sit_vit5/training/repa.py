@@ -34,12 +34,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .. import hub_access
 from ..config import Config
-from ..errors import SitVit5Error
 from ..names import INTERPOLATIONS as INTERPOLATIONS  # REPA's resize modes
-from ..precision import autocast
 from ..transport.rng import mix_seed
+from ..utils import hub_access
+from ..utils.errors import SitVit5Error
+from ..utils.precision import autocast
 from .checkpoint import IncompatibleCheckpointError
 from .optim import param_groups
 

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from ..errors import SettingError
 from ..names import FLOW_SOLVERS, flow_solver_name
 from ..stepwise import refuse_repeated_timesteps
+from ..utils.errors import SettingError
 from .integrators import index_of
 from .rng import GeneratorLike
 

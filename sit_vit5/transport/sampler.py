@@ -16,7 +16,6 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from ..errors import SettingError
 from ..names import (
     DEFAULT_ATOL,
     DEFAULT_RTOL,
@@ -25,6 +24,7 @@ from ..names import (
     flow_solver_name,
 )
 from ..stepwise import Steps, denoise
+from ..utils.errors import SettingError
 from .integrators import (
     SDE_STEPS,
     CountingModel,

@@ -17,8 +17,8 @@ if not __package__:  # run as a folder: import it as the package ``study``, not 
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
     sys.path.insert(0, str(_HERE.parent))
 
-from sit_vit5.errors import EXIT_TERMINATED, run_cli  # noqa: E402
 from sit_vit5.experiments.report import markdown_table  # noqa: E402
+from sit_vit5.utils.errors import EXIT_TERMINATED, run_cli  # noqa: E402
 from study.claims import BUDGET_CORE_HOURS, plan_claims, write_claims  # noqa: E402
 from study.digits import (  # noqa: E402
     DATASETS,

@@ -40,10 +40,8 @@ from tqdm import tqdm
 from fid.digits import digits_metrics, load_digits_net
 from fid.metrics import precision_recall
 from sit_vit5 import training
-from sit_vit5.atomic_files import TMP_PREFIX, atomic_write_text
 from sit_vit5.config import configs_dir, load_config
 from sit_vit5.datasets import DigitsDataset
-from sit_vit5.errors import SitVit5Error
 from sit_vit5.experiments import report
 from sit_vit5.experiments.nfe import git_commit, utc_now
 from sit_vit5.models import count_params, flops, load_model, model_from_config
@@ -53,6 +51,8 @@ from sit_vit5.sampling import SampleSpec, SamplingPipeline
 from sit_vit5.training.checkpoint import checkpoint_name, latest_checkpoint
 from sit_vit5.training.data import build_dataset
 from sit_vit5.transport import create_transport
+from sit_vit5.utils.atomic_files import TMP_PREFIX, atomic_write_text
+from sit_vit5.utils.errors import SitVit5Error
 
 STUDY = Path(__file__).resolve().parent  # results/digits/study: the code of this study
 REPO = STUDY.parents[2]

@@ -15,9 +15,9 @@ import pytest
 import torch
 from digits_study import claims, cli, digits
 
-from sit_vit5.atomic_files import atomic_write_text
 from sit_vit5.models import SIT_SWITCHES, VIT5_SWITCHES, create_model
 from sit_vit5.models.layers import sincos_pos_embed_2d
+from sit_vit5.utils.atomic_files import atomic_write_text
 
 
 def test_spelled_out_switches_are_todays_defaults():

@@ -11,7 +11,7 @@ import pytest
 from digits_study import claims, digits, samples, stats
 from scipy import stats as sps
 
-from sit_vit5.atomic_files import atomic_write_text
+from sit_vit5.utils.atomic_files import atomic_write_text
 
 
 def _run(dataset, variant, seed, steps=2000, complete=True, seconds=0.0, **final):
