@@ -11,5 +11,7 @@ the library.
   verdicts;
 * ``repa``: the REPA addition (rows C8a / C8b of ``CLAIMS.md``, protocol of 2026-12-02): plan, its
   own Holm family, verdicts;
+* ``meanflow``: the MeanFlow addition (row C10 of ``CLAIMS.md``, protocol of 2026-12-06): the pilot and its
+  n, families M and N, the gap to the retrained flow references;
 * ``stats``: Welch's t for two groups or a contrast, and Holm's correction.
 """

@@ -1,5 +1,6 @@
 """``python results/digits/study ...``: the digits proxy, ViT-5 vs SiT curves + ablations (CPU;
-see results/digits/PROTOCOL.md); ``--claims``: the claims addition; ``--repa``: the REPA addition.
+see results/digits/PROTOCOL.md); ``--claims``: the claims addition; ``--repa``: the REPA addition;
+``--samples``: the sample-quality addition; ``--meanflow``: the MeanFlow addition (pilot first).
 Run from the repository root: the cached runs are read from and written to ``--out`` (default
 ``results/digits``), checkpoints to ``--runs-dir``."""
 
@@ -34,6 +35,8 @@ from study.digits import (  # noqa: E402
     sweep_status,
     write_report,
 )
+from study.meanflow import MEANFLOW_BUDGET_CORE_HOURS, PILOT_FILE, meanflow_report, plan_meanflow, write_pilot  # noqa: E402
+from study.meanflow import spent as meanflow_spent  # noqa: E402
 from study.repa import REPA_BUDGET_CORE_HOURS, plan_repa, repa_report, spent  # noqa: E402
 from study.samples import (  # noqa: E402
     COMPARISON_PAGE,
@@ -74,6 +77,10 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--samples", action="store_true",
                    help="run the sample-quality addition of PROTOCOL.md (2026-12-04) in its order, within its "
                         "core-hour budget (--jobs 1 or 2: one-thread runs), instead of the original sweep")
+    d.add_argument("--meanflow", action="store_true",
+                   help="run the MeanFlow addition of PROTOCOL.md (2026-12-06) in its order, within its core-hour "
+                        f"budget: first the pilot alone, which then writes {PILOT_FILE} (n per dataset; commit it), "
+                        "then, on the next start, the arms and the flow references")
     d.add_argument("--featnet-check", action="store_true",
                    help="retrain one committed run and score its samples by the shipped and by re-trained digits "
                         "feature networks (study/featnet.py), then exit")
@@ -138,10 +145,13 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or str(RESULTS)
     common = dict(steps=args.steps, runs_dir=args.runs_dir, num_samples=args.num_samples,
                   extra_overrides=list(args.overrides))
-    if sum((args.claims, args.repa, args.samples)) > 1:
-        parser().error("--claims, --repa and --samples are separate sweeps: run one, then the next")
+    if sum((args.claims, args.repa, args.samples, args.meanflow)) > 1:
+        parser().error("--claims, --repa, --samples and --meanflow are separate sweeps: run one, then the next")
     datasets = args.datasets or tuple(DATASETS)
-    if args.samples:
+    if args.meanflow:
+        specs = plan_meanflow(datasets, out, **common)
+        budget = dict(budget_core_hours=MEANFLOW_BUDGET_CORE_HOURS, spent=meanflow_spent)
+    elif args.samples:
         specs = plan_samples(datasets, out, **common)
         budget = dict(budget_core_hours=SAMPLES_BUDGET_CORE_HOURS, spent=samples_spent)
     elif args.repa:
@@ -166,12 +176,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.report_only:
         sweep(specs, args.jobs, **budget, fits=None if args.stop_by is None else ends_by(args.stop_by))
+    pilot = write_pilot(out, datasets) if args.meanflow and not args.report_only else None
+    if pilot:  # n is fixed now, before any test run: the next start plans the arms and the references
+        print(f"the pilot is read: n per dataset in {pilot}; commit it, then rerun the same command")
     results = load_results(out)
     if not results:
         print(f"no complete runs under {out}/runs", file=sys.stderr)
         return 1
     (repa_rows, repa_lines), (sample_rows, sample_lines) = repa_report(results, out), samples_report(results, out)
-    claims_md = write_claims(results, out, command, extra=(repa_rows + sample_rows, repa_lines + sample_lines))
+    mf_rows, mf_lines = meanflow_report(results, out)
+    claims_md = write_claims(results, out, command, extra=(repa_rows + sample_rows + mf_rows,
+                                                           repa_lines + sample_lines + mf_lines))
     preface = bottom_line(results)
     page = REPO / COMPARISON_PAGE  # the manual quotes the committed study only, never a scratch --out
     committed = Path(out).resolve() == (REPO / RESULTS).resolve()

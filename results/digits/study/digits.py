@@ -143,7 +143,35 @@ LONG = {"SiT (10k steps)": "SiT", "ViT-5 (γ0=1) (10k steps)": "ViT-5 (γ0=1)"}
 LONG_OF = {base: variant for variant, base in LONG.items()}  # backbone → its 10k-step variant
 SAMPLE_VARIANTS: dict[str, dict[str, Any]] = {v: PROXY_VARIANTS[base] for v, base in {**RERUN, **LONG}.items()}
 FIRST_SAMPLE_SEED = 6  # the main pair's seeds 0–5 belong to the earlier additions, 6 on to the sample-quality one
-VARIANTS: dict[str, dict[str, Any]] = {**PROXY_VARIANTS, **CLAIM_VARIANTS, **REPA_VARIANTS, **SAMPLE_VARIANTS}
+# The MeanFlow addition (PROTOCOL.md, 2026-12-06): every objective key written out (names.MEANFLOW_DEFAULTS with
+# configs/demo-meanflow.yaml's guidance off), the common recipe's no clipping spelled too (the demo clips at 1.0),
+# and the training grid sampled by the objective's own method (the base config's ODE is a flow sampler).
+MEANFLOW_SETTINGS: dict[str, Any] = {
+    "transport.objective": "meanflow", "model.interval_embed": True, "model.learn_sigma": False,
+    "transport.meanflow_time_mean": -0.4, "transport.meanflow_time_std": 1.0, "transport.meanflow_ratio": 0.25,
+    "transport.meanflow_norm_p": 1.0, "transport.meanflow_norm_c": 0.01, "transport.meanflow_omega": 1.0,
+    "transport.meanflow_kappa": 0.0, "transport.meanflow_class_dropout": 0.1, "optim.grad_clip": None,
+    "sample.method": "meanflow", "sample.num_steps": 1, "sample.sampling_method": None}
+MEANFLOW_ARMS = {"SiT (meanflow)": "SiT", "ViT-5 (γ0=1) (meanflow)": "ViT-5 (γ0=1)"}  # arm → its flow pair
+# the flow main pair retrained with its own overrides (its checkpoints are not kept): SDE-250 at the end
+FLOW_REFERENCES = {"SiT (flow reference)": "SiT", "ViT-5 (γ0=1) (flow reference)": "ViT-5 (γ0=1)"}
+MEANFLOW_VARIANTS: dict[str, dict[str, Any]] = {
+    "SiT (meanflow)": {**_SIT_ALL, **MEANFLOW_SETTINGS},
+    "ViT-5 (γ0=1) (meanflow)": {**_VIT5_ALL, **MEANFLOW_SETTINGS},
+    **{v: PROXY_VARIANTS[base] for v, base in FLOW_REFERENCES.items()}}
+MEANFLOW_NFES = (1, 2, 4)  # every checkpoint of a meanflow run: 1 is the primary (unsuffixed keys)
+# SampleSpec keywords sampled once, at the final checkpoint, per variant (the flow references' 250-NFE SDE:
+# SampleSpec's defaults = SiT's sample.py: Euler, σ diffusion, last step Mean 0.04)
+FINAL_SAMPLES: dict[str, dict[str, dict[str, Any]]] = {
+    v: {"sde250": {"method": "sde", "sampling_method": "Euler", "num_steps": 250}} for v in FLOW_REFERENCES}
+GRID_SEED, GRID_IMAGES = 0, 40  # the report's grids: seed 0, the first 40 of the 1,000 samples
+# the grids each variant's seed-0 run draws at its final checkpoint (label → SampleSpec keywords)
+GRIDS: dict[str, dict[str, dict[str, Any]]] = {
+    **{v: {f"{k} NFE": {"method": "meanflow", "num_steps": k} for k in MEANFLOW_NFES} for v in MEANFLOW_ARMS},
+    **{v: {"UniPC-8": {"method": "ode", "sampling_method": "unipc", "num_steps": 9},
+           "SDE-250": FINAL_SAMPLES[v]["sde250"]} for v in FLOW_REFERENCES}}
+VARIANTS: dict[str, dict[str, Any]] = {**PROXY_VARIANTS, **CLAIM_VARIANTS, **REPA_VARIANTS, **SAMPLE_VARIANTS,
+                                       **MEANFLOW_VARIANTS}
 MAIN = ("SiT", "ViT-5 (γ0=1)", "ViT-5 (γ0=1e-4)", "ViT-5 − LayerScale")
 THIRD_ROW = ("DiT w. ViT", "DiT w. ViT (cosine)")  # added after the protocol's first version: after MAIN
 LAYER_SCALE_CANDIDATES = ("ViT-5 (γ0=1)", "ViT-5 (γ0=1e-4)", "ViT-5 − LayerScale")
@@ -267,23 +295,50 @@ def heldout_loss(model: nn.Module, transport, x1: Tensor, y: Tensor, num_times: 
 
 
 def evaluate_checkpoint(path: Path, spec: RunSpec, test_data: tuple[Tensor, Tensor]) -> dict[str, float]:
-    """Held-out loss, digits-FID and accuracy of the EMA weights in checkpoint ``path``."""
+    """Held-out loss, digits-FID and accuracy of the EMA weights in checkpoint ``path`` (a meanflow model: at
+    each of ``MEANFLOW_NFES``, the first unsuffixed, the others with the suffix ``_nfe<k>``)."""
     loaded = load_model(path)
     model = loaded.model
-    if loaded.objective_name == "sit":
+    extra: dict[str, SampleSpec] = {}
+    if loaded.objective_name in ("sit", "meanflow"):
+        # a meanflow model without an interval computes exactly its h = 0 function (the interval embedding
+        # is h_emb(h) − h_emb(0)): the velocity it also learns, scored by the common flow-matching loss
         loss = heldout_loss(model, create_transport(**transport_kwargs(loaded.objective)), *test_data)
         spec_ = SampleSpec(method="ode", sampling_method="euler", num_steps=spec.sample_steps)
+        if loaded.objective_name == "meanflow":  # PROTOCOL.md, 2026-12-06: 1 NFE primary, 2 and 4 beside
+            first, *others = MEANFLOW_NFES
+            spec_ = SampleSpec(method="meanflow", num_steps=first)
+            extra = {f"_nfe{k}": SampleSpec(method="meanflow", num_steps=k) for k in others}
     else:  # DiT's objective: its loss is in other units (ε-MSE + VLB), so no flow-matching loss
         loss = float("nan")
         spec_ = SampleSpec(method="ddim", num_steps=spec.sample_steps)
-    pipeline = SamplingPipeline.for_model(loaded, spec_)
-    images, labels_ = generate_digits(pipeline, spec.num_samples)
+    out = {"heldout_loss": loss, **sample_metrics(loaded, spec_, spec.num_samples)}
+    for suffix, sample_spec in extra.items():
+        out.update({k + suffix: v for k, v in sample_metrics(loaded, sample_spec, spec.num_samples).items()})
+    return out
+
+
+def sample_metrics(loaded: Any, sample_spec: SampleSpec, num_samples: int) -> dict[str, float]:
+    """digits-FID and accuracy (both networks on digits16) and pixel precision / recall of ``num_samples``
+    samples of the protocol's noise and labels, drawn from the loaded model with ``sample_spec``."""
+    images, labels_ = generate_digits(SamplingPipeline.for_model(loaded, sample_spec), num_samples)
     metrics = digits_metrics(images, labels_)
-    out = {"heldout_loss": loss, "digits_fid": metrics["digits_fid"], "accuracy": metrics["digits_accuracy"]}
+    out = {"digits_fid": metrics["digits_fid"], "accuracy": metrics["digits_accuracy"]}
     if images.shape[-1] == 16:  # digits16: also the 16×16 network, whose floor is not the 8×8 one's 142
         metrics16 = digits_metrics(images, labels_, load_digits_net(resolution=16))
         out.update(digits_fid16=metrics16["digits_fid"], accuracy16=metrics16["digits_accuracy"])
     return {**out, **pixel_precision_recall(images)}
+
+
+def save_sample_grid(loaded: Any, sample_spec: SampleSpec, path: Path) -> Path:
+    """The first ``GRID_IMAGES`` of the protocol's samples (same noise and labels as the scored ones; rows the
+    classes 0–9) drawn with ``sample_spec``, as a PNG grid at ``path``."""
+    from sit_vit5.images import save_grid
+
+    images, _ = generate_digits(SamplingPipeline.for_model(loaded, sample_spec), GRID_IMAGES)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_grid((images + 1) / 2, path, nrow=10)
+    return path
 
 
 def pixel_precision_recall(images: Tensor, k: int = 3) -> dict[str, float]:
@@ -374,6 +429,8 @@ def run_one(spec: RunSpec, threads: int | None = None,
     identity: dict[str, Any] = {"base_config": Path(spec.base_config).read_text(), "overrides": spec.overrides()}
     if spec.variant in EVAL_SIZES:
         identity["eval_sizes"] = list(EVAL_SIZES[spec.variant])
+    if spec.variant in FINAL_SAMPLES:
+        identity["final_samples"] = FINAL_SAMPLES[spec.variant]
     result: dict[str, Any] = {}
     if spec.result_path.is_file():
         result = json.loads(spec.result_path.read_text())
@@ -441,6 +498,16 @@ def run_one(spec: RunSpec, threads: int | None = None,
             if str(size) not in at_sizes:
                 at_sizes[str(size)] = evaluate_at_size(final, spec, cfg, size)
                 _write_json(spec.result_path, result)
+        finals = result.setdefault("final_samples", {}) if spec.variant in FINAL_SAMPLES else {}
+        for label, kwargs in FINAL_SAMPLES.get(spec.variant, {}).items():  # resumable, one entry at a time
+            if label not in finals:
+                finals[label] = sample_metrics(load_model(final), SampleSpec(**kwargs), spec.num_samples)
+                _write_json(spec.result_path, result)
+        if spec.seed == GRID_SEED and spec.variant in GRIDS:
+            loaded = load_model(final)
+            result["grids"] = {label: str(save_sample_grid(loaded, SampleSpec(**kwargs),
+                                                           spec.run_dir / "grids" / f"{slug(label)}.png"))
+                               for label, kwargs in GRIDS[spec.variant].items()}
     result["eval_seconds"] = result.get("eval_seconds", 0.0) + time.perf_counter() - start
     result["complete"] = True
     _write_json(spec.result_path, result)
@@ -482,18 +549,26 @@ def is_sample_run(run: dict[str, Any]) -> bool:
 
 
 def claims_spent(results_dir: str | os.PathLike = RESULTS) -> float:
-    """Core-hours the claims addition has spent of its budget (the REPA and sample-quality additions have
-    their own)."""
+    """Core-hours the claims addition has spent of its budget (the REPA, sample-quality and MeanFlow additions
+    have their own)."""
     return sum(run_cost(r) for r in cached_runs(results_dir)
-               if "eval_seconds" in r and r["variant"] not in REPA_VARIANTS and not is_sample_run(r))
+               if "eval_seconds" in r and r["variant"] not in REPA_VARIANTS and not is_sample_run(r)
+               and r["variant"] not in MEANFLOW_VARIANTS)
 
 
 def _is_cached(spec: RunSpec) -> bool:
     return spec.result_path.is_file() and json.loads(spec.result_path.read_text()).get("complete", False)
 
 
+MEANFLOW_SIZE = f"{BASE_SIZE} meanflow"  # a cost class of its own: a MeanFlow step costs ≈ 2 flow steps
+MEANFLOW_COST_RATIO = 2.0  # bench.meanflow_step on the CPU (docs/PERFORMANCE.md: 1.93–2.08×): until one ran
+
+
 def size_of(variant: str) -> str:
-    """A variant's model size, depth×width: one of ``SIZES`` or ``BASE_SIZE``."""
+    """A variant's model size, depth×width: one of ``SIZES`` or ``BASE_SIZE`` (``MEANFLOW_SIZE`` for the
+    meanflow arms, whose runs cost about twice a flow run of the same size)."""
+    if variant in MEANFLOW_ARMS:
+        return MEANFLOW_SIZE
     dims = VARIANTS[variant]
     return next((name for name, size in SIZES.items()
                  if all(dims.get(k) == v for k, v in size.items())), BASE_SIZE)
@@ -528,6 +603,9 @@ def cost_model(runs: Sequence[dict[str, Any]]) -> Callable[..., float | None]:
         scale = steps / DEFAULT_STEPS  # training dominates: a run's cost grows with its steps
         if (d, size) in median:
             return median[(d, size)] * scale
+        if size == MEANFLOW_SIZE and not any(sz == size for _, sz in median):  # before any meanflow run
+            flow = cost(d, BASE_SIZE, steps)
+            return None if flow is None else MEANFLOW_COST_RATIO * flow
         base = median.get((d, BASE_SIZE))
         ratios = [median[(o, size)] / median[(o, BASE_SIZE)] for o, sz in median
                   if sz == size and (o, BASE_SIZE) in median]
