@@ -10,6 +10,7 @@ as an alias of ``heun2`` (explicit trapezoid, 2 evaluations per step).
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -34,6 +35,15 @@ def is_adaptive(method: str) -> bool:
     """True when the torchdiffeq method picks its own steps (the output grid does not set the NFE).
     """
     return ode_method(method) in ADAPTIVE_METHODS
+
+
+def warn_adaptive(method: str, num_steps: int, stacklevel: int = 3) -> None:
+    """Say that an adaptive method's ``num_steps`` sets only the output grid, not the NFE."""
+    warnings.warn(
+        f"sampling_method={method!r} is adaptive: num_steps={num_steps} only sets the output grid, "
+        "not the number of model evaluations (read sampler.last_nfe; tune atol/rtol instead)",
+        UserWarning, stacklevel=stacklevel,
+    )
 
 
 class CountingModel:

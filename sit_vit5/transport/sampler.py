@@ -9,8 +9,8 @@ per row, makes the SDE noise and Hutchinson probes depend on each row's seed onl
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -34,8 +34,9 @@ from .integrators import (
     ode_method,
     solve_ode,
     time_grid,
+    warn_adaptive,
 )
-from .likelihood import PROBES, exact_divergence, hutchinson_divergence
+from .likelihood import ode_likelihood
 from .paths import DIFFUSION_FORMS
 from .per_sample import expand_t_like_x
 from .rng import GeneratorLike, randn_like, resolve_generator
@@ -64,14 +65,6 @@ def shift_times(t: Tensor, shift: float | None) -> Tensor:
         return t
     sigma = 1.0 - t
     return 1.0 - shift * sigma / (1.0 + (shift - 1.0) * sigma)
-
-
-def _warn_adaptive(method: str, num_steps: int) -> None:
-    warnings.warn(
-        f"sampling_method={method!r} is adaptive: num_steps={num_steps} only sets the output grid, "
-        "not the number of model evaluations (read sampler.last_nfe; tune atol/rtol instead)",
-        UserWarning, stacklevel=3,
-    )
 
 
 class Sampler:
@@ -125,7 +118,7 @@ class Sampler:
                 self, flow_scheduler(sampling_method, time_shift), num_steps))
         method = ode_method(sampling_method)
         if is_adaptive(method):
-            _warn_adaptive(method, num_steps)
+            warn_adaptive(method, num_steps)
 
         def _sample(z: Tensor, model_fn: Callable[..., Tensor], *,
                     generator: GeneratorLike = None, **model_kwargs):
@@ -218,56 +211,10 @@ class Sampler:
         return _sample
 
     # ---------------------------------------------------------------- likelihood
-    def sample_ode_likelihood(
-        self, *, sampling_method: str = "dopri5", num_steps: int = 50, atol: float = DEFAULT_ATOL,
-        rtol: float = DEFAULT_RTOL, divergence: str = "hutchinson", probe: str = "rademacher",
-        num_probes: int = 1,
-    ) -> Callable[..., tuple[Tensor, Tensor]]:
-        """Log-likelihood of data ``x``: the ODE from t1 back to t0 with ``d logp = -div v dt``.
-
-        ``divergence``: hutchinson (``num_probes`` probes of kind ``probe``: rademacher | gaussian,
-        drawn once per call so adaptive solvers see a deterministic ODE) | exact (one backward pass
-        per dimension: small data only). The function returns ``(logp, z)``: ``log p_t1(x)`` in nats
-        ``(B,)`` under an N(0, I) prior at t0, and the noise-side points ``z``. Bits/dim:
-        :func:`~sit_vit5.transport.bits_per_dim` (no dequantization offset is added).
-        """
-        method = ode_method(sampling_method)
-        if is_adaptive(method):
-            _warn_adaptive(method, num_steps)
-        choose({"hutchinson": None, "exact": None}, divergence, "divergence")
-        draw_probe = choose(PROBES, probe, "probe")
-        if num_probes < 1:
-            raise ValueError(f"num_probes must be >= 1, got {num_probes}")
-        tr = self.transport
-
-        def _likelihood(
-            x: Tensor, model_fn: Callable[..., Tensor], *, generator: GeneratorLike = None,
-            **model_kwargs,
-        ) -> tuple[Tensor, Tensor]:
-            model, gen = CountingModel(model_fn), resolve_generator(generator, len(x))
-            velocity = self._velocity_fn(model, model_kwargs)
-            probes = None
-            if divergence == "hutchinson":
-                probes = torch.stack([draw_probe(x, gen) for _ in range(num_probes)])
-
-            def drift(state: tuple[Tensor, Tensor], t: Tensor) -> tuple[Tensor, Tensor]:
-                with torch.enable_grad():
-                    y = state[0].detach().requires_grad_(True)
-                    v = velocity(y, t)
-                    div = (exact_divergence(v, y) if probes is None
-                           else hutchinson_divergence(v, y, probes))
-                return v.detach(), div.detach()
-
-            init = (x, torch.zeros(len(x), dtype=x.dtype, device=x.device))
-            grid = self.ode_grid(num_steps, x, reverse=True)
-            ys, delta = solve_ode(drift, init, grid, method, atol, rtol)
-            z = ys[-1]
-            # integrating t1 -> t0 gives delta = -int_{t0}^{t1} div v dt, so log p_t1(x) = log N(z)
-            # + delta
-            self.last_nfe = model.nfe
-            return tr.prior_logp(z) + delta[-1], z
-
-        return _likelihood
+    def sample_ode_likelihood(self, **options: Any) -> Callable[..., tuple[Tensor, Tensor]]:
+        """Log-likelihood of data by the probability-flow ODE run backwards: the function of
+        :func:`~sit_vit5.transport.likelihood.ode_likelihood` for this sampler (its ``options``)."""
+        return ode_likelihood(self, **options)
 
 
 # -------------------------------------------------------- step by step (diffusers' loop API)
