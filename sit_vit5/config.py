@@ -467,7 +467,7 @@ def validate_settings(cfg: Config) -> None:
         raise ConfigError(f"train.tensorboard={cfg['train']['tensorboard']!r}; "
                           "valid: true, false, null (= when installed)")
     betas = cfg["optim"]["betas"]
-    if len(betas) != 2:
+    if not isinstance(betas, list | tuple) or len(betas) != 2:  # null passes the type check
         raise ConfigError(f"optim.betas={betas!r}; expected two numbers")
     if not all(BETA_RANGE.holds(b) for b in betas):
         raise ConfigError(f"optim.betas={betas!r}; each must be {BETA_RANGE.describe()}")
