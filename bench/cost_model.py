@@ -207,6 +207,8 @@ def classify(module: str, frames: list[tuple[str, str]], func: str) -> str:
     frames on the stack (innermost last: (qualname, source line)) and the torch function's name."""
     names = [q for q, _ in frames]
     line = frames[-1][1] if frames else ""
+    if "qk_norm_rope" in names:  # the GPU path's fused QK-norm + RoPE: the norm, then the weight and rotation
+        return "QK-norm" if func == "rms_norm" else "RoPE"
     if any(q.startswith(("Rotation.", "RopeTables.")) or q in ("swap_pairs", "rotate_half") for q in names):
         return "RoPE"
     if module.endswith(("q_norm", "k_norm")):

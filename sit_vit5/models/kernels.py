@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
@@ -53,22 +54,30 @@ class Rotation:
     complex multiply, one pass instead of five. Other dtypes (there is no complex bf16) and
     torch.compile (inductor fuses the real form but generates no complex code): the real form with
     the pair signs folded into sin, ``x * cos + swap_pairs(x) * sin_folded``. Both are bitwise equal
-    to ``apply_rope`` on CPU.
+    to ``apply_rope`` on CPU. ``pairs``: the tables :func:`qk_norm_rope` (the GPU path) rotates
+    with. ``complex_tables=False`` (compiled code) builds no complex tables.
     """
 
-    def __init__(self, cos: Tensor, sin: Tensor, fp32: tuple[Tensor, Tensor] | None = None) -> None:
+    def __init__(self, cos: Tensor, sin: Tensor, fp32: tuple[Tensor, Tensor] | None = None,
+                 complex_tables: bool = True) -> None:
         self.source = (cos, sin)  # the (N, head_dim) tables this was built from
         self.cos = cos.unsqueeze(-2)  # (N, 1, head_dim): broadcast over heads
         folded = torch.stack((-sin[:, 0::2], sin[:, 1::2]), dim=-1)  # (N, head_dim / 2, 2)
         self.sin_folded = folded.flatten(-2).unsqueeze(-2)  # (N, 1, head_dim)
-        complex_ok = cos.dtype in (torch.float32, torch.float64)
+        complex_ok = cos.dtype in (torch.float32, torch.float64) and complex_tables
+        # (N, 1, 1, head_dim / 2, 2) each, in fp32 (fp64 for fp64 tables) whatever the compute
+        # dtype: pair j of a token rotates as (a, b) -> a * (cos_j, sin_j) + b * (-sin_j, cos_j)
+        wide = (cos, sin) if cos.dtype in (torch.float32, torch.float64) or fp32 is None else fp32
+        c, s = wide[0][:, 0::2], wide[1][:, 0::2]  # (N, head_dim / 2): one angle per pair
+        self.pairs = (torch.stack((c, s), dim=-1)[:, None, None],
+                      torch.stack((-s, c), dim=-1)[:, None, None])
         # (N, 1, head_dim / 2) complex angles, and their conjugate: the inverse rotation
         self.cis = torch.complex(cos[:, 0::2], sin[:, 0::2]).unsqueeze(-2) if complex_ok else None
         self.cis_conj = self.cis.conj().resolve_conj() if complex_ok else None
         # bf16/fp16 tables with their fp32 ones (``fp32``): complex fp32 angles for the fused
         # QK-norm + RoPE node, which normalises and rotates half-precision q/k in fp32
         self.half_cis = self.half_cis_conj = None
-        if fp32 is not None and not complex_ok:
+        if fp32 is not None and not complex_ok and complex_tables:
             self.half_cis = torch.complex(fp32[0][:, 0::2], fp32[1][:, 0::2]).unsqueeze(-2)
             self.half_cis_conj = self.half_cis.conj().resolve_conj()
 
@@ -83,6 +92,38 @@ class Rotation:
             pairs = torch.view_as_complex(x.unflatten(-1, (-1, 2)))  # (B, N, H, head_dim / 2)
             return torch.view_as_real(pairs * self.cis).flatten(-2)
         return x * self.cos + swap_pairs(x) * self.sin_folded
+
+
+def qk_norm_rope(qk: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float,
+                 rotation: Rotation) -> Tensor:
+    """``rotation(rms_norm(x) * weight)`` for q and k at once, in plain torch ops: the GPU path.
+
+    qk (B, N, 2, H, head_dim): q and k side by side (a view of the qkv activation); ``q_weight``,
+    ``k_weight`` (head_dim,) their RMSNorm weights; returns (B, N, 2, H, head_dim) in qk's dtype.
+
+    One ``F.rms_norm`` (a fused kernel on CUDA) normalises both; the weight is folded into the
+    rotation's pair tables (tiny: (N, 2, 1, head_dim / 2, 2)), so the weight and the rotation are
+    one multiply and one ``addcmul`` over the activations, computed in fp32, and one cast back:
+    eager CUDA runs 5 activation-sized kernels for q and k where the unfused chain runs 14, and
+    Inductor fuses them into one. A bf16/fp16 x is normalised in its own dtype (the reduction
+    accumulates in fp32 inside the kernel; autocast is kept from adding an fp32 copy first) and
+    rounded once more at the end; fp32: equal to the unfused chain within fp32 rounding (the
+    products are associated differently: ``x * (w * cos)``).
+    """
+    d, kind = qk.shape[-1], qk.device.type
+    if torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind):  # meta: neither
+        with torch.autocast(kind, enabled=False):
+            x_hat = F.rms_norm(qk, (d,), None, eps)
+    else:
+        x_hat = F.rms_norm(qk, (d,), None, eps)
+    cos_sin, neg_sin_cos = rotation.pairs  # (N, 1, 1, d / 2, 2)
+    w = torch.stack((q_weight, k_weight)).to(cos_sin.dtype).unflatten(-1, (-1, 2))  # (2, d / 2, 2)
+    w = w.unsqueeze(1)  # (2, 1, d / 2, 2): broadcast over heads
+    first = w[..., :1] * cos_sin  # (N, 2, 1, d / 2, 2): (w_a cos, w_a sin)
+    second = w[..., 1:] * neg_sin_cos  # (N, 2, 1, d / 2, 2): (-w_b sin, w_b cos)
+    pairs = x_hat.unflatten(-1, (-1, 2))  # (B, N, 2, H, d / 2, 2)
+    y = torch.addcmul(pairs[..., :1] * first, pairs[..., 1:], second)
+    return y.flatten(-2).to(qk.dtype)
 
 
 class _RMSNormFunction(torch.autograd.Function):
