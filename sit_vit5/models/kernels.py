@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
@@ -53,24 +54,34 @@ class Rotation:
     complex multiply, one pass instead of five. Other dtypes (there is no complex bf16) and
     torch.compile (inductor fuses the real form but generates no complex code): the real form with
     the pair signs folded into sin, ``x * cos + swap_pairs(x) * sin_folded``. Both are bitwise equal
-    to ``apply_rope`` on CPU.
+    to ``apply_rope`` on CPU. ``wide``, ``wide_cis``: the tables :func:`qk_norm_rope` (the GPU
+    path) rotates with, fp32 (fp64 for fp64 tables) whatever the compute dtype.
+    ``complex_tables=False`` (compiled code) builds no complex tables.
     """
 
-    def __init__(self, cos: Tensor, sin: Tensor, fp32: tuple[Tensor, Tensor] | None = None) -> None:
+    def __init__(self, cos: Tensor, sin: Tensor, fp32: tuple[Tensor, Tensor] | None = None,
+                 complex_tables: bool = True) -> None:
         self.source = (cos, sin)  # the (N, head_dim) tables this was built from
         self.cos = cos.unsqueeze(-2)  # (N, 1, head_dim): broadcast over heads
         folded = torch.stack((-sin[:, 0::2], sin[:, 1::2]), dim=-1)  # (N, head_dim / 2, 2)
         self.sin_folded = folded.flatten(-2).unsqueeze(-2)  # (N, 1, head_dim)
-        complex_ok = cos.dtype in (torch.float32, torch.float64)
+        complex_ok = cos.dtype in (torch.float32, torch.float64) and complex_tables
+        # bf16/fp16 tables come with their fp32 ones (``fp32``): the GPU path rotates in fp32
+        wide = (cos, sin) if cos.dtype in (torch.float32, torch.float64) or fp32 is None else fp32
+        wide_folded = torch.stack((-wide[1][:, 0::2], wide[1][:, 1::2]), dim=-1).flatten(-2)
+        self.wide = (wide[0][:, None, None], wide_folded[:, None, None])  # (N, 1, 1, head_dim)
         # (N, 1, head_dim / 2) complex angles, and their conjugate: the inverse rotation
         self.cis = torch.complex(cos[:, 0::2], sin[:, 0::2]).unsqueeze(-2) if complex_ok else None
         self.cis_conj = self.cis.conj().resolve_conj() if complex_ok else None
         # bf16/fp16 tables with their fp32 ones (``fp32``): complex fp32 angles for the fused
         # QK-norm + RoPE node, which normalises and rotates half-precision q/k in fp32
         self.half_cis = self.half_cis_conj = None
-        if fp32 is not None and not complex_ok:
+        if fp32 is not None and not complex_ok and complex_tables:
             self.half_cis = torch.complex(fp32[0][:, 0::2], fp32[1][:, 0::2]).unsqueeze(-2)
             self.half_cis_conj = self.half_cis.conj().resolve_conj()
+        # (N, 1, 1, head_dim / 2) complex, the wide tables' angles (eager GPU path), or None
+        cis = self.cis if self.cis is not None else self.half_cis
+        self.wide_cis = None if cis is None else cis.unsqueeze(-2)
 
     def complex_ok(self, x: Tensor) -> bool:
         """Whether x is rotated by the complex multiply (eager, x in the tables' fp32/fp64)."""
@@ -83,6 +94,42 @@ class Rotation:
             pairs = torch.view_as_complex(x.unflatten(-1, (-1, 2)))  # (B, N, H, head_dim / 2)
             return torch.view_as_real(pairs * self.cis).flatten(-2)
         return x * self.cos + swap_pairs(x) * self.sin_folded
+
+
+def qk_norm_rope(qk: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float,
+                 rotation: Rotation) -> Tensor:
+    """``rotation(rms_norm(x) * weight)`` for q and k at once, in plain torch ops: the GPU path.
+
+    qk (B, N, 2, H, head_dim): q and k side by side (a view of the qkv activation); ``q_weight``,
+    ``k_weight`` (head_dim,) their RMSNorm weights; returns (B, N, 2, H, head_dim) in qk's dtype.
+
+    One ``F.rms_norm`` without weight normalises q and k in their own dtype: a same-dtype call is
+    CUDA's fused kernel (fp32 accumulation inside), where a bf16 x with an fp32 weight would take
+    the composite, and autocast would first copy x to fp32 (it lists rms_norm as an fp32 op; it is
+    switched off around the call). The weight multiply promotes to fp32 (fp64 for an fp64 model)
+    and the rotation runs there, with fp32 tables: eager, one complex multiply (one kernel,
+    backward one); compiled, the real form ``z * cos + swap_pairs(z) * sin_folded``, which Inductor
+    fuses (it generates no complex code). Then one cast back. The tables are constants, so the
+    backward makes no reduction over the activations for them. Eager CUDA runs 4
+    activation-sized kernels forward for q and k where the unfused chain ran 14. fp32: the
+    previous chain's numbers within fp32 rounding; bf16: one rounding after the norm and one at
+    the end (the previous chain rounded four times, in bf16 tables).
+    """
+    d, kind = qk.shape[-1], qk.device.type
+    if torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind):  # meta: neither
+        with torch.autocast(kind, enabled=False):
+            x_hat = F.rms_norm(qk, (d,), None, eps)
+    else:
+        x_hat = F.rms_norm(qk, (d,), None, eps)
+    cos, sin_folded = rotation.wide  # (N, 1, 1, d)
+    w = torch.stack((q_weight, k_weight)).to(cos.dtype).unsqueeze(1)  # (2, 1, d): q's, k's
+    z = x_hat * w  # (B, N, 2, H, d) in the tables' dtype
+    if rotation.wide_cis is not None and not torch.compiler.is_compiling():
+        pairs = torch.view_as_complex(z.unflatten(-1, (-1, 2)))  # (B, N, 2, H, d / 2)
+        y = torch.view_as_real(pairs * rotation.wide_cis).flatten(-2)
+    else:
+        y = torch.addcmul(z * cos, swap_pairs(z), sin_folded)
+    return y.to(qk.dtype)
 
 
 class _RMSNormFunction(torch.autograd.Function):
