@@ -23,12 +23,12 @@ from .names import (
     LAST_STEPS,
     MEANFLOW_METHODS,
     ODE_ADAPTIVE_METHODS,
-    ODE_ALIASES,
     ODE_EQUAL_STEP_METHODS,
     ODE_FIXED_STEP_METHODS,
     ODE_STEP_NFE,
     SDE_STEP_NFE,
     TRANSPORT_METHODS,
+    ode_solver_name,
 )
 from .utils.errors import SettingError
 
@@ -64,12 +64,6 @@ FEW_STEPS: dict[str, dict[str, Any]] = {
     "sit": FEW_STEP,
     "ddpm": {"method": "ddpm", "sampling_method": "dpm++2m-sde", "num_steps": 12},
 }
-
-
-def ode_solver_name(name: str) -> str:
-    """The canonical ODE ``sampling_method`` (lower case, ``heun`` -> ``heun2``); torch-free."""
-    key = name.lower()
-    return ODE_ALIASES.get(key, key)
 
 
 def sampling_methods(method: str) -> tuple[str, ...]:
