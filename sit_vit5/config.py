@@ -350,7 +350,8 @@ def model_key_types() -> dict[str, tuple[type, bool]]:
     """``model`` key → (type, nullable), from the defaults of SiT and the SiT / ViT-5 switches
     (nullable when any defaults to None, or when it is derived from the data)."""
     from .models.registry import DATA_DERIVED_KEYS
-    from .models.sit import SIT_SWITCHES, SiT
+    from .models.sit import SiT
+    from .models.switches import SIT_SWITCHES
     from .models.vit5 import VIT5_SWITCHES
 
     defaults: dict[str, list[Any]] = {}
@@ -372,7 +373,7 @@ def validate_model_section(cfg: Config) -> None:
     """Check the ``model`` keys' names, types, ranges and choices (ConfigError naming
     ``model.<key>=<value>``). Sizes that do not fit together: ``validate_architecture``."""
     from .models.layers import resolve_layer_scale_init
-    from .models.sit import check_switches
+    from .models.switches import check_switches
 
     m = cfg["model"]
     check_model_keys(m)  # also run by validate_settings; here for direct callers
@@ -409,10 +410,11 @@ def validate_model_section(cfg: Config) -> None:
 
 
 def validate_architecture(m: dict[str, Any]) -> None:
-    """Raise ConfigError when a (type-checked) ``model`` section cannot build a model: the model's
-    own :func:`~sit_vit5.models.sit.check_architecture` on the name's sizes with the overrides."""
+    """Raise ConfigError when a (type-checked) ``model`` section cannot build a model: the
+    model's own :func:`~sit_vit5.models.switches.check_architecture` on the name's sizes with the
+    overrides."""
     from .models.registry import _NAME, SIZES
-    from .models.sit import check_architecture
+    from .models.switches import check_architecture
 
     _, hidden, heads = SIZES[_NAME.match(m["name"])["size"]]  # the name's sizes, then overrides
     try:
@@ -424,7 +426,7 @@ def validate_architecture(m: dict[str, Any]) -> None:
 
 def _switches_of(cfg_model: dict[str, Any]) -> dict[str, Any]:
     """The switches ``cfg_model`` builds with: its backbone's defaults, then the overrides."""
-    from .models.sit import SIT_SWITCHES
+    from .models.switches import SIT_SWITCHES
     from .models.vit5 import VIT5_SWITCHES
 
     base = VIT5_SWITCHES if cfg_model["name"].startswith("ViT5") else SIT_SWITCHES

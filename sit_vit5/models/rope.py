@@ -32,7 +32,8 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 def register_grid(num_registers: int) -> tuple[int, int]:
-    """The (side, side) grid registers rotate on (a square count: ``sit.check_architecture``)."""
+    """The (side, side) grid registers rotate on (a square count: see
+    ``switches.check_architecture``)."""
     side = math.isqrt(num_registers)
     return side, side
 
