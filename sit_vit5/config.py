@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 import yaml
 
-from .latent_norm import LatentNorm, LatentNormError
+from .latent_norm import LatentNorm
 from .names import (
     DDPM_DEFAULTS,
     INTERPOLATIONS,
@@ -32,7 +32,7 @@ from .names import (
 )
 from .sample_spec import SampleSpec, check_cfg_scale, config_defaults
 from .utils.atomic_files import unwritable_dir_reason
-from .utils.errors import SettingError, SitVit5Error
+from .utils.errors import ConfigError, SettingError
 
 # The model and objective checks import torch (seconds): they run last, so that a bad key, type,
 # range or path is reported before torch loads.
@@ -258,10 +258,6 @@ def _load_yaml(text: str) -> Any:
     return yaml.load(text, Loader=_Loader)  # a SafeLoader subclass: no arbitrary objects
 
 
-class ConfigError(SitVit5Error, ValueError):
-    """A config file or override that names an unknown key or holds a value of the wrong type."""
-
-
 def _type_ok(default: Any, value: Any) -> bool:
     """Values keep the default's type (ints may stand for floats); a None default takes anything."""
     if default is None or value is None:
@@ -477,10 +473,7 @@ def validate_settings(cfg: Config) -> None:
     if not all(BETA_RANGE.holds(b) for b in betas):
         raise ConfigError(f"optim.betas={betas!r}; each must be {BETA_RANGE.describe()}")
     validate_repa(cfg)
-    try:
-        LatentNorm.from_section(cfg["vae"])
-    except LatentNormError as err:
-        raise ConfigError(str(err)) from None
+    LatentNorm.from_section(cfg["vae"])
     if cfg["vae"]["latent_stats"] not in LATENT_STATS:
         raise ConfigError(f"vae.latent_stats={cfg['vae']['latent_stats']!r}; valid: null, cache")
     if cfg["vae"]["latent_stats"] == "cache" and cfg["data"]["kind"] != "latents":
@@ -494,15 +487,13 @@ def validate_settings(cfg: Config) -> None:
 
 def validate_models(cfg: Config) -> None:
     """The model section, and the objective against model and sampler (imports torch: seconds)."""
-    from .objective import ObjectiveError, check_objective
+    from .objective import check_objective
 
     validate_model_section(cfg)
-    try:  # objective vs model (learn_sigma, DiT-* names) and sampler (sample.method)
-        check_objective(cfg["transport"], learn_sigma=cfg["model"].get("learn_sigma", True),
-                        model_name=cfg["model"]["name"], sample_method=cfg["sample"]["method"],
-                        interval_embed=cfg["model"].get("interval_embed", False))
-    except ObjectiveError as err:
-        raise ConfigError(str(err)) from None
+    # objective vs model (learn_sigma, DiT-* names) and sampler (sample.method)
+    check_objective(cfg["transport"], learn_sigma=cfg["model"].get("learn_sigma", True),
+                    model_name=cfg["model"]["name"], sample_method=cfg["sample"]["method"],
+                    interval_embed=cfg["model"].get("interval_embed", False))
 
 
 def validate_repa(cfg: Config) -> None:
