@@ -36,6 +36,7 @@ recomputation choices and the one graph break of ViT-5 under torch 2.11; the sam
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import linecache
@@ -203,6 +204,10 @@ SHORT_ROW = 128
 ATTENTION_BACKWARD = 2.5
 
 
+#: the component of the opt-in Triton QK-norm + RoPE op, both directions
+FUSED_GROUP = "QK-norm + RoPE (Triton)"
+
+
 def classify(module: str, frames: list[tuple[str, str]], func: str) -> str:
     """The component a torch call belongs to, from the module path (``blocks.3.attn.q_norm``), the model
     frames on the stack (innermost last: (qualname, source line)) and the torch function's name."""
@@ -276,6 +281,8 @@ class _Recorder(TorchDispatchMode):
                 flops = ATTENTION_BACKWARD * attention_flops(args[1], args[2], args[3])
             else:
                 flops = attention_flops(args[0], args[1], args[2])
+        elif name in ("qkv_norm_rope", "qkv_norm_rope_backward"):  # the opt-in Triton op (fused_qk.py)
+            group = FUSED_GROUP
         elif name in ("_to_copy", "copy_") and outs[0].dtype != ins[-1].dtype:
             src = ins[-1]
             weight = id(src) in self.params or (node is not None and any(
@@ -361,13 +368,14 @@ def build_fake(backbone: str, size: str, package: str = "sit_vit5", **overrides)
 
 
 def trace(backbone: str, size: str = "XL", batch: int = 32, train: bool = True, cfg: bool = True,
-          package: str = "sit_vit5", **overrides) -> Trace:
+          package: str = "sit_vit5", fused: bool = False, **overrides) -> Trace:
     """Trace one bf16-autocast step on fake CPU tensors along the GPU's code path.
 
     ``train``: transport loss (Linear, velocity) forward + backward on latents (batch, 4, s, s), s =
     ``input_size`` (default 32); otherwise one Euler-Maruyama SDE step of ``Sampler.sample_sde`` with CFG
     4.0 (``cfg``): the model on the doubled batch (2·batch) under ``torch.no_grad``, the CFG mix, the
-    step. ``overrides``: create_model keywords (switches,
+    step. ``fused``: ViT-5's QK-norm + RoPE as the opt-in Triton op (``kernels.fused_qk``: one op each
+    way, its bytes in and out). ``overrides``: create_model keywords (switches,
     depth, input_size ...). A warm-up call runs untraced first (it builds the RoPE tables once, as on a GPU).
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -376,7 +384,9 @@ def trace(backbone: str, size: str = "XL", batch: int = 32, train: bool = True, 
     from sit_vit5.transport import Sampler, create_transport
 
     flops = importlib.import_module(f"{package}.models").flops
-    generic_path = importlib.import_module(f"{package}.models.kernels").generic_path
+    kernels_module = importlib.import_module(f"{package}.models.kernels")
+    generic_path = kernels_module.generic_path
+    fused_qk = kernels_module.fused_qk if fused else lambda: contextlib.nullcontext()
 
     num_classes = overrides.get("num_classes", 1000)
     side = overrides.get("input_size", 32)
@@ -384,7 +394,7 @@ def trace(backbone: str, size: str = "XL", batch: int = 32, train: bool = True, 
     # one Euler-Maruyama step of the bench's SDE (2 grid points, no last step): 1 NFE; its host-side time
     # grid is built here, outside the fake mode
     sde = Sampler(transport).sample_sde(num_steps=2, last_step=None)
-    with FakeTensorMode(), generic_path():
+    with FakeTensorMode(), generic_path(), fused_qk():
         model = build_fake(backbone, size, package, **overrides).train(train)
         macs = float(flops(model)) * 1e9  # flops() is GFLOPs (multiply-adds) per image
         params = [p for p in model.parameters() if p.requires_grad]
@@ -735,6 +745,23 @@ def ablation_predictions(size: str = "XL", batch: int = 32, dev: Device = DEVICE
     return rows
 
 
+def fused_predictions(traces: dict, dev: Device = DEVICES["H200"], eff: Efficiency = FITTED) -> dict:
+    """ViT5 / SiT with the opt-in Triton QK-norm + RoPE (eager only: compiled code keeps the torch ops,
+    which Inductor fuses): the ratios beside the torch ops', and the eager b32 excess."""
+    rows = []
+    for key, (train, batch) in {"train eager b32": (True, 32), "train eager b64": (True, 64),
+                                "sample": (False, 32)}.items():
+        sit = predict(traces["SiT", train, batch], "eager", dev, eff)
+        ops = predict(traces["ViT5", train, batch], "eager", dev, eff)
+        fused_trace = trace("ViT5", "XL", batch, train=train, fused=True)
+        fused = predict(fused_trace, "eager", dev, eff)
+        rows.append(dict(row=key, torch_ops=ops.seconds / sit.seconds, fused=fused.seconds / sit.seconds,
+                         fused_ms=fused.ms(), sit_ms=sit.ms()))
+        if key == "train eager b32":
+            excess_b32 = excess(fused, sit)
+    return dict(rows=rows, excess_b32=excess_b32)
+
+
 def what_if_sit(traces: dict, dev: Device = DEVICES["H200"], eff: Efficiency = FITTED) -> list[dict]:
     """SiT-XL/2's predicted MFU at batch 32 as the known costs are removed one after another."""
     tr = traces["SiT", True, 32]
@@ -800,6 +827,7 @@ def report(dev_name: str = "H200", eff: Efficiency = FITTED, traces: dict | None
                         sit_mfu=mfu(traces["SiT", train, batch], sit, dev),
                         excess=excess(vit5, sit), sit_breakdown=breakdown(sit), vit5_kernels=vit5.kernels,
                         sit_kernels=sit.kernels)
+    out["fused_qk"] = fused_predictions(traces, dev, eff)
     out["what_if_sit"] = what_if_sit(traces, dev, eff)
     out["host_syncs"] = HOST_SYNCS
     if ablate:
@@ -864,6 +892,20 @@ def markdown(rep: dict) -> str:
                   "component (fused kernels split by their ops' unfused bytes); 'host-bound' is the time the GPU "
                   "waits on the host.", "",
                   *_table([x for x in r["excess"] if abs(x["excess_ms"]) >= 0.05],
+                          [("component", "component", ""), ("sit_ms", "SiT ms", ".2f"), ("vit5_ms", "ViT5 ms", ".2f"),
+                           ("excess_ms", "excess ms", "+.2f"), ("share", "share of excess", ".0%"),
+                           ("kernels", "extra kernels", "+d")]), ""]
+    if "fused_qk" in rep:
+        f = rep["fused_qk"]
+        lines += ["## With the fused QK-norm + RoPE (Triton, opt-in: `SIT_VIT5_FUSED_QK=1`)", "",
+                  "`sit_vit5/models/fused_qk.py`: one kernel each way for q and k of a token, traced as one op "
+                  "(its bytes in and out). Eager only; compiled code keeps the torch ops. Predicted ViT5 / SiT; "
+                  "no GPU has timed it yet (the `vit5_ablate` stage times `ViT5+fused_qk`).", "",
+                  *_table(f["rows"], [("row", "ratio", ""), ("torch_ops", "torch ops", ".3f"),
+                                      ("fused", "fused", ".3f"), ("fused_ms", "ViT5 fused ms", ".1f"),
+                                      ("sit_ms", "SiT ms", ".1f")]), "",
+                  "Its excess over SiT, training step, eager, batch 32:", "",
+                  *_table([x for x in f["excess_b32"] if abs(x["excess_ms"]) >= 0.05],
                           [("component", "component", ""), ("sit_ms", "SiT ms", ".2f"), ("vit5_ms", "ViT5 ms", ".2f"),
                            ("excess_ms", "excess ms", "+.2f"), ("share", "share of excess", ".0%"),
                            ("kernels", "extra kernels", "+d")]), ""]

@@ -119,6 +119,23 @@ def test_vit5_trace_follows_the_gpu_path():
     assert "mul" in {op.name for op in tr.ops if op.group == "RoPE"}  # kernels.qk_norm_rope's rotation
 
 
+def test_the_fused_qk_trace_has_one_op_each_way_per_block_and_moves_fewer_bytes():
+    """With the opt-in Triton QK-norm + RoPE the trace holds one op forward and one backward per
+    block, with their bytes (in: qkv, tables, weights; out: q, k, v and rstd), in place of the
+    torch ops' QK-norm and RoPE kernels; the predicted eager step is shorter."""
+    plain = cm.trace("ViT5", "S", 2, train=True, **TINY)
+    fused = cm.trace("ViT5", "S", 2, train=True, fused=True, **TINY)
+    ops = [op for op in fused.ops if op.group == cm.FUSED_GROUP]
+    assert sorted(op.name for op in ops) == sorted(["qkv_norm_rope", "qkv_norm_rope_backward"]
+                                                   * TINY["depth"])
+    assert not {"QK-norm", "RoPE"} & {op.group for op in fused.ops}
+    forward = next(op for op in ops if op.phase == "fwd")
+    qkv = 2 * (16 + 4) * 3 * 384 * 2  # (B, 16 patches + 4 registers, 3, D = 384) bf16 (autocast)
+    assert 2 * qkv <= forward.bytes < 2.2 * qkv  # read once, written once; tables, weights, rstd
+    assert len(fused.ops) < len(plain.ops)
+    assert cm.predict(fused, "eager").seconds < cm.predict(plain, "eager").seconds
+
+
 def test_generic_path_switch_is_bit_identical_when_off():
     torch.manual_seed(0)
     model = create_model("ViT5-S/2", **TINY).train()

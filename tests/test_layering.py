@@ -62,6 +62,8 @@ DEFERRED_IMPORTS = {
     "sit_vit5/objective/sit.py": "diffusers' flow solvers only for a scheduler or a solver name",
     "sit_vit5/vae.py": "the hub's network probe only for a hub id (pixel space and local folders "
                        "need none)",
+    "sit_vit5/models/kernels.py": "Triton's fused QK-norm + RoPE only once switched on (a GPU "
+                                  "backend, opt-in)",
     **{builder: f"a builder: {why}" for builder, why in BUILDERS.items()},
 }
 #: Modules that import without torch (seconds to load), and why: they run before the first-minute

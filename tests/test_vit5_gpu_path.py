@@ -186,9 +186,9 @@ def test_generic_model_within_1e5_of_the_cpu_path_and_the_cpu_path_takes_none_of
         return out, grads
 
     calls = []
-    import sit_vit5.models.layers as layers
+    import sit_vit5.models.kernels as kernels
 
-    monkeypatch.setattr(layers, "qk_norm_rope", lambda *a: calls.append(1) or qk_norm_rope(*a))
+    monkeypatch.setattr(kernels, "qk_norm_rope", lambda *a: calls.append(1) or qk_norm_rope(*a))
     cpu, g_cpu = run()
     assert not calls  # the CPU path keeps its nodes
     with generic_path():

@@ -4,13 +4,16 @@
 holds what makes them cheap: a RoPE :class:`Rotation` with its tables laid out once (a complex
 multiply in fp32), and two hand-written CPU autograd nodes (RMSNorm; QK-norm + RoPE in one node).
 Each is bitwise equal to the definition in the forward (fp32) and within float rounding in the
-backward (``tests/test_bench_kernels.py``, ``tests/test_vit5_kernels.py``).
+backward (``tests/test_bench_kernels.py``, ``tests/test_vit5_kernels.py``). On the GPU, QK-norm +
+RoPE can run as one Triton kernel each way (``fused_qk.py``, opt-in: :func:`fused_qk`).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import cached_property
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +23,9 @@ from torch.autograd.function import once_differentiable
 #: Whether the CPU autograd nodes below may run on CPU tensors (layers.py asks
 #: :func:`cpu_nodes_enabled`). False only inside :func:`generic_path`.
 _CPU_NODES = True
+#: Whether the GPU path's QK-norm + RoPE runs as one Triton kernel each way (``fused_qk.py``):
+#: opt-in (``SIT_VIT5_FUSED_QK=1`` or :func:`fused_qk`) until a GPU has timed it (issue 56)
+_FUSED_QK = os.environ.get("SIT_VIT5_FUSED_QK", "").strip() == "1"
 
 
 def cpu_nodes_enabled() -> bool:
@@ -38,6 +44,18 @@ def generic_path() -> Iterator[None]:
         yield
     finally:
         _CPU_NODES = previous
+
+
+@contextmanager
+def fused_qk(enabled: bool = True) -> Iterator[None]:
+    """Inside, the GPU path's QK-norm + RoPE takes the fused Triton kernels (``enabled``) or the
+    torch ops; outside it, ``SIT_VIT5_FUSED_QK`` decides. Not thread-safe."""
+    global _FUSED_QK
+    previous, _FUSED_QK = _FUSED_QK, enabled
+    try:
+        yield
+    finally:
+        _FUSED_QK = previous
 
 
 def swap_pairs(x: Tensor) -> Tensor:
@@ -82,6 +100,13 @@ class Rotation:
         # (N, 1, 1, head_dim / 2) complex, the wide tables' angles (eager GPU path), or None
         cis = self.cis if self.cis is not None else self.half_cis
         self.wide_cis = None if cis is None else cis.unsqueeze(-2)
+
+    @cached_property
+    def pair_tables(self) -> tuple[Tensor, Tensor]:
+        """(cos, sin), each (N, head_dim / 2) in the wide tables' dtype: the angle of each channel
+        pair (2i, 2i + 1), as the fused kernels read them."""
+        cos, sin_folded = self.wide  # (N, 1, 1, head_dim); sin folded: -sin even, +sin odd
+        return cos[:, 0, 0, 0::2].contiguous(), sin_folded[:, 0, 0, 1::2].contiguous()
 
     def complex_ok(self, x: Tensor) -> bool:
         """Whether x is rotated by the complex multiply (eager, x in the tables' fp32/fp64)."""
@@ -130,6 +155,24 @@ def qk_norm_rope(qk: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float,
     else:
         y = torch.addcmul(z * cos, swap_pairs(z), sin_folded)
     return y.to(qk.dtype)
+
+
+def qkv_gpu_path(qkv: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float,
+                 rotation: Rotation) -> tuple[Tensor, Tensor, Tensor]:
+    """q, k, v (each (B, N, H, head_dim)) of the qkv activation (B, N, 3, H, head_dim) on the GPU
+    path: q and k normalised and rotated by :func:`qk_norm_rope`, or, with :func:`fused_qk` on in
+    eager code, by one Triton kernel each way (``fused_qk.py``; not under torch.compile, where
+    Inductor fuses the torch ops, nor under torch.func transforms, which it has no rule for)."""
+    if (_FUSED_QK and not torch.compiler.is_compiling()
+            and rotation.wide[0].dtype == q_weight.dtype == k_weight.dtype == torch.float32
+            and not torch._C._are_functorch_transforms_active()):
+        from .fused_qk import qkv_norm_rope  # Triton: imported once switched on
+
+        cos, sin = rotation.pair_tables
+        return qkv_norm_rope(qkv, q_weight, k_weight, cos, sin, eps)[0].unbind(2)
+    qk = qk_norm_rope(qkv[:, :, :2], q_weight, k_weight, eps, rotation)  # (B, N, 2, H, head_dim)
+    (q, k), v = qk.unbind(2), qkv[:, :, 2]
+    return q, k, v
 
 
 class _RMSNormFunction(torch.autograd.Function):

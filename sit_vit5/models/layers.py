@@ -19,7 +19,7 @@ from .kernels import (
     _QKNormRopeFunction,
     _RMSNormFunction,
     cpu_nodes_enabled,
-    qk_norm_rope,
+    qkv_gpu_path,
 )
 
 
@@ -189,10 +189,9 @@ class Attention(nn.Module):
         # strided on CPU
         qkv = self.qkv(x).view(B, N, 3, self.num_heads, self.head_dim)  # (B, N, 3, H, head_dim)
         if rope is not None and self.fused_qk and generic_path_for(qkv):
-            # GPU path: q and k normalised and rotated together (kernels.qk_norm_rope)
-            qk = qk_norm_rope(qkv[:, :, :2], self.q_norm.weight, self.k_norm.weight,
-                              self.q_norm.eps, rope)  # (B, N, 2, H, head_dim)
-            (q, k), v = qk.unbind(2), qkv[:, :, 2]
+            # GPU path: q and k normalised and rotated together (kernels.qkv_gpu_path)
+            q, k, v = qkv_gpu_path(qkv, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps,
+                                   rope)
         else:
             q, k, v = qkv.unbind(2)  # each (B, N, H, head_dim)
             q, k = norm_and_rotate(q, self.q_norm, rope), norm_and_rotate(k, self.k_norm, rope)
