@@ -176,7 +176,9 @@ SCHEMA: dict[str, dict[str, Any]] = {
         "log_every": Key(100, _COUNT),  # steps between metric rows (JSONL/CSV/TensorBoard)
         # steps between checkpoints (one is always written at the end)
         "ckpt_every": Key(50_000, _COUNT),
-        "keep_last": Key(3, _COUNT),  # regular checkpoints kept (milestones are never deleted)
+        # regular checkpoints on the ckpt_every schedule kept (milestones are never deleted; a
+        # stop's off-schedule checkpoint is deleted once a newer one is written)
+        "keep_last": Key(3, _COUNT),
         "milestone_every": Key(100_000, _COUNT0),  # steps between milestone checkpoints; 0 = none
         # steps between EMA sample grids (one at the end); 0 = none
         "sample_every": Key(10_000, _COUNT0),
