@@ -33,6 +33,18 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # triton's CPU interpret
 
 
 @triton.jit
+def _weight(qw_ptr, kw_ptr, which, p, half):
+    """The norm weight's even and odd channels (1, B_P): q's for ``which`` 0, else k's (both read;
+    a select, not a pointer chosen at run time)."""
+    pairs = p < half
+    we = tl.where(which == 0, tl.load(qw_ptr + 2 * p, mask=pairs, other=0.0),
+                  tl.load(kw_ptr + 2 * p, mask=pairs, other=0.0))
+    wo = tl.where(which == 0, tl.load(qw_ptr + 2 * p + 1, mask=pairs, other=0.0),
+                  tl.load(kw_ptr + 2 * p + 1, mask=pairs, other=0.0))
+    return we, wo
+
+
+@triton.jit
 def _forward_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, y_ptr, rstd_ptr, n_pos,
                     stride_tok, heads, half, eps, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr):
     pid = tl.program_id(0)  # one (token, q / k / v): its H heads at once
@@ -43,17 +55,15 @@ def _forward_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, y_ptr, rstd_ptr, 
     mask = (h < heads) & (p < half)
     src = qkv_ptr + tok * stride_tok + which * heads * d + h * d + 2 * p
     dst = y_ptr + pid * heads * d + h * d + 2 * p  # y (B, N, 3, H, d) contiguous
-    xe = tl.load(src, mask=mask, other=0.0)  # even channels (B_H, B_P)
-    xo = tl.load(src + 1, mask=mask, other=0.0)  # odd channels
+    x_even = tl.load(src, mask=mask, other=0.0)  # even channels (B_H, B_P), qkv's dtype
+    x_odd = tl.load(src + 1, mask=mask, other=0.0)  # odd channels
     if which == 2:  # v passes through: q, k, v leave in one tensor, as qkv.unbind(2) gives them
-        tl.store(dst, xe, mask=mask)
-        tl.store(dst + 1, xo, mask=mask)
+        tl.store(dst, x_even, mask=mask)
+        tl.store(dst + 1, x_odd, mask=mask)
     else:
-        xe, xo = xe.to(tl.float32), xo.to(tl.float32)
+        xe, xo = x_even.to(tl.float32), x_odd.to(tl.float32)
         rstd = 1.0 / tl.sqrt((tl.sum(xe * xe, 1) + tl.sum(xo * xo, 1)) / d + eps)  # (B_H,)
-        w_ptr = qw_ptr if which == 0 else kw_ptr
-        we = tl.load(w_ptr + 2 * p, mask=p < half, other=0.0)
-        wo = tl.load(w_ptr + 2 * p + 1, mask=p < half, other=0.0)
+        we, wo = _weight(qw_ptr, kw_ptr, which, p, half)
         ze = xe * rstd[:, None] * we
         zo = xo * rstd[:, None] * wo
         pos = tok % n_pos
@@ -76,13 +86,13 @@ def _backward_kernel(gy_ptr, qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, rstd_ptr
     p = tl.arange(0, BLOCK_P)[None, :]
     mask = (h < heads) & (p < half)
     out = pid * heads * d + h * d + 2 * p  # gy and gx: (B, N, 3, H, d) contiguous
-    gye = tl.load(gy_ptr + out, mask=mask, other=0.0)
-    gyo = tl.load(gy_ptr + out + 1, mask=mask, other=0.0)
+    g_even = tl.load(gy_ptr + out, mask=mask, other=0.0)
+    g_odd = tl.load(gy_ptr + out + 1, mask=mask, other=0.0)
     if which == 2:  # v's gradient passes through
-        tl.store(gx_ptr + out, gye, mask=mask)
-        tl.store(gx_ptr + out + 1, gyo, mask=mask)
+        tl.store(gx_ptr + out, g_even, mask=mask)
+        tl.store(gx_ptr + out + 1, g_odd, mask=mask)
     else:
-        gye, gyo = gye.to(tl.float32), gyo.to(tl.float32)
+        gye, gyo = g_even.to(tl.float32), g_odd.to(tl.float32)
         row = tok * 2 + which
         src = qkv_ptr + tok * stride_tok + which * heads * d + h * d + 2 * p
         hs = tl.arange(0, BLOCK_H)
@@ -97,9 +107,8 @@ def _backward_kernel(gy_ptr, qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, rstd_ptr
         ps = tl.arange(0, BLOCK_P)
         tl.store(gw_ptr + row * d + 2 * ps, tl.sum(gze * xe, 0), mask=ps < half)  # its share
         tl.store(gw_ptr + row * d + 2 * ps + 1, tl.sum(gzo * xo, 0), mask=ps < half)
-        w_ptr = qw_ptr if which == 0 else kw_ptr
-        ge = gze * tl.load(w_ptr + 2 * p, mask=p < half, other=0.0)
-        go = gzo * tl.load(w_ptr + 2 * p + 1, mask=p < half, other=0.0)
+        we, wo = _weight(qw_ptr, kw_ptr, which, p, half)
+        ge, go = gze * we, gzo * wo
         dot = ((tl.sum(ge * xe, 1) + tl.sum(go * xo, 1)) / d)[:, None]  # mean(g · x_hat)
         tl.store(gx_ptr + out, (rstd * (ge - xe * dot)).to(gx_ptr.dtype.element_ty), mask=mask)
         tl.store(gx_ptr + out + 1, (rstd * (go - xo * dot)).to(gx_ptr.dtype.element_ty),
