@@ -36,6 +36,8 @@ recomputation choices and the one graph break of ViT-5 under torch 2.11; the sam
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import json
 import linecache
 import math
@@ -202,11 +204,17 @@ SHORT_ROW = 128
 ATTENTION_BACKWARD = 2.5
 
 
+#: the component of the opt-in Triton QK-norm + RoPE op, both directions
+FUSED_GROUP = "QK-norm + RoPE (Triton)"
+
+
 def classify(module: str, frames: list[tuple[str, str]], func: str) -> str:
     """The component a torch call belongs to, from the module path (``blocks.3.attn.q_norm``), the model
     frames on the stack (innermost last: (qualname, source line)) and the torch function's name."""
     names = [q for q, _ in frames]
     line = frames[-1][1] if frames else ""
+    if "qk_norm_rope" in names:  # the GPU path's fused QK-norm + RoPE: the norm, then the weight and rotation
+        return "QK-norm" if func == "rms_norm" else "RoPE"
     if any(q.startswith(("Rotation.", "RopeTables.")) or q in ("swap_pairs", "rotate_half") for q in names):
         return "RoPE"
     if module.endswith(("q_norm", "k_norm")):
@@ -273,6 +281,8 @@ class _Recorder(TorchDispatchMode):
                 flops = ATTENTION_BACKWARD * attention_flops(args[1], args[2], args[3])
             else:
                 flops = attention_flops(args[0], args[1], args[2])
+        elif name in ("qkv_norm_rope", "qkv_norm_rope_backward"):  # the opt-in Triton op (fused_qk.py)
+            group = FUSED_GROUP
         elif name in ("_to_copy", "copy_") and outs[0].dtype != ins[-1].dtype:
             src = ins[-1]
             weight = id(src) in self.params or (node is not None and any(
@@ -346,32 +356,37 @@ class _Labeler(TorchFunctionMode):
                 h.remove()
 
 
-def build_fake(backbone: str, size: str, **overrides) -> nn.Module:
+def build_fake(backbone: str, size: str, package: str = "sit_vit5", **overrides) -> nn.Module:
     """The model with fake (shape-only) weights: call inside FakeTensorMode. Initialisation is skipped: it
-    reads values (``trunc_normal_``), and a cost does not depend on them."""
-    from sit_vit5.models import create_model
-    from sit_vit5.models.sit import SiT
+    reads values (``trunc_normal_``), and a cost does not depend on them. ``package``: the models' package
+    (``sit_vit5_ref``: the code at an earlier commit, :func:`import_ref`)."""
+    models = importlib.import_module(f"{package}.models")
+    sit = importlib.import_module(f"{package}.models.sit").SiT
 
-    with mock.patch.object(SiT, "initialize_weights", lambda self: None):
-        return create_model(f"{backbone}-{size}/2", **overrides)
+    with mock.patch.object(sit, "initialize_weights", lambda self: None):
+        return models.create_model(f"{backbone}-{size}/2", **overrides)
 
 
 def trace(backbone: str, size: str = "XL", batch: int = 32, train: bool = True, cfg: bool = True,
-          **overrides) -> Trace:
+          package: str = "sit_vit5", fused: bool = False, **overrides) -> Trace:
     """Trace one bf16-autocast step on fake CPU tensors along the GPU's code path.
 
     ``train``: transport loss (Linear, velocity) forward + backward on latents (batch, 4, s, s), s =
     ``input_size`` (default 32); otherwise one Euler-Maruyama SDE step of ``Sampler.sample_sde`` with CFG
     4.0 (``cfg``): the model on the doubled batch (2·batch) under ``torch.no_grad``, the CFG mix, the
-    step. ``overrides``: create_model keywords (switches,
+    step. ``fused``: ViT-5's QK-norm + RoPE as the opt-in Triton op (``kernels.fused_qk``: one op each
+    way, its bytes in and out). ``overrides``: create_model keywords (switches,
     depth, input_size ...). A warm-up call runs untraced first (it builds the RoPE tables once, as on a GPU).
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from sit_vit5.guidance import ClassifierFreeGuidance
-    from sit_vit5.models import flops
-    from sit_vit5.models.kernels import generic_path
     from sit_vit5.transport import Sampler, create_transport
+
+    flops = importlib.import_module(f"{package}.models").flops
+    kernels_module = importlib.import_module(f"{package}.models.kernels")
+    generic_path = kernels_module.generic_path
+    fused_qk = kernels_module.fused_qk if fused else lambda: contextlib.nullcontext()
 
     num_classes = overrides.get("num_classes", 1000)
     side = overrides.get("input_size", 32)
@@ -379,8 +394,8 @@ def trace(backbone: str, size: str = "XL", batch: int = 32, train: bool = True, 
     # one Euler-Maruyama step of the bench's SDE (2 grid points, no last step): 1 NFE; its host-side time
     # grid is built here, outside the fake mode
     sde = Sampler(transport).sample_sde(num_steps=2, last_step=None)
-    with FakeTensorMode(), generic_path():
-        model = build_fake(backbone, size, **overrides).train(train)
+    with FakeTensorMode(), generic_path(), fused_qk():
+        model = build_fake(backbone, size, package, **overrides).train(train)
         macs = float(flops(model)) * 1e9  # flops() is GFLOPs (multiply-adds) per image
         params = [p for p in model.parameters() if p.requires_grad]
         x = torch.randn(batch, model.in_channels, side, side)
@@ -730,6 +745,23 @@ def ablation_predictions(size: str = "XL", batch: int = 32, dev: Device = DEVICE
     return rows
 
 
+def fused_predictions(traces: dict, dev: Device = DEVICES["H200"], eff: Efficiency = FITTED) -> dict:
+    """ViT5 / SiT with the opt-in Triton QK-norm + RoPE (eager only: compiled code keeps the torch ops,
+    which Inductor fuses): the ratios beside the torch ops', and the eager b32 excess."""
+    rows = []
+    for key, (train, batch) in {"train eager b32": (True, 32), "train eager b64": (True, 64),
+                                "sample": (False, 32)}.items():
+        sit = predict(traces["SiT", train, batch], "eager", dev, eff)
+        ops = predict(traces["ViT5", train, batch], "eager", dev, eff)
+        fused_trace = trace("ViT5", "XL", batch, train=train, fused=True)
+        fused = predict(fused_trace, "eager", dev, eff)
+        rows.append(dict(row=key, torch_ops=ops.seconds / sit.seconds, fused=fused.seconds / sit.seconds,
+                         fused_ms=fused.ms(), sit_ms=sit.ms()))
+        if key == "train eager b32":
+            excess_b32 = excess(fused, sit)
+    return dict(rows=rows, excess_b32=excess_b32)
+
+
 def what_if_sit(traces: dict, dev: Device = DEVICES["H200"], eff: Efficiency = FITTED) -> list[dict]:
     """SiT-XL/2's predicted MFU at batch 32 as the known costs are removed one after another."""
     tr = traces["SiT", True, 32]
@@ -746,18 +778,45 @@ def what_if_sit(traces: dict, dev: Device = DEVICES["H200"], eff: Efficiency = F
     return rows
 
 
+def import_ref(rev: str) -> str:
+    """``sit_vit5`` as of git revision ``rev``, importable as ``sit_vit5_ref`` (bench.before_after's extraction);
+    returns the package name. The calibration traces the code the H200 table was measured with."""
+    import tempfile
+
+    from bench.before_after import import_ref as extract
+
+    if "sit_vit5_ref" not in sys.modules:
+        extract(rev, Path(tempfile.mkdtemp(prefix="cost_model_ref_")))
+    return "sit_vit5_ref"
+
+
+#: the revision whose models' generic path the H200 table measured (unchanged from the 2026-12-04 session
+#: to the cost model's commit 13a1e01 and to 10ec938; issue 56 part 2 changed it after)
+CALIBRATION_REF = "10ec938"
+
+
 HOST_SYNCS = ("`sit_vit5/training/loop.py`: `accelerator.reduce(loss).item()` and `float(clip_grad_norm_(...))` run "
               "every step (two host syncs, before the optimizer step; `bench.train_step` has neither); "
               "`training/step_report.py` has none.")
 
 
 def report(dev_name: str = "H200", eff: Efficiency = FITTED, traces: dict | None = None,
-           ablate: bool = True) -> dict:
-    """Everything the page and the JSON hold: calibration, breakdowns, excess, what-ifs, ablations."""
+           ablate: bool = True, calibration_traces: dict | None = None, calibration_ref: str | None = None) -> dict:
+    """Everything the page and the JSON hold: calibration, breakdowns, excess, what-ifs, ablations.
+
+    ``calibration_traces``: traces of the code the H200 times were measured with (``calibration_ref``, a git
+    revision; :func:`import_ref`): the calibration rows use them, and the ratios they predict are listed as
+    'before' beside the current code's. None: the current traces are calibrated."""
     traces = traces or target_traces()
     dev = DEVICES[dev_name]
     out: dict = dict(device=asdict(dev), constants=asdict(eff), fitted=list(FREE), fit_note=FIT_NOTE,
-                     calibration=calibration_rows(traces, dev, eff))
+                     calibration=calibration_rows(calibration_traces or traces, dev, eff),
+                     calibration_ref=calibration_ref if calibration_traces else None)
+    if calibration_traces:
+        before = {r["row"]: r["predicted"] for r in out["calibration"] if r["row"].startswith("ratio")}
+        after = {r["row"]: r["predicted"] for r in calibration_rows(traces, dev, eff) if r["row"].startswith("ratio")}
+        out["ratios_before_after"] = [dict(row=k, measured=RATIOS[k.removeprefix("ratio ViT5/SiT ")],
+                                           before=before[k], after=after[k]) for k in before]
     cases = {"train_eager_b32": (True, "eager", 32), "train_compile_b32": (True, "compile", 32),
              "train_eager_b64": (True, "eager", 64), "sample": (False, "eager", 32)}
     for key, (train, mode, batch) in cases.items():
@@ -768,6 +827,7 @@ def report(dev_name: str = "H200", eff: Efficiency = FITTED, traces: dict | None
                         sit_mfu=mfu(traces["SiT", train, batch], sit, dev),
                         excess=excess(vit5, sit), sit_breakdown=breakdown(sit), vit5_kernels=vit5.kernels,
                         sit_kernels=sit.kernels)
+    out["fused_qk"] = fused_predictions(traces, dev, eff)
     out["what_if_sit"] = what_if_sit(traces, dev, eff)
     out["host_syncs"] = HOST_SYNCS
     if ablate:
@@ -805,12 +865,22 @@ def markdown(rep: dict) -> str:
         f"**Fitted**: all {len(rep['fitted'])} constants ({', '.join(rep['fitted'])}), by least squares on "
         f"log(predicted / measured) over the 8 measured times below (`--fit`); the 4 ratios are not fitted "
         f"separately, they follow from the 8. {rep['fit_note']}", "",
+        *([f"The calibration traces the models as of `{rep['calibration_ref']}` (the code the H200 table "
+           "measured; `--calibrate-at`); every section after it predicts the current code.", ""]
+          if rep.get("calibration_ref") else []),
         "| constant | value |", "|---|---|",
         *[f"| {k} | {v:g} |" for k, v in c.items()], "",
         *_table(cal, [("row", "row", ""), ("measured", "measured", ".3f"), ("predicted", "predicted", ".3f"),
                       ("error", "error (relative; ratios: absolute)", "+.3f"), ("ok", "within 10 % / 0.05", "")]),
         "",
     ]
+    if rep.get("ratios_before_after"):
+        lines += ["## ViT5 / SiT ratios: the calibrated code and the current code (predicted)", "",
+                  f"'before': the models as of `{rep['calibration_ref']}`; 'after': this commit's. No GPU has "
+                  "measured 'after' yet (the `vit5_ablate` stage of tools/gpu_session.sh will).", "",
+                  *_table(rep["ratios_before_after"], [("row", "ratio", ""), ("measured", "measured (before)", ".3f"),
+                                                       ("before", "predicted before", ".3f"),
+                                                       ("after", "predicted after", ".3f")]), ""]
     for key, title in (("train_eager_b32", "training step, eager, batch 32"),
                        ("train_compile_b32", "training step, compiled, batch 32"),
                        ("sample", "sampling, one NFE (CFG, 2 × 32)")):
@@ -822,6 +892,20 @@ def markdown(rep: dict) -> str:
                   "component (fused kernels split by their ops' unfused bytes); 'host-bound' is the time the GPU "
                   "waits on the host.", "",
                   *_table([x for x in r["excess"] if abs(x["excess_ms"]) >= 0.05],
+                          [("component", "component", ""), ("sit_ms", "SiT ms", ".2f"), ("vit5_ms", "ViT5 ms", ".2f"),
+                           ("excess_ms", "excess ms", "+.2f"), ("share", "share of excess", ".0%"),
+                           ("kernels", "extra kernels", "+d")]), ""]
+    if "fused_qk" in rep:
+        f = rep["fused_qk"]
+        lines += ["## With the fused QK-norm + RoPE (Triton, opt-in: `SIT_VIT5_FUSED_QK=1`)", "",
+                  "`sit_vit5/models/fused_qk.py`: one kernel each way for q and k of a token, traced as one op "
+                  "(its bytes in and out). Eager only; compiled code keeps the torch ops. Predicted ViT5 / SiT; "
+                  "no GPU has timed it yet (the `vit5_ablate` stage times `ViT5+fused_qk`).", "",
+                  *_table(f["rows"], [("row", "ratio", ""), ("torch_ops", "torch ops", ".3f"),
+                                      ("fused", "fused", ".3f"), ("fused_ms", "ViT5 fused ms", ".1f"),
+                                      ("sit_ms", "SiT ms", ".1f")]), "",
+                  "Its excess over SiT, training step, eager, batch 32:", "",
+                  *_table([x for x in f["excess_b32"] if abs(x["excess_ms"]) >= 0.05],
                           [("component", "component", ""), ("sit_ms", "SiT ms", ".2f"), ("vit5_ms", "ViT5 ms", ".2f"),
                            ("excess_ms", "excess ms", "+.2f"), ("share", "share of excess", ".0%"),
                            ("kernels", "extra kernels", "+d")]), ""]
@@ -837,11 +921,13 @@ def markdown(rep: dict) -> str:
         "## What the model misses", "",
         "* **Compiled ViT-5 (measured 1.26, predicted 1.06).** With Inductor's fusion the traced extra bytes are "
         "small; "
-        "20 ms of the measured 96 ms are unexplained. Candidates to check with the `vit5_ablate` stage: under "
-        "`torch.compile` `RopeTables.tables` rebuilds the RoPE tables from float64 CPU `arange`s inside the graph and "
-        "moves them with `.to(device)` every forward (`models/rope.py`: a blocking host-to-device copy, i.e. a "
-        "host sync per step); the torch 2.11 graph break at `_compute_dtype`; Inductor not fusing the per-head "
-        "(72-wide) reductions into one kernel.",
+        "20 ms of the measured 96 ms are unexplained. Candidates to check with the `vit5_ablate` stage: in the "
+        "measured code `RopeTables.tables` rebuilt the RoPE tables from float64 CPU `arange`s inside the compiled "
+        "graph and moved them with `.to(device)` every forward (a blocking host-to-device copy, i.e. a host sync "
+        "per step; since issue 56 part 2 the graph casts non-persistent device buffers instead, and "
+        "tests/test_vit5_gpu_path.py checks the graph holds no float64 table); the torch 2.11 graph break at "
+        "`_compute_dtype` (none at torch 2.14: fullgraph tests); Inductor not fusing the per-head (72-wide) "
+        "reductions into one kernel.",
         "* **Eager ViT-5 at batch 64 (1.42, predicted 1.34).** The extra device time grows faster with the batch than "
         "the traced bytes; `short_rows` (the QK-norm's F.rms_norm over 72-wide rows at 20 % of bandwidth) carries "
         "most of the fitted excess and is the least certain constant.",
@@ -871,14 +957,23 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out", help="write the report as JSON here")
     p.add_argument("--write-doc", action="store_true", help=f"write {DOC.relative_to(ROOT)}")
     p.add_argument("--no-ablate", action="store_true", help="skip the ablation predictions (7 more traces)")
+    p.add_argument("--calibrate-at", default=CALIBRATION_REF, metavar="REV",
+                   help="git revision whose models the calibration (and --fit) traces: the code the H200 table "
+                        "measured; 'none': the current code")
     args = p.parse_args(argv)
     traces = target_traces()
+    ref = None if args.calibrate_at == "none" else args.calibrate_at
+    calib = target_traces(package=import_ref(ref)) if ref else None
     eff = FITTED
     if args.fit:
-        eff, rms = fit(traces)
+        eff, rms = fit(calib or traces)
         print(f"fit ({len(FREE)} constants, {len(TARGETS)} targets): {eff}, rms log error {rms:.4f}")
-    rep = report(args.device, eff, traces, ablate=not args.no_ablate)
+    rep = report(args.device, eff, traces, ablate=not args.no_ablate, calibration_traces=calib,
+                 calibration_ref=ref)
     print_calibration(rep["calibration"])
+    for r in rep.get("ratios_before_after", []):
+        print(f"{r['row']:42s} measured {r['measured']:.3f}  predicted before {r['before']:.3f}  "
+              f"after {r['after']:.3f}")
     for key in ("train_eager_b32", "train_compile_b32", "sample"):
         print(f"\nViT5 excess, {key}: ratio {rep[key]['ratio']:.3f}")
         for r in rep[key]["excess"][:8]:

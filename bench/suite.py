@@ -7,7 +7,8 @@
 
 Stages (each catches its own failure, so one error does not lose the others):
   vit5_ablate  first, ~3 min: XL/2 bf16 (4 blocks), batch 32, eager and compiled: ViT5 with each component off
-               in turn against SiT, bench.cost_model's predicted ratio beside each row (issue 56)
+               in turn against SiT, and (eager) with the fused Triton QK-norm + RoPE, bench.cost_model's
+               predicted ratio beside each row (issue 56)
   correctness  first, ~30 s: SiT and ViT5 at XL/2 (full 2C outputs), CUDA forward (fp32 with TF32, and
                bf16 with SDPA held to flash attention) against the CPU fp32 forward; odeint and SDE steps on CUDA
   xl_eager     XL/2 bf16 eager, batch 32 and 64: SiT, ViT5, timm-SiT: img/s, MFU, peak memory (and

@@ -48,6 +48,7 @@ from bench.common import (
 from bench.plan import plan
 from sit_vit5.models import SIZES
 from sit_vit5.training.fsdp import shard_model
+from sit_vit5.training.optim import adamw_kernel
 from sit_vit5.transport import create_transport
 
 COLUMNS = ("model", "size", "precision", "mode", "strategy", "batch", "step_ms", "step_ms_min", "img_per_s",
@@ -80,13 +81,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def make_train_step(model: nn.Module, device: torch.device, precision: str, mode: str, batch: int,
                     input_size: int, num_classes: int, seed: int = 0,
-                    optimizer: bool = True) -> Callable[[], None]:
-    """A closure running one full training step of ``model`` (already on ``device``) on fixed random data;
-    ``optimizer=False`` stops after the backward pass (gradients are dropped: no AdamW state in memory)."""
+                    optimizer: bool = True, sharded: bool = False) -> Callable[[], None]:
+    """A closure running one full training step of ``model`` (already on ``device``; ``sharded``: by FSDP2)
+    on fixed random data; ``optimizer=False`` stops after the backward pass (gradients are dropped: no AdamW
+    state in memory)."""
     transport = create_transport()
     net = maybe_compile(model, mode)
     params = list(model.parameters())
-    opt = torch.optim.AdamW(params, lr=1e-4, weight_decay=0) if optimizer else None
+    # the optimizer training builds (fused on CUDA since issue 56; the H200 table of 2026-12-04 had foreach)
+    kernel = adamw_kernel([{"params": params}], sharded)
+    opt = torch.optim.AdamW(params, lr=1e-4, weight_decay=0, **kernel) if optimizer else None
     gen = torch.Generator().manual_seed(seed)
     x1 = torch.randn(batch, 4, input_size, input_size, generator=gen).to(device)
     y = torch.randint(0, num_classes, (batch,), generator=gen).to(device)
@@ -113,7 +117,7 @@ def _warm_up(args: argparse.Namespace, device: torch.device, backbone: str, size
             args.own_group = single_process_group(device) or getattr(args, "own_group", False)
             shard_model(model)
         step = make_train_step(model, device, precision, mode, batch, args.input_size, args.num_classes,
-                               args.seed, optimizer=args.optimizer == "adamw")
+                               args.seed, optimizer=args.optimizer == "adamw", sharded=args.fsdp)
         sync(device)
         start = now("wall")
         for i in range(args.warmup):
@@ -198,7 +202,9 @@ def main(argv: list[str] | None = None) -> dict:
     print_table(ratios, RATIO_COLUMNS, "step-time ratios (same run, interleaved)")
     if getattr(args, "own_group", False):
         torch.distributed.destroy_process_group()
-    write_json(args.json, "train_step", args, device, peak_tflops=peak, rows=rows, ratios=ratios)
+    adamw = "fused" if adamw_kernel([{"params": [torch.empty(0, device=device)]}], args.fsdp) else "default"
+    write_json(args.json, "train_step", args, device, peak_tflops=peak, adamw=adamw, rows=rows,
+               ratios=ratios)
     return dict(rows=rows, ratios=ratios)
 
 

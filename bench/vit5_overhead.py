@@ -33,6 +33,7 @@ from bench.common import (
 )
 from bench.train_step import make_train_step
 from sit_vit5.models import SIZES, create_model, flops
+from sit_vit5.models.kernels import fused_qk
 
 DEFAULT_SETTINGS = [f"{s}:{n}:{p}" for s in ("S", "B") for n in (32, 16) for p in ("fp32", "bf16")]
 #: ViT5 with one component switched back to its SiT value (the --ablate variants)
@@ -44,6 +45,8 @@ ABLATIONS: dict[str, dict] = {
     "-learned_ape": dict(pos_embed="fixed"),
     "-layerscale": dict(layer_scale_init=None),
 }
+#: ViT5 with QK-norm + RoPE as the opt-in Triton op (``kernels.fused_qk``, issue 56): eager rows only
+FUSED = "ViT5+fused_qk"
 COLUMNS = ("setting", "variant", "mode", "batch", "flop_ratio", "step_ratio", "pred_ratio", "per_flop",
            "per_round_min", "per_round_max", "rounds", "step_ms")
 
@@ -71,10 +74,46 @@ def predicted_ratios(args: argparse.Namespace, size: str, side: int, batch: int,
     dev = cost_model.DEVICES["H100" if "H100" in name else "H200"]
     times = {}
     for variant, (backbone, kw) in variants.items():
-        tr = cost_model.trace(backbone, size, batch, train=True, input_size=side, depth=depth, **kw)
+        tr = cost_model.trace(backbone, size, batch, train=True, input_size=side, depth=depth,
+                              fused=variant == FUSED, **kw)
         for mode in args.modes:
             times[variant, mode] = cost_model.predict(tr, mode, dev).seconds
     return {(v, m): times[v, m] / times["SiT", m] for v, m in times}
+
+
+def fused_check(device, size: str, side: int, depth: int, batch: int = 4) -> dict:
+    """The fused QK-norm + RoPE against the torch ops on ``device``, same weights and inputs, bf16
+    autocast: max relative difference of the output and of the parameter gradients (run before the
+    fused row is timed; on a CPU both take the CPU nodes, so the difference is 0)."""
+    import torch
+
+    model = perturb_zero_init(create_model(f"ViT5-{size}/2", input_size=side, depth=depth))
+    model = model.to(device).eval()  # eval: no label dropout (the two runs see the same labels)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(batch, model.in_channels, side, side, generator=gen).to(device)
+    t, y = torch.rand(batch, generator=gen).to(device), torch.arange(batch).to(device)
+    results = []
+    for fused in (False, True):
+        with fused_qk(fused), torch.autocast(device.type, dtype=torch.bfloat16):
+            out = model(x, t, y).float()
+        grads = torch.autograd.grad(out.square().mean(), list(model.parameters()))
+        results.append((out, grads))
+    (out0, g0), (out1, g1) = results
+
+    def rel(a, b):
+        return float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30))
+
+    return dict(output=rel(out1, out0), grads=max(rel(a, b) for a, b in zip(g1, g0)))
+
+
+def _with_fused_qk(step):
+    """``step`` with the fused QK-norm + RoPE switched on around each call."""
+
+    def run():
+        with fused_qk():
+            return step()
+
+    return run
 
 
 def measure_setting(args: argparse.Namespace, device, size: str, side: int, precision: str) -> list[dict]:
@@ -83,6 +122,7 @@ def measure_setting(args: argparse.Namespace, device, size: str, side: int, prec
     variants = {"SiT": ("SiT", {}), "ViT5": ("ViT5", {})}
     if args.ablate:
         variants.update({f"ViT5{k}": ("ViT5", kw) for k, kw in ABLATIONS.items()})
+        variants[FUSED] = ("ViT5", {})
     batch = args.batch_size or max(2, 16 * 16 * 16 // side**2)  # ~ the same tokens per step at either side
     depth = args.depth or SIZES[size][0]
     predicted = predicted_ratios(args, size, side, batch, depth, variants) if args.predict else {}
@@ -90,14 +130,17 @@ def measure_setting(args: argparse.Namespace, device, size: str, side: int, prec
     for mode in args.modes:
         steps, gflops = {}, {}
         for name, (backbone, kw) in variants.items():
+            if name == FUSED and mode != "eager":  # compiled code keeps the torch ops
+                continue
             model = create_model(f"{backbone}-{size}/2", input_size=side, depth=depth, **kw)
             gflops[name] = flops(model)
             model = perturb_zero_init(model).to(device).train()
-            steps[name] = make_train_step(model, device, precision, mode, batch, side, 1000, args.seed)
+            step = make_train_step(model, device, precision, mode, batch, side, 1000, args.seed)
+            steps[name] = _with_fused_qk(step) if name == FUSED else step
             for _ in range(args.warmup):
                 steps[name]()
         times = interleaved_timings(steps, rounds=args.rounds, steps=args.steps, clock=args.clock, device=device)
-        for name in variants:
+        for name in steps:
             if name == "SiT":
                 continue
             per_round = [a / b for a, b in zip(times[name], times["SiT"])]
@@ -127,8 +170,12 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     settings = [parse_setting(s) for s in args.settings]
     device = setup(args)
-    rows = []
+    rows, checks = [], {}
     for size, side, precision in settings:
+        if args.ablate:  # the fused kernel's numbers before its time (bf16: within bf16 rounding)
+            checks[f"{size}/2 {side}x{side}"] = fused_check(device, size, side, args.depth or SIZES[size][0])
+            print(f"fused QK-norm + RoPE against the torch ops, {size}/2 {side}x{side} bf16: "
+                  f"{checks[f'{size}/2 {side}x{side}']}")
         new = measure_setting(args, device, size, side, precision)
         rows += new
         print_table(new, COLUMNS)
@@ -136,8 +183,8 @@ def main(argv: list[str] | None = None) -> dict:
     print_table(rows, COLUMNS, f"ViT5 / SiT train step per FLOP ({args.device}, {unit} time, interleaved; "
                                "per_round_*: the extremes of the per-round ratio / FLOP ratio; pred_ratio: "
                                "bench.cost_model's)")
-    write_json(args.json, "vit5_overhead", args, device, rows=rows)
-    return dict(rows=rows)
+    write_json(args.json, "vit5_overhead", args, device, rows=rows, fused_check=checks)
+    return dict(rows=rows, fused_check=checks)
 
 
 if __name__ == "__main__":

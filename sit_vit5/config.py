@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 import yaml
 
-from .latent_norm import LatentNorm, LatentNormError
+from .latent_norm import LatentNorm
 from .names import (
     DDPM_DEFAULTS,
     INTERPOLATIONS,
@@ -32,14 +32,63 @@ from .names import (
 )
 from .sample_spec import SampleSpec, check_cfg_scale, config_defaults
 from .utils.atomic_files import unwritable_dir_reason
-from .utils.errors import SettingError, SitVit5Error
+from .utils.errors import ConfigError, SettingError
 
 # The model and objective checks import torch (seconds): they run last, so that a bad key, type,
 # range or path is reported before torch loads.
 
-Config = dict[str, dict[str, Any]]
 
-DEFAULTS: Config = {
+class Range(NamedTuple):
+    """Valid values of a numeric key: ``low``/``high`` bounds (None = unbounded), inclusive unless
+    ``*_open``; ``integer`` for counts; ``nullable`` when None ("off" or "derived") is allowed."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    integer: bool = False
+    nullable: bool = False
+
+    def describe(self) -> str:
+        kind = "an integer" if self.integer else "a number"
+        fmt = "d" if self.integer else "g"  # integer bounds in full (2**64 - 1, not 1.84467e+19)
+        lo = "" if self.low is None else f"{'>' if self.low_open else '>='} {self.low:{fmt}}"
+        hi = "" if self.high is None else f"{'<' if self.high_open else '<='} {self.high:{fmt}}"
+        bounds = " and ".join(b for b in (lo, hi) if b)
+        return f"{kind}{' ' + bounds if bounds else ''}{' (or null)' if self.nullable else ''}"
+
+    def holds(self, value: Any) -> bool:
+        if value is None:
+            return self.nullable
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(
+                value):
+            return False
+        if self.integer and not isinstance(value, int):
+            return False
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return self.high is None or (value < self.high if self.high_open else value <= self.high)
+
+
+_COUNT, _COUNT0 = Range(1, integer=True), Range(0, integer=True)
+_POSITIVE = Range(0, low_open=True)
+#: seeds: what torch.manual_seed takes (it overflows beyond 64 bits)
+SEED_RANGE = Range(0, MAX_SEED, integer=True)
+
+
+class Key(NamedTuple):
+    """A numeric config key: its default and its valid :class:`Range` (outside it a run trains
+    garbage or crashes later)."""
+
+    default: Any
+    valid: Range
+
+
+Config = dict[str, dict[str, Any]]
+_MF = MEANFLOW_DEFAULTS  # MeanFlow's official ImageNet setting (names.py)
+
+#: Every key of every section with its default; numeric keys as a :class:`Key` with their range.
+SCHEMA: dict[str, dict[str, Any]] = {
     "model": {
         "name": "SiT-XL/2",  # registry: {SiT,ViT5,DiT}-{S,B,L,XL}/{2,4,8} (DiT-*: SiT + ddpm)
         "input_size": None,  # latent (or pixel) side; None = taken from the data
@@ -53,8 +102,9 @@ DEFAULTS: Config = {
         "path_type": "Linear",  # sit: Linear | GVP | VP
         "prediction": "velocity",  # sit: velocity | score | noise
         "loss_weight": None,  # sit: None | velocity | likelihood (score/noise predictions only)
-        "train_eps": None,  # sit: None = the transport's default for this path/prediction
-        "sample_eps": None,  # sit: None = the transport's default for this path/prediction
+        # sit: None = the transport's default for this path/prediction (each eps)
+        "train_eps": Key(None, Range(0, 0.5, high_open=True, nullable=True)),
+        "sample_eps": Key(None, Range(0, 0.5, high_open=True, nullable=True)),
         # ddpm: steps T; the model sees integer t in 0..T-1 (T-1 = noise)
         "diffusion_steps": DDPM_DEFAULTS["diffusion_steps"],
         # ddpm: linear (DiT: betas 1e-4..0.02, x 1000/T) | cosine
@@ -65,20 +115,30 @@ DEFAULTS: Config = {
         # meanflow (needs model.interval_embed=true): the official ImageNet setting (names.py);
         # (t, r) logit-normal in MeanFlow's convention, r != t for meanflow_ratio of the pairs,
         # weight (error + c)^-p, target guidance omega / kappa with the objective's label dropout
-        **MEANFLOW_DEFAULTS,
+        "meanflow_time_mean": Key(_MF["meanflow_time_mean"], Range(-10, 10)),
+        "meanflow_time_std": Key(_MF["meanflow_time_std"], Range(0, 10, low_open=True)),
+        "meanflow_ratio": Key(_MF["meanflow_ratio"], Range(0, 1)),
+        "meanflow_norm_p": Key(_MF["meanflow_norm_p"], Range(0, 2)),
+        # c = 0 divides 0 by 0 at a perfect fit
+        "meanflow_norm_c": Key(_MF["meanflow_norm_c"], Range(0, low_open=True)),
+        "meanflow_omega": Key(_MF["meanflow_omega"], Range(0, low_open=True)),
+        "meanflow_kappa": Key(_MF["meanflow_kappa"], Range(0, 1, high_open=True)),
+        "meanflow_class_dropout": Key(_MF["meanflow_class_dropout"], Range(0, 1, high_open=True)),
     },
     "data": {
         "kind": "imagefolder",  # digits | imagefolder | latents (training.data.DATASETS)
         "root": None,  # class-subfolder image dir (imagefolder) or latent cache dir (latents)
         "image_root": None,  # latents + REPA: the ImageFolder the cache was made from
-        "image_size": 256,  # pixel side after the ADM center crop (digits: 8)
+        "image_size": Key(256, _COUNT),  # pixel side after the ADM center crop (digits: 8)
         "random_flip": True,  # horizontal flip, p = 1/2 per (seed, epoch, item)
         "skip_bad": False,  # imagefolder: skip unreadable images with a warning instead of failing
-        "min_image_side": 8,  # imagefolder: a shorter image side is refused (skipped with skip_bad)
+        # imagefolder: a shorter image side is refused (skipped with skip_bad)
+        "min_image_side": Key(8, _COUNT0),
         "split": "all",  # digits only: all | train | test
         "resize_mode": "bilinear",  # digits only, when image_size != 8: bilinear | bicubic
-        "global_batch_size": 256,  # images per optimizer step, all processes and micro-batches
-        "num_workers": 4,  # DataLoader workers per process
+        # images per optimizer step, all processes and micro-batches
+        "global_batch_size": Key(256, _COUNT),
+        "num_workers": Key(4, _COUNT0),  # DataLoader workers per process
     },
     "vae": {
         "name": "stabilityai/sd-vae-ft-ema",  # none (pixel space) | hub id | local diffusers dir
@@ -90,30 +150,38 @@ DEFAULTS: Config = {
         "latent_stats": None,
     },
     "optim": {
-        "lr": 1e-4,  # AdamW learning rate (constant after warmup)
+        "lr": Key(1e-4, _POSITIVE),  # AdamW learning rate (constant after warmup)
         "betas": [0.9, 0.999],  # AdamW betas
-        "weight_decay": 0.0,  # AdamW decoupled weight decay
-        "eps": 1e-8,  # AdamW epsilon
-        "warmup_steps": 0,  # linear warmup from lr/warmup_steps to lr; 0 = none
-        "grad_clip": None,  # max global grad norm; None = no clipping (the norm is still logged)
-        "ema_decay": 0.9999,  # EMA of the weights, updated after every optimizer step, kept in fp32
+        "weight_decay": Key(0.0, Range(0)),  # AdamW decoupled weight decay
+        "eps": Key(1e-8, Range(0)),  # AdamW epsilon
+        "warmup_steps": Key(0, _COUNT0),  # linear warmup from lr/warmup_steps to lr; 0 = none
+        # max global grad norm; None = no clipping (the norm is still logged)
+        "grad_clip": Key(None, Range(0, low_open=True, nullable=True)),
+        # EMA of the weights, updated after every optimizer step, kept in fp32
+        "ema_decay": Key(0.9999, Range(0, 1, high_open=True)),
     },
     "train": {
-        "steps": 400_000,  # optimizer steps in total (SiT scaling curves: 400K)
-        "seed": 0,  # seeds model init, data order, augmentation and the noise of every micro-batch
+        "steps": Key(400_000, _COUNT),  # optimizer steps in total (SiT scaling curves: 400K)
+        # seeds model init, data order, augmentation and the noise of every micro-batch
+        "seed": Key(0, SEED_RANGE),
         "precision": "fp32",  # fp32 | bf16 | fp16 (autocast; the weights, EMA etc. stay fp32)
         "compile": False,  # torch.compile the model (inductor)
         "grad_checkpointing": False,  # recompute blocks in backward to save memory
-        "grad_accum": 1,  # micro-batches per optimizer step on each process
+        "grad_accum": Key(1, _COUNT),  # micro-batches per optimizer step on each process
         "distributed": "ddp",  # ddp | fsdp (FSDP2: weights, grads, AdamW sharded per block)
         "cpu": False,  # force the CPU even when a GPU is present
-        "cpu_threads": None,  # torch CPU threads; None = from the model size and the free cores
+        # torch CPU threads; None = from the model size and the free cores
+        "cpu_threads": Key(None, Range(1, integer=True, nullable=True)),
         "out_dir": "runs/default",  # run directory: config.yaml, checkpoints/, samples/, metrics.*
-        "log_every": 100,  # steps between metric rows (JSONL/CSV/TensorBoard)
-        "ckpt_every": 50_000,  # steps between checkpoints (one is always written at the end)
-        "keep_last": 3,  # regular checkpoints kept (milestones are never deleted)
-        "milestone_every": 100_000,  # steps between milestone checkpoints; 0 = none
-        "sample_every": 10_000,  # steps between EMA sample grids (one at the end); 0 = none
+        "log_every": Key(100, _COUNT),  # steps between metric rows (JSONL/CSV/TensorBoard)
+        # steps between checkpoints (one is always written at the end)
+        "ckpt_every": Key(50_000, _COUNT),
+        # regular checkpoints on the ckpt_every schedule kept (milestones are never deleted; a
+        # stop's off-schedule checkpoint is deleted once a newer one is written)
+        "keep_last": Key(3, _COUNT),
+        "milestone_every": Key(100_000, _COUNT0),  # steps between milestone checkpoints; 0 = none
+        # steps between EMA sample grids (one at the end); 0 = none
+        "sample_every": Key(10_000, _COUNT0),
         "tensorboard": None,  # events in out_dir/tb: None = when installed; true (warns if not)
         "wandb": False,  # Weights & Biases, one run across resumes (warns if not installed)
         "wandb_project": "sit-vit5",  # wandb project name
@@ -125,25 +193,37 @@ DEFAULTS: Config = {
         "method": "ode",  # sit: ode | sde; ddpm: ddpm (DiT) | ddim (eta 0); meanflow: meanflow
         "sampling_method": "euler",  # cheap fixed step; ode: euler | heun2 | dopri5 ...; sde: Euler
         "num_steps": 50,  # time-grid points (fixed-step ODE: num_steps - 1); ddpm/ddim: steps
-        "num_images": 16,  # images in the grid
+        "num_images": Key(16, _COUNT),  # images in the grid
         "classes": None,  # class of each image; None = 0, 1, 2, ... repeated over the classes
-        "seed": 0,  # global seed of the grid: image i is sample i of sample.py with this seed
-        "nrow": None,  # images per grid row; None = ceil(sqrt(num_images))
+        # global seed of the grid: image i is sample i of sample.py with this seed
+        "seed": Key(0, SEED_RANGE),
+        # images per grid row; None = ceil(sqrt(num_images))
+        "nrow": Key(None, Range(1, integer=True, nullable=True)),
     },
     # REPA (Yu et al. 2025), off by default: block `depth`'s hidden state is projected onto a frozen
     # encoder's patch features; loss += coeff x mean negative cosine similarity (training/repa.py).
     "repa": {
         "encoder": None,  # None = off | digits | timm:NAME | hub:REPO:ENTRY | a local timm folder
         "weights": None,  # a local state-dict file for a timm:NAME architecture (no download)
-        "depth": 8,  # align the output of this block (1-based; REPA: 8 of SiT-XL/2's 28)
-        "projector_dim": 2048,  # hidden width of the projector (REPA: 2048)
-        "coeff": 0.5,  # lambda: loss = diffusion + coeff x alignment (REPA: 0.5)
-        "resolution": None,  # encoder input side; None = its patch x the model's grid (DINOv2: 224)
+        # align the output of this block (1-based; REPA: 8 of SiT-XL/2's 28)
+        "depth": Key(8, _COUNT),
+        "projector_dim": Key(2048, _COUNT),  # hidden width of the projector (REPA: 2048)
+        "coeff": Key(0.5, Range(0)),  # lambda: loss = diffusion + coeff x alignment (REPA: 0.5)
+        # encoder input side; None = its patch x the model's grid (DINOv2: 224)
+        "resolution": Key(None, Range(1, integer=True, nullable=True)),
         "mean": None,  # per-channel normalisation of [0, 1] images; None = the encoder's (ImageNet)
         "std": None,  # likewise; the digits encoder takes the [-1, 1] images unchanged
         "interpolation": "bicubic",  # resize to repa.resolution (REPA: bicubic)
     },
 }
+
+#: The defaults alone: the config every file and override is merged into.
+DEFAULTS: Config = {
+    section: {key: v.default if isinstance(v, Key) else v for key, v in keys.items()}
+    for section, keys in SCHEMA.items()}
+#: Numeric keys with a valid range, by dotted name.
+RANGES: dict[str, Range] = {f"{section}.{key}": v.valid for section, keys in SCHEMA.items()
+                            for key, v in keys.items() if isinstance(v, Key)}
 
 #: Sections whose extra keys are allowed (validated elsewhere) rather than errors.
 OPEN_SECTIONS = ("model",)
@@ -178,10 +258,6 @@ _Loader.add_implicit_resolver(
 
 def _load_yaml(text: str) -> Any:
     return yaml.load(text, Loader=_Loader)  # a SafeLoader subclass: no arbitrary objects
-
-
-class ConfigError(SitVit5Error, ValueError):
-    """A config file or override that names an unknown key or holds a value of the wrong type."""
 
 
 def _type_ok(default: Any, value: Any) -> bool:
@@ -248,81 +324,6 @@ def parse_overrides(overrides: list[str]) -> dict[str, dict[str, Any]]:
     return nested
 
 
-class Range(NamedTuple):
-    """Valid values of a numeric key: ``low``/``high`` bounds (None = unbounded), inclusive unless
-    ``*_open``; ``integer`` for counts; ``nullable`` when None ("off" or "derived") is allowed."""
-
-    low: float | None = None
-    high: float | None = None
-    low_open: bool = False
-    high_open: bool = False
-    integer: bool = False
-    nullable: bool = False
-
-    def describe(self) -> str:
-        kind = "an integer" if self.integer else "a number"
-        fmt = "d" if self.integer else "g"  # integer bounds in full (2**64 - 1, not 1.84467e+19)
-        lo = "" if self.low is None else f"{'>' if self.low_open else '>='} {self.low:{fmt}}"
-        hi = "" if self.high is None else f"{'<' if self.high_open else '<='} {self.high:{fmt}}"
-        bounds = " and ".join(b for b in (lo, hi) if b)
-        return f"{kind}{' ' + bounds if bounds else ''}{' (or null)' if self.nullable else ''}"
-
-    def holds(self, value: Any) -> bool:
-        if value is None:
-            return self.nullable
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(
-                value):
-            return False
-        if self.integer and not isinstance(value, int):
-            return False
-        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
-            return False
-        return self.high is None or (value < self.high if self.high_open else value <= self.high)
-
-
-_COUNT, _COUNT0 = Range(1, integer=True), Range(0, integer=True)
-_POSITIVE = Range(0, low_open=True)
-#: seeds: what torch.manual_seed takes (it overflows beyond 64 bits)
-SEED_RANGE = Range(0, MAX_SEED, integer=True)
-#: Numeric keys with a valid range (outside it a run trains garbage or crashes later).
-RANGES: dict[str, Range] = {
-    "optim.lr": _POSITIVE,
-    "optim.weight_decay": Range(0),
-    "optim.eps": Range(0),
-    "optim.warmup_steps": _COUNT0,
-    "optim.grad_clip": Range(0, low_open=True, nullable=True),
-    "optim.ema_decay": Range(0, 1, high_open=True),  # 1 would freeze the EMA at init, > 1 diverges
-    "transport.train_eps": Range(0, 0.5, high_open=True, nullable=True),
-    "transport.sample_eps": Range(0, 0.5, high_open=True, nullable=True),
-    "transport.meanflow_time_mean": Range(-10, 10),
-    "transport.meanflow_time_std": Range(0, 10, low_open=True),
-    "transport.meanflow_ratio": Range(0, 1),
-    "transport.meanflow_norm_p": Range(0, 2),
-    "transport.meanflow_norm_c": Range(0, low_open=True),  # c = 0 divides 0 by 0 at a perfect fit
-    "transport.meanflow_omega": Range(0, low_open=True),
-    "transport.meanflow_kappa": Range(0, 1, high_open=True),
-    "transport.meanflow_class_dropout": Range(0, 1, high_open=True),
-    "data.image_size": _COUNT,
-    "data.global_batch_size": _COUNT,
-    "data.num_workers": _COUNT0,
-    "data.min_image_side": _COUNT0,
-    "train.steps": _COUNT,
-    "train.seed": SEED_RANGE,
-    "train.grad_accum": _COUNT,
-    "train.cpu_threads": Range(1, integer=True, nullable=True),
-    "train.log_every": _COUNT,
-    "train.ckpt_every": _COUNT,
-    "train.keep_last": _COUNT,
-    "train.milestone_every": _COUNT0,
-    "train.sample_every": _COUNT0,
-    "sample.num_images": _COUNT,
-    "sample.seed": SEED_RANGE,
-    "sample.nrow": Range(1, integer=True, nullable=True),
-    "repa.depth": _COUNT,
-    "repa.projector_dim": _COUNT,
-    "repa.coeff": Range(0),
-    "repa.resolution": Range(1, integer=True, nullable=True),
-}
 BETA_RANGE = Range(0, 1, high_open=True)  # each of optim.betas
 
 #: ``model`` keys with a range beyond their type (types: the model constructors' defaults).
@@ -347,7 +348,8 @@ def model_key_types() -> dict[str, tuple[type, bool]]:
     """``model`` key → (type, nullable), from the defaults of SiT and the SiT / ViT-5 switches
     (nullable when any defaults to None, or when it is derived from the data)."""
     from .models.registry import DATA_DERIVED_KEYS
-    from .models.sit import SIT_SWITCHES, SiT
+    from .models.sit import SiT
+    from .models.switches import SIT_SWITCHES
     from .models.vit5 import VIT5_SWITCHES
 
     defaults: dict[str, list[Any]] = {}
@@ -369,7 +371,7 @@ def validate_model_section(cfg: Config) -> None:
     """Check the ``model`` keys' names, types, ranges and choices (ConfigError naming
     ``model.<key>=<value>``). Sizes that do not fit together: ``validate_architecture``."""
     from .models.layers import resolve_layer_scale_init
-    from .models.sit import check_switches
+    from .models.switches import check_switches
 
     m = cfg["model"]
     check_model_keys(m)  # also run by validate_settings; here for direct callers
@@ -406,10 +408,11 @@ def validate_model_section(cfg: Config) -> None:
 
 
 def validate_architecture(m: dict[str, Any]) -> None:
-    """Raise ConfigError when a (type-checked) ``model`` section cannot build a model: the model's
-    own :func:`~sit_vit5.models.sit.check_architecture` on the name's sizes with the overrides."""
+    """Raise ConfigError when a (type-checked) ``model`` section cannot build a model: the
+    model's own :func:`~sit_vit5.models.switches.check_architecture` on the name's sizes with the
+    overrides."""
     from .models.registry import _NAME, SIZES
-    from .models.sit import check_architecture
+    from .models.switches import check_architecture
 
     _, hidden, heads = SIZES[_NAME.match(m["name"])["size"]]  # the name's sizes, then overrides
     try:
@@ -421,7 +424,7 @@ def validate_architecture(m: dict[str, Any]) -> None:
 
 def _switches_of(cfg_model: dict[str, Any]) -> dict[str, Any]:
     """The switches ``cfg_model`` builds with: its backbone's defaults, then the overrides."""
-    from .models.sit import SIT_SWITCHES
+    from .models.switches import SIT_SWITCHES
     from .models.vit5 import VIT5_SWITCHES
 
     base = VIT5_SWITCHES if cfg_model["name"].startswith("ViT5") else SIT_SWITCHES
@@ -467,15 +470,12 @@ def validate_settings(cfg: Config) -> None:
         raise ConfigError(f"train.tensorboard={cfg['train']['tensorboard']!r}; "
                           "valid: true, false, null (= when installed)")
     betas = cfg["optim"]["betas"]
-    if len(betas) != 2:
+    if not isinstance(betas, list | tuple) or len(betas) != 2:  # null passes the type check
         raise ConfigError(f"optim.betas={betas!r}; expected two numbers")
     if not all(BETA_RANGE.holds(b) for b in betas):
         raise ConfigError(f"optim.betas={betas!r}; each must be {BETA_RANGE.describe()}")
     validate_repa(cfg)
-    try:
-        LatentNorm.from_section(cfg["vae"])
-    except LatentNormError as err:
-        raise ConfigError(str(err)) from None
+    LatentNorm.from_section(cfg["vae"])
     if cfg["vae"]["latent_stats"] not in LATENT_STATS:
         raise ConfigError(f"vae.latent_stats={cfg['vae']['latent_stats']!r}; valid: null, cache")
     if cfg["vae"]["latent_stats"] == "cache" and cfg["data"]["kind"] != "latents":
@@ -489,15 +489,13 @@ def validate_settings(cfg: Config) -> None:
 
 def validate_models(cfg: Config) -> None:
     """The model section, and the objective against model and sampler (imports torch: seconds)."""
-    from .objective import ObjectiveError, check_objective
+    from .objective import check_objective
 
     validate_model_section(cfg)
-    try:  # objective vs model (learn_sigma, DiT-* names) and sampler (sample.method)
-        check_objective(cfg["transport"], learn_sigma=cfg["model"].get("learn_sigma", True),
-                        model_name=cfg["model"]["name"], sample_method=cfg["sample"]["method"],
-                        interval_embed=cfg["model"].get("interval_embed", False))
-    except ObjectiveError as err:
-        raise ConfigError(str(err)) from None
+    # objective vs model (learn_sigma, DiT-* names) and sampler (sample.method)
+    check_objective(cfg["transport"], learn_sigma=cfg["model"].get("learn_sigma", True),
+                    model_name=cfg["model"]["name"], sample_method=cfg["sample"]["method"],
+                    interval_embed=cfg["model"].get("interval_embed", False))
 
 
 def validate_repa(cfg: Config) -> None:

@@ -37,10 +37,10 @@ from torch.utils.data import DataLoader, Dataset
 
 from .datasets import DataRootError, EpochDataset, item_generator
 from .image_data import ImageFolderDataset, TooSmallImageError, UnreadableImageError, read_image
-from .latent_norm import LatentNorm, LatentNormError
+from .latent_norm import LatentNorm
 from .utils.atomic_files import TMP_PREFIX, atomic_write, atomic_write_text, unwritable_dir_reason
 from .utils.checksums import payload_sha256, sha256_file
-from .utils.errors import SitVit5Error
+from .utils.errors import ConfigError, SitVit5Error
 from .vae import downsampling_factor, encode_moments, load_vae
 
 if TYPE_CHECKING:
@@ -80,10 +80,6 @@ class CorruptCacheError(SitVit5Error, ValueError):
 class CacheMismatchError(SitVit5Error, ValueError):
     """A latent cache that does not fit the run (other image size, or other inputs than the run
     resuming it); the message names the value that differs."""
-
-
-class CacheArgumentError(SitVit5Error, ValueError):
-    """A flag value the cache writer cannot use; the message names the flag and value."""
 
 
 # ----------------------------------------------------------------------------- reader and verifier
@@ -283,10 +279,10 @@ class LatentCacheDataset(EpochDataset):
 
     def latent_stats(self) -> LatentNorm:
         """Per-channel standardisation from the manifest's ``latent_stats`` (the posterior means'
-        mean and std, before any normalisation); LatentNormError when the cache has none."""
+        mean and std, before any normalisation); ConfigError when the cache has none."""
         stats = self.manifest.get("latent_stats")
         if not isinstance(stats, dict):
-            raise LatentNormError(
+            raise ConfigError(
                 f"vae.latent_stats=cache, but the latent cache {self.cache_dir} records no "
                 "latent_stats (written by an older version): rerun `python -m "
                 f"sit_vit5.cache_latents` with its arguments (--out {self.cache_dir}) to add them")
@@ -464,13 +460,13 @@ def _collate(items: list[tuple[int, torch.Tensor | None, str]]):
 
 
 def latent_shape_of(vae: AutoencoderKL, image_size: int) -> tuple[int, int, int]:
-    """(C, h, w) of the AutoencoderKL's latents for image_size² inputs; CacheArgumentError when
+    """(C, h, w) of the AutoencoderKL's latents for image_size² inputs; ConfigError when
     image_size is not a multiple of its downsampling factor."""
     factor = downsampling_factor(vae)
     if image_size % factor:
         lower, upper = image_size // factor * factor, (image_size // factor + 1) * factor
-        raise CacheArgumentError(f"--image-size {image_size} is not a multiple of the VAE's "
-                                 f"downsampling factor {factor}; use {lower or upper} or {upper}")
+        raise ConfigError(f"--image-size {image_size} is not a multiple of the VAE's "
+                          f"downsampling factor {factor}; use {lower or upper} or {upper}")
     return (vae.config.latent_channels, image_size // factor, image_size // factor)
 
 
@@ -568,7 +564,7 @@ class CacheWriter:
         self.out, self.options, self.state = Path(out), options, state
         reason = unwritable_dir_reason(self.out)
         if reason is not None:
-            raise CacheArgumentError(f"--out {self.out}: cannot be the cache folder ({reason})")
+            raise ConfigError(f"--out {self.out}: cannot be the cache folder ({reason})")
         self.images = ImageFolderDataset(data_dir, options.image_size, random_flip=False,
                                          skip_bad=options.skip_bad, min_side=options.min_image_side)
         self.files_text = "".join(f"{f}\n" for f in self.images.files)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .names import SD_VAE_SCALING_FACTOR
-from .utils.errors import SitVit5Error
+from .utils.errors import ConfigError
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -29,19 +29,14 @@ CONFIG_KEYS = {"scaling_factor": "vae.scaling_factor", "shift_factor": "vae.shif
                "latent_stats": "vae.latent_stats"}
 
 
-class LatentNormError(SitVit5Error, ValueError):
-    """Normalisation values that cannot be used (wrong length, not finite, a scale ≤ 0), or that
-    do not fit the VAE or the latent cache; the message names the key and both values."""
-
-
 def _value(raw: Any, key: str, positive: bool) -> Value:
     """A number or a non-empty list of finite numbers (``positive``: each > 0)."""
     items = raw if isinstance(raw, (list, tuple)) else [raw]
     if not items or any(isinstance(v, bool) or not isinstance(v, (int, float))
                         or not math.isfinite(v) or (positive and v <= 0) for v in items):
         need = "positive " if positive else ""
-        raise LatentNormError(f"{key}={raw!r}: expected a finite {need}number or a list of one "
-                              "per latent channel")
+        raise ConfigError(f"{key}={raw!r}: expected a finite {need}number or a list of one "
+                          "per latent channel")
     values = tuple(float(v) for v in items)
     return values if isinstance(raw, (list, tuple)) else values[0]
 
@@ -65,16 +60,16 @@ class LatentNorm:
     def from_section(cls, section: Mapping[str, Any], keys: Mapping[str, str] = CONFIG_KEYS
                      ) -> LatentNorm:
         """From a ``vae`` section's ``scaling_factor`` / ``shift_factor`` (missing: SD-VAE's);
-        LatentNormError naming the key (``keys``: how messages name them)."""
+        ConfigError naming the key (``keys``: how messages name them)."""
         scale = _value(section.get("scaling_factor", SD_VAE_SCALING_FACTOR),
                        keys["scaling_factor"], positive=True)
         shift = section.get("shift_factor")
         shift = None if shift is None else _value(shift, keys["shift_factor"], positive=False)
         lengths = {n for n in (_length(scale), _length(shift)) if n is not None}
         if len(lengths) > 1:
-            raise LatentNormError(f"{keys['scaling_factor']} has {_length(scale)} values but "
-                                  f"{keys['shift_factor']} {_length(shift)}: one per latent "
-                                  "channel")
+            raise ConfigError(f"{keys['scaling_factor']} has {_length(scale)} values but "
+                              f"{keys['shift_factor']} {_length(shift)}: one per latent "
+                              "channel")
         return cls(scale, shift)
 
     @classmethod
@@ -122,11 +117,11 @@ class LatentNorm:
 
     def check_channels(self, channels: int, what: str = "the latents",
                        keys: Mapping[str, str] = CONFIG_KEYS) -> None:
-        """LatentNormError unless per-channel values have ``channels`` entries."""
+        """ConfigError unless per-channel values have ``channels`` entries."""
         if self.channels not in (None, channels):
             key = keys["scaling_factor" if isinstance(self.scale, tuple) else "shift_factor"]
-            raise LatentNormError(f"{key} has {self.channels} values, but {what} "
-                                  f"{'has' if what[-1] != 's' else 'have'} {channels} channels")
+            raise ConfigError(f"{key} has {self.channels} values, but {what} "
+                              f"{'has' if what[-1] != 's' else 'have'} {channels} channels")
 
     def check_vae(self, config: Mapping[str, Any], vae_name: str,
                   keys: Mapping[str, str] = CONFIG_KEYS) -> None:
@@ -136,12 +131,12 @@ class LatentNorm:
         if self.per_channel:
             return
         if self.shift is not None and own is None:
-            raise LatentNormError(
+            raise ConfigError(
                 f"{keys['shift_factor']}={self.shift} but the VAE {vae_name} has no shift_factor "
                 f"in its config: drop the shift, or give one value per channel "
                 f"({keys['latent_stats']}: cache)")
         if self.shift is None and own is not None:
-            raise LatentNormError(
+            raise ConfigError(
                 f"the VAE {vae_name} has shift_factor {own} and scaling_factor "
                 f"{config.get('scaling_factor')} in its config, but {keys['shift_factor']} is "
                 f"unset: set {keys['shift_factor']} and {keys['scaling_factor']} (the VAE's "

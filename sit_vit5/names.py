@@ -120,12 +120,18 @@ MODEL_KEYS: tuple[str, ...] = (
     "t_freq_shift")
 
 
+def ode_solver_name(name: str) -> str:
+    """The canonical ODE ``sampling_method`` (lower case, ``heun`` -> ``heun2``)."""
+    key = name.lower()
+    return ODE_ALIASES.get(key, key)
+
+
 def flow_solver_name(sampling_method: str | None) -> str | None:
     """The ``FLOW_SOLVERS`` key ``sampling_method`` names (any case, ``ODE_ALIASES`` applied), None
     for other methods."""
     if sampling_method is None:
         return None
-    key = ODE_ALIASES.get(sampling_method.lower(), sampling_method.lower())
+    key = ode_solver_name(sampling_method)
     return key if key in FLOW_SOLVERS else None
 
 

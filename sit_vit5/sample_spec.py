@@ -9,24 +9,26 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from .names import (
     DEFAULT_ATOL,
     DEFAULT_RTOL,
+    DIFFUSION_FORMS,
     DIFFUSION_METHODS,
     DIFFUSION_SOLVERS,
     FLOW_SOLVERS,
+    LAST_STEPS,
     MEANFLOW_METHODS,
     ODE_ADAPTIVE_METHODS,
-    ODE_ALIASES,
     ODE_EQUAL_STEP_METHODS,
     ODE_FIXED_STEP_METHODS,
     ODE_STEP_NFE,
     SDE_STEP_NFE,
     TRANSPORT_METHODS,
+    ode_solver_name,
 )
 from .utils.errors import SettingError
 
@@ -64,12 +66,6 @@ FEW_STEPS: dict[str, dict[str, Any]] = {
 }
 
 
-def ode_solver_name(name: str) -> str:
-    """The canonical ODE ``sampling_method`` (lower case, ``heun`` -> ``heun2``); torch-free."""
-    key = name.lower()
-    return ODE_ALIASES.get(key, key)
-
-
 def sampling_methods(method: str) -> tuple[str, ...]:
     """The ``sampling_method`` values of ``method`` (ode: torchdiffeq's fixed-step and adaptive
     methods, then diffusers' flow solvers; sde: its integrators; ddpm / ddim: diffusers' solvers of
@@ -91,7 +87,8 @@ def step_evaluations(method: str, sampling_method: str | None) -> int | None:
 
 
 #: annotation -> accepted types
-NUMBER_TYPES: dict[str, type | tuple[type, ...]] = {"int": int, "float": (int, float)}
+NUMBER_TYPES: dict[str, type | tuple[type, ...]] = {"int": int, "float": (int, float),
+                                                    "int | None": int, "float | None": (int, float)}
 
 
 def option(default: Any, help: str, *, solvers: tuple[str, ...] = (),
@@ -155,7 +152,7 @@ class SampleSpec:
         for f in fields(self):  # the number types come from the annotations
             kinds = NUMBER_TYPES.get(f.type)
             value = getattr(self, f.name)
-            if kinds is None:
+            if kinds is None or (value is None and f.type.endswith("| None")):
                 continue
             if isinstance(value, bool) or not isinstance(value, kinds):
                 raise SettingError(f.name, value,
@@ -202,8 +199,16 @@ class SampleSpec:
                                "coefficients); shift a one-step solver (heun2, rk4) or unipc")
         if self.last_step in ("none", "None"):  # "None": SiT's sample.py spelling
             object.__setattr__(self, "last_step", None)
+        for name, valid in (("diffusion_form", DIFFUSION_FORMS), ("last_step", LAST_STEPS)):
+            if getattr(self, name) not in valid:  # a config's typo, before a run trains on it
+                raise SettingError(name, getattr(self, name),
+                                   f"; valid: {', '.join(str(v) for v in valid)}")
         if self.cfg_interval is not None:
-            lo, hi = (float(v) for v in self.cfg_interval)
+            pair = self.cfg_interval
+            if isinstance(pair, str) or not isinstance(pair, Sequence) or len(pair) != 2 or not all(
+                    isinstance(v, int | float) and not isinstance(v, bool) for v in pair):
+                raise SettingError("cfg_interval", pair, ": expected two numbers [t_lo, t_hi]")
+            lo, hi = (float(v) for v in pair)  # a YAML list or a flag's tuple: stored as a tuple
             if not 0.0 <= lo <= hi <= 1.0:
                 raise SettingError("cfg_interval", (lo, hi), ": need 0 <= t_lo <= t_hi <= 1")
             object.__setattr__(self, "cfg_interval", (lo, hi))
@@ -237,8 +242,6 @@ class SampleSpec:
                 layer = {k: v for k, v in layer.items() if k != "sampling_method"}
             for key, value in layer.items():
                 values.setdefault(key, value)
-        if values.get("cfg_interval") is not None:
-            values["cfg_interval"] = tuple(values["cfg_interval"])
         return cls(**values)
 
     def options(self) -> dict[str, Any]:

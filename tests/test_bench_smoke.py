@@ -25,6 +25,7 @@ def test_train_step_bench_rows_ratios_and_flops(tmp_path):
     train_step.main([*TINY, "--sizes", "S", "--input-size", "8", "--batch-size", "2", "--json", str(path)])
     out = _load(path)
     assert out["bench"] == "train_step"
+    assert out["adamw"] == "default"  # the CPU's AdamW, as training builds it (fused: CUDA only)
     assert [r["model"] for r in out["rows"]] == ["SiT", "ViT5", "Timm"]
     for row in out["rows"]:
         assert row["step_ms"] > 0 and row["img_per_s"] == pytest.approx(2e3 / row["step_ms"])

@@ -88,6 +88,26 @@ def test_keep_last_and_milestones(tmp_path):
     assert sorted(p.name for p in tmp_path.glob("0*[0-9].pt")) == ["0000005.pt", "0000007.pt"]
 
 
+def test_a_stops_checkpoint_off_the_schedule_costs_no_scheduled_one(tmp_path):
+    """Pre-empted at step 7 of a run that saves every 5 and keeps 3: the stop's checkpoint is kept
+    until a newer one exists, then deleted without pushing a scheduled one out (it did before:
+    resuming lost step 5, which the digits study evaluates)."""
+    state = make_state(0)
+    for step in (5, 7):
+        ck.save_checkpoint(state, tmp_path, step, keep_last=3, every=5)
+    assert sorted(p.name for p in tmp_path.glob("*.pt")) == ["0000005.pt", "0000007.pt"]
+    for step in (10, 15):
+        ck.save_checkpoint(state, tmp_path, step, keep_last=3, every=5)
+    assert sorted(p.name for p in tmp_path.glob("*.pt")) == ["0000005.pt", "0000010.pt",
+                                                             "0000015.pt"]
+    ck.save_checkpoint(state, tmp_path, 17, keep_last=3, every=5)  # a final step off the schedule
+    assert sorted(p.name for p in tmp_path.glob("*.pt")) == ["0000010.pt", "0000015.pt",
+                                                             "0000017.pt"]
+    assert ck.latest_checkpoint(tmp_path).name == "0000017.pt"
+    assert sorted(p.name for p in tmp_path.glob("*.sha256")) == [
+        "0000010.pt.sha256", "0000015.pt.sha256", "0000017.pt.sha256"]
+
+
 def test_rng_state_round_trip():
     state = ck.rng_state()
     first = (torch.rand(3), np.random.rand(3), [random.random() for _ in range(3)])  # noqa: NPY002

@@ -1,6 +1,7 @@
 """Config: defaults ← YAML ← dotted overrides; unknown keys and wrong types are errors that name the key."""
 
 import copy
+import re
 
 import pytest
 import yaml
@@ -224,3 +225,28 @@ def test_valid_edges_are_accepted():
                              "model.layer_scale_init=null"])
     validate_architecture(cfg["model"])
     assert cfg["optim"]["ema_decay"] == 0 and cfg["sample"]["num_steps"] == 2
+
+
+@pytest.mark.parametrize("overrides, named", [
+    (["optim.betas=null"], "optim.betas=None"),  # was a TypeError from len(None)
+    (["sample.time_shift=abc"], "sample.time_shift='abc'"),  # TypeError from math.isfinite
+    (["sample.cfg_channels=abc"], "sample.cfg_channels='abc'"),  # TypeError from '<'
+    (["sample.cfg_interval=abc"], "sample.cfg_interval='abc'"),  # ValueError from float('a')
+    (["sample.cfg_interval=[0.1]"], "sample.cfg_interval=[0.1]"),  # ValueError from unpacking
+    # accepted before, then crashed the run's first sample grid, after the training
+    (["sample.method=sde", "sample.sampling_method=Euler", "sample.diffusion_form=bogus"],
+     "sample.diffusion_form='bogus'"),
+    (["sample.method=sde", "sample.sampling_method=Euler", "sample.last_step=bogus"],
+     "sample.last_step='bogus'"),
+])
+def test_sampler_and_optimizer_values_of_any_type_are_config_errors(overrides, named):
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        load_config(None, overrides, check_models=False)
+
+
+@pytest.mark.parametrize("overrides", [
+    ["sample.cfg_interval=[0.2, 0.9]"], ["sample.last_step=None"], ["sample.time_shift=null"],
+    ["sample.method=sde", "sample.sampling_method=Euler", "sample.diffusion_form=SBDM"],
+])
+def test_valid_sampler_values_still_load(overrides):
+    load_config(None, overrides, check_models=False)

@@ -18,6 +18,7 @@ import torch
 from sit_vit5.models import WeightsUnavailableError, resolve_checkpoint
 from sit_vit5.training import repa as R
 from sit_vit5.utils import hub_access
+from sit_vit5.utils.errors import ConfigError
 from sit_vit5.vae import load_vae
 
 
@@ -120,7 +121,7 @@ def test_official_ckpt_offline_names_the_flag_with_one_connection(no_network, hu
 def test_timm_encoder_offline_names_repa_encoder_with_one_connection(no_network, hub_warnings):
     pytest.importorskip("timm")
     spec = "timm:vit_tiny_patch16_224.augreg_in21k"
-    with pytest.raises(R.RepaError) as err:
+    with pytest.raises(ConfigError) as err:
         R.load_encoder({"encoder": spec}, 8, (4, 4), 1)
     message = str(err.value)
     assert f"repa.encoder={spec}" in message and "hf download timm/" in message
@@ -129,7 +130,7 @@ def test_timm_encoder_offline_names_repa_encoder_with_one_connection(no_network,
 
 def test_torch_hub_encoder_offline_without_a_cached_copy(no_network, monkeypatch, tmp_path):
     monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path))
-    with pytest.raises(R.RepaError) as err:
+    with pytest.raises(ConfigError) as err:
         R._hub_encoder("hub:owner/repo:tiny", "owner/repo:tiny")
     assert "repa.encoder=hub:owner/repo:tiny" in str(err.value) and "github.com" in str(err.value)
     assert len(no_network) == 1

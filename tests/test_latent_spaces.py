@@ -18,8 +18,9 @@ from sit_vit5 import SiTPipeline
 from sit_vit5.export import main as export_main
 from sit_vit5.image_data import ImageFolderDataset
 from sit_vit5.latent_cache import LatentCacheDataset
-from sit_vit5.latent_norm import LatentNorm, LatentNormError
+from sit_vit5.latent_norm import LatentNorm
 from sit_vit5.training.checkpoint import latest_checkpoint
+from sit_vit5.utils.errors import ConfigError
 from tests.helpers import (
     assert_names,
     load_sample_cli,
@@ -200,9 +201,9 @@ def test_latent_norm_round_trips_and_refuses_what_it_cannot_use():
     for section, key in (({"scaling_factor": [1.0, 0.0]}, "vae.scaling_factor"),
                          ({"scaling_factor": [1.0], "shift_factor": [0.0, 1.0]}, "vae.shift_factor"),
                          ({"shift_factor": "x"}, "vae.shift_factor")):
-        with pytest.raises(LatentNormError, match=key):
+        with pytest.raises(ConfigError, match=key):
             LatentNorm.from_section(section)
-    with pytest.raises(LatentNormError, match="3 values, but the latents have 4 channels"):
+    with pytest.raises(ConfigError, match="3 values, but the latents have 4 channels"):
         norm.check_channels(4)
 
 

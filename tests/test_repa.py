@@ -102,7 +102,7 @@ def test_alignment_loss_is_the_mean_negative_cosine_similarity():
     independent = torch.stack([-F.cosine_similarity(h[b], z[b], dim=-1).mean() for b in range(3)])
     torch.testing.assert_close(per_image, independent)
     assert R.alignment_loss(z * 3.0, z) == pytest.approx([-1.0] * 3)  # aligned = -1, scale-free
-    with pytest.raises(R.RepaError, match="shape"):
+    with pytest.raises(ConfigError, match="shape"):
         R.alignment_loss(h, z[:, :4])
 
 
@@ -132,7 +132,7 @@ def test_capture_takes_the_patch_tokens_of_the_forward_without_the_registers():
     hidden = capture.take()
     assert hidden.shape == (2, 16, 32) and seen[-1].shape == (2, 16 + 4, 32)
     assert torch.equal(hidden.detach(), seen[-1][:, :16]) and hidden.requires_grad
-    with pytest.raises(R.RepaError, match=naming("repa.depth=4", "3")):
+    with pytest.raises(ConfigError, match=naming("repa.depth=4", "3")):
         R.HiddenCapture(model, depth=4)
 
 
@@ -143,7 +143,7 @@ def test_digits_encoder_gives_the_feature_maps_at_both_grids():
     assert enc8(torch.zeros(2, 1, 8, 8)).shape == (2, 16, 64)
     assert enc16(torch.zeros(2, 1, 16, 16)).shape == (2, 64, 64)
     assert all(not p.requires_grad for p in enc8.parameters())
-    with pytest.raises(R.RepaError, match=naming("16", "4×4", "2×2")):
+    with pytest.raises(ConfigError, match=naming("16", "4×4", "2×2")):
         R.load_encoder({"encoder": "digits"}, 8, (2, 2), 1)
 
 
@@ -200,14 +200,14 @@ def test_offline_timm_encoder_names_what_to_download(monkeypatch):
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     spec = "timm:vit_tiny_patch16_224.augreg_in21k"
-    with pytest.raises(R.RepaError) as err:
+    with pytest.raises(ConfigError) as err:
         R.load_encoder({"encoder": spec}, 8, (4, 4), 1)
     message = str(err.value)
     assert "hf download timm/vit_tiny_patch16_224.augreg_in21k" in message
     assert "\n" not in message and spec in message
-    with pytest.raises(R.RepaError, match="not a timm model name"):
+    with pytest.raises(ConfigError, match="not a timm model name"):
         R.load_encoder({"encoder": "timm:no_such_net"}, 8, (4, 4), 1)
-    with pytest.raises(R.RepaError, match="not a folder"):
+    with pytest.raises(ConfigError, match="not a folder"):
         R.load_encoder({"encoder": "/no/such/encoder"}, 8, (4, 4), 1)
 
 
@@ -673,7 +673,7 @@ def test_a_timm_architecture_with_local_weights(tiny_vit, tmp_path, monkeypatch)
     torch.testing.assert_close(enc(x), folder(x))
     part = {k: v for k, v in load_file(str(weights)).items() if not k.startswith("blocks.")}
     save_file(part, str(tmp_path / "part.safetensors"))
-    with pytest.raises(R.RepaError, match="missing"):
+    with pytest.raises(ConfigError, match="missing"):
         R.load_encoder(
             {"encoder": name, "weights": str(tmp_path / "part.safetensors")}, 8, (4, 4), 1
         )

@@ -1,5 +1,5 @@
 """Checks made before the heavy imports: the torch / torchvision pair and the checkpoint a
-command reads. Each raises :class:`PreflightError` in one line naming the culprit and the fix."""
+command reads. Each raises a one-line error (exit status 2) naming the culprit and the fix."""
 
 from __future__ import annotations
 
@@ -9,17 +9,13 @@ from importlib import metadata
 from pathlib import Path
 
 from sit_vit5.utils.checksums import ChecksumError, verify_sidecar
-from sit_vit5.utils.errors import SitVit5Error
+from sit_vit5.utils.errors import CheckpointError, ConfigError
 from sit_vit5.utils.run_files import previous_checkpoint, resume_file, truncation
 
 #: sidecars of files up to this size are verified here too (the loader verifies every file again
 #: after the imports; above this the second read would cost seconds)
 SIDECAR_CHECK_BYTES = 256 * 2**20
 _RELEASE = re.compile(r"^(\d+)\.(\d+)")
-
-
-class PreflightError(SitVit5Error, ValueError):
-    """An input found wrong before the heavy imports (exit status 2)."""
 
 
 def torchvision_for(torch_version: str) -> str | None:
@@ -46,7 +42,7 @@ def torch_pair_problem(torch_version: str, torchvision_version: str) -> str | No
 
 
 def check_torch_pair() -> None:
-    """Raise PreflightError when the installed torch and torchvision do not belong together
+    """Raise ConfigError when the installed torch and torchvision do not belong together
     (later: "operator torchvision::nms does not exist"). Reads versions only."""
     try:
         versions = metadata.version("torch"), metadata.version("torchvision")
@@ -54,14 +50,14 @@ def check_torch_pair() -> None:
         return  # a missing package is reported by its import, with its own message
     problem = torch_pair_problem(*versions)
     if problem:
-        raise PreflightError(
+        raise ConfigError(
             f"torch {versions[0]} and torchvision {versions[1]} do not match ({problem}); install "
             "both from one index, e.g. pip install --force-reinstall torch torchvision --index-url "
             "https://download.pytorch.org/whl/cpu")
 
 
 def check_checkpoint_file(path: str | os.PathLike, what: str, flag: str = "--resume") -> None:
-    """Raise PreflightError when ``path`` is cut short or, up to ``SIDECAR_CHECK_BYTES``, differs
+    """Raise CheckpointError when ``path`` is cut short or, up to ``SIDECAR_CHECK_BYTES``, differs
     from its ``.sha256`` sidecar; ``what`` names the input, the error the complete one before it."""
     path = Path(path)
     cut = truncation(path)
@@ -75,7 +71,7 @@ def check_checkpoint_file(path: str | os.PathLike, what: str, flag: str = "--res
         return
     previous = previous_checkpoint(path)
     hint = f"; {flag} {previous} continues from the one before it" if previous else ""
-    raise PreflightError(f"{what}: {path} is {problem}{hint}")
+    raise CheckpointError(f"{what}: {path} is {problem}{hint}")
 
 
 def check_resume(spec: str, out_dir: str | os.PathLike) -> None:

@@ -46,7 +46,7 @@ from sit_vit5.names import (
 )
 from sit_vit5.sample_spec import SampleSpec
 from sit_vit5.utils.atomic_files import unwritable_dir_reason
-from sit_vit5.utils.errors import KNOWN_ERRORS, SettingError, SitVit5Error, one_line, run_cli
+from sit_vit5.utils.errors import KNOWN_ERRORS, ConfigError, SettingError, one_line, run_cli
 from sit_vit5.utils.launcher import check_launcher_env
 from sit_vit5.utils.run_files import CKPT_DIR, checkpoints_of, latest_checkpoint
 
@@ -89,10 +89,6 @@ Published DiT-XL/2 protocol (FID 2.27): DiT's file (the SiT network under DiT's 
 (a local DiT file under another name: add --model DiT-XL/2, or --model SiT-XL/2 --objective ddpm.)
 New work should guide all channels (the default, --cfg-channels all).
 Exit status: 0 ok, 2 bad flag / value / file."""
-
-
-class UsageError(SitVit5Error, ValueError):
-    """A flag or value the CLI rejects (exit status 2)."""
 
 
 def _common_parser() -> argparse.ArgumentParser:
@@ -206,7 +202,7 @@ def translate_mode_word(argv: list[str]) -> list[str]:
     if method is None:
         return args
     if any(a.split("=", 1)[0] == "--method" for a in args):
-        raise UsageError(f"both the mode word {method.upper()} and --method were given; keep one")
+        raise ConfigError(f"both the mode word {method.upper()} and --method were given; keep one")
     return [args[0], "--method", method, *args[1:]]
 
 
@@ -229,8 +225,8 @@ def default_checkpoint(model: str | None, image_size: int | None) -> str:
         if (entry.model, entry.image_size, entry.objective) == wanted:
             return name
     known = ", ".join(sorted(OFFICIAL_WEIGHTS))
-    raise UsageError(f"--ckpt is required (a checkpoint file or an official name: {known})"
-                     + (f"; --model {model} at {side} px has no official file" if model else ""))
+    raise ConfigError(f"--ckpt is required (a checkpoint file or an official name: {known})"
+                      + (f"; --model {model} at {side} px has no official file" if model else ""))
 
 
 # ----------------------------------------------------------------------------- resolution
@@ -244,8 +240,8 @@ def resolve_spec(args: argparse.Namespace, saved: dict,
     flags = {key: getattr(args, key) for key in SampleSpec.keys()}
     nfe = getattr(args, "nfe", None)
     if nfe is not None and flags["num_steps"] is not None:
-        raise UsageError(f"--nfe {nfe} and --num-steps {flags['num_steps']} both set the steps; "
-                         "give one")
+        raise ConfigError(f"--nfe {nfe} and --num-steps {flags['num_steps']} both set the steps; "
+                          "give one")
     spec = SampleSpec.resolve(flags, saved, {"method": default_method}, explicit=True)
     return spec if nfe is None else spec.with_nfe(nfe)
 
@@ -261,12 +257,12 @@ def resolve_transport(args: argparse.Namespace, info: LoadedModel) -> dict:
         if value is None:
             continue
         if key not in objective_keys(info.objective_name):
-            raise UsageError(f"{flag} {value}: {args.ckpt} is a {info.objective_name}-objective "
-                             f"model, which has no {key}")
+            raise ConfigError(f"{flag} {value}: {args.ckpt} is a {info.objective_name}-objective "
+                              f"model, which has no {key}")
         trained = section.get(key, {"path_type": "Linear", "prediction": "velocity"}.get(key))
         if info.source in RECORDED and key != "sample_eps" and value != trained:
-            raise UsageError(f"{flag} {value}: {args.ckpt} was trained with {key}={trained}; the "
-                             f"model's output means {trained}, so drop {flag}")
+            raise ConfigError(f"{flag} {value}: {args.ckpt} was trained with {key}={trained}; the "
+                              f"model's output means {trained}, so drop {flag}")
         section[key] = value
     return section
 
@@ -279,10 +275,10 @@ def resolve_vae(args: argparse.Namespace, info: LoadedModel) -> dict:
     if args.vae is not None:
         trained_on_latents = vae_enabled(vae.get("name"))
         if info.source in RECORDED and trained_on_latents != vae_enabled(args.vae):
-            raise UsageError(f"--vae {args.vae}: {args.ckpt} was trained "
-                             + (f"on {vae['name']} latents; it needs a decoder"
-                                if trained_on_latents
-                                else "in pixel space (vae.name=none); it takes no decoder"))
+            raise ConfigError(f"--vae {args.vae}: {args.ckpt} was trained "
+                              + (f"on {vae['name']} latents; it needs a decoder"
+                                 if trained_on_latents
+                                 else "in pixel space (vae.name=none); it takes no decoder"))
         if info.source in RECORDED and args.vae != vae["name"]:
             warnings.warn(f"--vae {args.vae}: decoding latents of a model trained with "
                           f"{vae['name']}", stacklevel=2)
@@ -308,8 +304,8 @@ def build_pipeline(args: argparse.Namespace, device: torch.device
     objective = args.objective
     if official is not None:  # the table says what the file is (DiT's: the ddpm objective)
         if objective is not None and objective != official.objective:
-            raise UsageError(f"--objective {objective}: {args.ckpt} is a {official.objective}-"
-                             "objective model")
+            raise ConfigError(f"--objective {objective}: {args.ckpt} is a {official.objective}-"
+                              "objective model")
         objective = official.objective
     loaded = load_model(args.ckpt_path, args.model or (official and official.model), args.which,
                         objective=objective)
@@ -335,7 +331,7 @@ def build_pipeline(args: argparse.Namespace, device: torch.device
 
 
 def check_device(device: str | None) -> None:
-    """UsageError naming ``--device`` when torch cannot parse it or this machine does not have it
+    """ConfigError naming ``--device`` when torch cannot parse it or this machine does not have it
     (without it: a CUDA initialisation traceback at the first tensor)."""
     if device is None:
         return
@@ -344,21 +340,21 @@ def check_device(device: str | None) -> None:
     try:
         dev = torch.device(device)
     except RuntimeError as err:
-        raise UsageError(f"--device {device}: not a device ({one_line(err)}); e.g. cpu, cuda, "
-                         "cuda:1") from None
+        raise ConfigError(f"--device {device}: not a device ({one_line(err)}); e.g. cpu, cuda, "
+                          "cuda:1") from None
     if dev.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0:
-            raise UsageError(f"--device {device}: no CUDA GPU is available on this machine; use "
-                             "--device cpu")
+            raise ConfigError(f"--device {device}: no CUDA GPU is available on this machine; use "
+                              "--device cpu")
         if dev.index is not None and dev.index >= count:
-            raise UsageError(f"--device {device}: only {count} GPU(s) are visible (cuda:0 .. "
-                             f"cuda:{count - 1})")
+            raise ConfigError(f"--device {device}: only {count} GPU(s) are visible (cuda:0 .. "
+                              f"cuda:{count - 1})")
     elif dev.type not in ("cpu", "meta"):
         try:  # mps, xpu, ...: whether this build and machine have it
             torch.empty(0, device=dev)
         except (RuntimeError, AssertionError) as err:
-            raise UsageError(f"--device {device}: not available here ({one_line(err)})") from None
+            raise ConfigError(f"--device {device}: not available here ({one_line(err)})") from None
 
 
 def _describe(info: LoadedModel, pipe: SamplingPipeline, image_size: int, ckpt: str) -> str:
@@ -393,7 +389,7 @@ def _grid(args: argparse.Namespace) -> int:
     if args.classes:
         bad = [c for c in args.classes if not 0 <= c < info.num_classes]
         if bad:
-            raise UsageError(f"--classes {bad}: class ids must lie in [0, {info.num_classes})")
+            raise ConfigError(f"--classes {bad}: class ids must lie in [0, {info.num_classes})")
         labels = [args.classes[i % len(args.classes)] for i in range(num_images)]
     print(_describe(info, pipe, image_size, args.ckpt))
     result = sample_grid(pipe, args.out, num_images, labels, args.seed, args.batch_size, args.nrow,
@@ -475,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
         argv = translate_mode_word(sys.argv[1:] if argv is None else argv)
-    except UsageError as err:
+    except ConfigError as err:
         parser.error(str(err))
     args = parser.parse_args(argv)
     args.vae = VAE_WORDS.get(args.vae, args.vae)
@@ -497,37 +493,37 @@ def run_folder_checkpoint(ckpt: str) -> str:
     """``--ckpt`` as a file when it names a run folder (or its ``checkpoints/``): the newest
     complete checkpoint there, as ``python -m sit_vit5.export`` takes it; anything else unchanged
     (a model folder, one with ``model_index.json`` or ``config.json``, goes to ``load_model``).
-    UsageError for a folder that is none of these."""
+    ConfigError for a folder that is none of these."""
     path = Path(ckpt)
     if not path.is_dir() or any((path / name).is_file()
                                 for name in ("model_index.json", "config.json")):
         return ckpt
     latest = latest_checkpoint(checkpoints_of(path))
     if latest is None:
-        raise UsageError(f"--ckpt {ckpt}: a folder without checkpoints (a run folder holds "
-                         f"{CKPT_DIR}/, an export model_index.json, a saved model config.json)")
+        raise ConfigError(f"--ckpt {ckpt}: a folder without checkpoints (a run folder holds "
+                          f"{CKPT_DIR}/, an export model_index.json, a saved model config.json)")
     return str(latest)
 
 
 def _preflight(args: argparse.Namespace) -> None:
-    """The checks that need neither torch nor the model (UsageError naming the flag): a local
+    """The checks that need neither torch nor the model (ConfigError naming the flag): a local
     ``--ckpt`` file is whole (and matches its sidecar), any other value is an official name;
     ``--out`` can be written; torch and torchvision belong together. Bulk sampling first checks
     the launcher's environment, the first thing wrong in a bad launch."""
     if args.command == "bulk":
         check_launcher_env()
     if not 0 <= args.seed <= MAX_SEED:  # torch.manual_seed takes 64 bits
-        raise UsageError(f"--seed {args.seed}: must be an integer in [0, {MAX_SEED}]")
+        raise ConfigError(f"--seed {args.seed}: must be an integer in [0, {MAX_SEED}]")
     if args.ckpt is not None:
         args.ckpt = run_folder_checkpoint(args.ckpt)
         if Path(args.ckpt).is_file():
             check_checkpoint_file(args.ckpt, "--ckpt", flag="--ckpt")
         elif not Path(args.ckpt).exists() and args.ckpt not in OFFICIAL_NAMES:
-            raise UsageError(f"--ckpt {args.ckpt}: checkpoint not found (not a file, nor an "
-                             f"official name: {', '.join(OFFICIAL_NAMES)})")
+            raise ConfigError(f"--ckpt {args.ckpt}: checkpoint not found (not a file, nor an "
+                              f"official name: {', '.join(OFFICIAL_NAMES)})")
     problem = unwritable_dir_reason(args.out) if args.out else None
     if problem:
-        raise UsageError(f"--out {args.out}: cannot write there ({problem})")
+        raise ConfigError(f"--out {args.out}: cannot write there ({problem})")
     check_torch_pair()
 
 

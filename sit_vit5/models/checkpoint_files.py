@@ -28,14 +28,10 @@ from ..utils.checksums import (
     verify_sha256,
     verify_sidecar,
 )
-from ..utils.errors import SitVit5Error, one_line
+from ..utils.errors import CheckpointError, one_line
 from ..utils.run_files import truncation
 
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP and torch.compile wrappers
-
-
-class CheckpointError(SitVit5Error, RuntimeError):
-    """A checkpoint that cannot be read or does not fit the model."""
 
 
 #: Top-level keys of the training checkpoints this codebase writes (sit_vit5.training.checkpoint).

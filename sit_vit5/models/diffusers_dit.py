@@ -34,8 +34,10 @@ from ..names import SD_VAE_SCALING_FACTOR
 from ..vae import SD_VAE_EMA
 from .checkpoint_files import CheckpointError, LoadedModel, check_state_dict
 from .layers import sincos_pos_embed_2d
+from .pretrained import _CONFIG_KWARGS
 from .registry import SIZES
-from .sit import _CONFIG_KWARGS, SIT_SWITCHES, SiT
+from .sit import SiT
+from .switches import SIT_SWITCHES
 
 if TYPE_CHECKING:
     from diffusers import DiTTransformer2DModel

@@ -4,21 +4,28 @@
 holds what makes them cheap: a RoPE :class:`Rotation` with its tables laid out once (a complex
 multiply in fp32), and two hand-written CPU autograd nodes (RMSNorm; QK-norm + RoPE in one node).
 Each is bitwise equal to the definition in the forward (fp32) and within float rounding in the
-backward (``tests/test_bench_kernels.py``, ``tests/test_vit5_kernels.py``).
+backward (``tests/test_bench_kernels.py``, ``tests/test_vit5_kernels.py``). On the GPU, QK-norm +
+RoPE can run as one Triton kernel each way (``fused_qk.py``, opt-in: :func:`fused_qk`).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import cached_property
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 #: Whether the CPU autograd nodes below may run on CPU tensors (layers.py asks
 #: :func:`cpu_nodes_enabled`). False only inside :func:`generic_path`.
 _CPU_NODES = True
+#: Whether the GPU path's QK-norm + RoPE runs as one Triton kernel each way (``fused_qk.py``):
+#: opt-in (``SIT_VIT5_FUSED_QK=1`` or :func:`fused_qk`) until a GPU has timed it (issue 56)
+_FUSED_QK = os.environ.get("SIT_VIT5_FUSED_QK", "").strip() == "1"
 
 
 def cpu_nodes_enabled() -> bool:
@@ -39,6 +46,18 @@ def generic_path() -> Iterator[None]:
         _CPU_NODES = previous
 
 
+@contextmanager
+def fused_qk(enabled: bool = True) -> Iterator[None]:
+    """Inside, the GPU path's QK-norm + RoPE takes the fused Triton kernels (``enabled``) or the
+    torch ops; outside it, ``SIT_VIT5_FUSED_QK`` decides. Not thread-safe."""
+    global _FUSED_QK
+    previous, _FUSED_QK = _FUSED_QK, enabled
+    try:
+        yield
+    finally:
+        _FUSED_QK = previous
+
+
 def swap_pairs(x: Tensor) -> Tensor:
     """(..., 2k) -> (..., 2k): each adjacent pair (a, b) becomes (b, a) (stack: a CPU flip is
     slower)."""
@@ -53,24 +72,41 @@ class Rotation:
     complex multiply, one pass instead of five. Other dtypes (there is no complex bf16) and
     torch.compile (inductor fuses the real form but generates no complex code): the real form with
     the pair signs folded into sin, ``x * cos + swap_pairs(x) * sin_folded``. Both are bitwise equal
-    to ``apply_rope`` on CPU.
+    to ``apply_rope`` on CPU. ``wide``, ``wide_cis``: the tables :func:`qk_norm_rope` (the GPU
+    path) rotates with, fp32 (fp64 for fp64 tables) whatever the compute dtype.
+    ``complex_tables=False`` (compiled code) builds no complex tables.
     """
 
-    def __init__(self, cos: Tensor, sin: Tensor, fp32: tuple[Tensor, Tensor] | None = None) -> None:
+    def __init__(self, cos: Tensor, sin: Tensor, fp32: tuple[Tensor, Tensor] | None = None,
+                 complex_tables: bool = True) -> None:
         self.source = (cos, sin)  # the (N, head_dim) tables this was built from
         self.cos = cos.unsqueeze(-2)  # (N, 1, head_dim): broadcast over heads
         folded = torch.stack((-sin[:, 0::2], sin[:, 1::2]), dim=-1)  # (N, head_dim / 2, 2)
         self.sin_folded = folded.flatten(-2).unsqueeze(-2)  # (N, 1, head_dim)
-        complex_ok = cos.dtype in (torch.float32, torch.float64)
+        complex_ok = cos.dtype in (torch.float32, torch.float64) and complex_tables
+        # bf16/fp16 tables come with their fp32 ones (``fp32``): the GPU path rotates in fp32
+        wide = (cos, sin) if cos.dtype in (torch.float32, torch.float64) or fp32 is None else fp32
+        wide_folded = torch.stack((-wide[1][:, 0::2], wide[1][:, 1::2]), dim=-1).flatten(-2)
+        self.wide = (wide[0][:, None, None], wide_folded[:, None, None])  # (N, 1, 1, head_dim)
         # (N, 1, head_dim / 2) complex angles, and their conjugate: the inverse rotation
         self.cis = torch.complex(cos[:, 0::2], sin[:, 0::2]).unsqueeze(-2) if complex_ok else None
         self.cis_conj = self.cis.conj().resolve_conj() if complex_ok else None
         # bf16/fp16 tables with their fp32 ones (``fp32``): complex fp32 angles for the fused
         # QK-norm + RoPE node, which normalises and rotates half-precision q/k in fp32
         self.half_cis = self.half_cis_conj = None
-        if fp32 is not None and not complex_ok:
+        if fp32 is not None and not complex_ok and complex_tables:
             self.half_cis = torch.complex(fp32[0][:, 0::2], fp32[1][:, 0::2]).unsqueeze(-2)
             self.half_cis_conj = self.half_cis.conj().resolve_conj()
+        # (N, 1, 1, head_dim / 2) complex, the wide tables' angles (eager GPU path), or None
+        cis = self.cis if self.cis is not None else self.half_cis
+        self.wide_cis = None if cis is None else cis.unsqueeze(-2)
+
+    @cached_property
+    def pair_tables(self) -> tuple[Tensor, Tensor]:
+        """(cos, sin), each (N, head_dim / 2) in the wide tables' dtype: the angle of each channel
+        pair (2i, 2i + 1), as the fused kernels read them."""
+        cos, sin_folded = self.wide  # (N, 1, 1, head_dim); sin folded: -sin even, +sin odd
+        return cos[:, 0, 0, 0::2].contiguous(), sin_folded[:, 0, 0, 1::2].contiguous()
 
     def complex_ok(self, x: Tensor) -> bool:
         """Whether x is rotated by the complex multiply (eager, x in the tables' fp32/fp64)."""
@@ -83,6 +119,60 @@ class Rotation:
             pairs = torch.view_as_complex(x.unflatten(-1, (-1, 2)))  # (B, N, H, head_dim / 2)
             return torch.view_as_real(pairs * self.cis).flatten(-2)
         return x * self.cos + swap_pairs(x) * self.sin_folded
+
+
+def qk_norm_rope(qk: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float,
+                 rotation: Rotation) -> Tensor:
+    """``rotation(rms_norm(x) * weight)`` for q and k at once, in plain torch ops: the GPU path.
+
+    qk (B, N, 2, H, head_dim): q and k side by side (a view of the qkv activation); ``q_weight``,
+    ``k_weight`` (head_dim,) their RMSNorm weights; returns (B, N, 2, H, head_dim) in qk's dtype.
+
+    One ``F.rms_norm`` without weight normalises q and k in their own dtype: a same-dtype call is
+    CUDA's fused kernel (fp32 accumulation inside), where a bf16 x with an fp32 weight would take
+    the composite, and autocast would first copy x to fp32 (it lists rms_norm as an fp32 op; it is
+    switched off around the call). The weight multiply promotes to fp32 (fp64 for an fp64 model)
+    and the rotation runs there, with fp32 tables: eager, one complex multiply (one kernel,
+    backward one); compiled, the real form ``z * cos + swap_pairs(z) * sin_folded``, which Inductor
+    fuses (it generates no complex code). Then one cast back. The tables are constants, so the
+    backward makes no reduction over the activations for them. Eager CUDA runs 4
+    activation-sized kernels forward for q and k where the unfused chain ran 14. fp32: the
+    previous chain's numbers within fp32 rounding; bf16: one rounding after the norm and one at
+    the end (the previous chain rounded four times, in bf16 tables).
+    """
+    d, kind = qk.shape[-1], qk.device.type
+    if torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind):  # meta: neither
+        with torch.autocast(kind, enabled=False):
+            x_hat = F.rms_norm(qk, (d,), None, eps)
+    else:
+        x_hat = F.rms_norm(qk, (d,), None, eps)
+    cos, sin_folded = rotation.wide  # (N, 1, 1, d)
+    w = torch.stack((q_weight, k_weight)).to(cos.dtype).unsqueeze(1)  # (2, 1, d): q's, k's
+    z = x_hat * w  # (B, N, 2, H, d) in the tables' dtype
+    if rotation.wide_cis is not None and not torch.compiler.is_compiling():
+        pairs = torch.view_as_complex(z.unflatten(-1, (-1, 2)))  # (B, N, 2, H, d / 2)
+        y = torch.view_as_real(pairs * rotation.wide_cis).flatten(-2)
+    else:
+        y = torch.addcmul(z * cos, swap_pairs(z), sin_folded)
+    return y.to(qk.dtype)
+
+
+def qkv_gpu_path(qkv: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float,
+                 rotation: Rotation) -> tuple[Tensor, Tensor, Tensor]:
+    """q, k, v (each (B, N, H, head_dim)) of the qkv activation (B, N, 3, H, head_dim) on the GPU
+    path: q and k normalised and rotated by :func:`qk_norm_rope`, or, with :func:`fused_qk` on in
+    eager code, by one Triton kernel each way (``fused_qk.py``; not under torch.compile, where
+    Inductor fuses the torch ops, nor under torch.func transforms, which it has no rule for)."""
+    if (_FUSED_QK and not torch.compiler.is_compiling()
+            and rotation.wide[0].dtype == q_weight.dtype == k_weight.dtype == torch.float32
+            and not torch._C._are_functorch_transforms_active()):
+        from .fused_qk import qkv_norm_rope  # Triton: imported once switched on
+
+        cos, sin = rotation.pair_tables
+        return qkv_norm_rope(qkv, q_weight, k_weight, cos, sin, eps)[0].unbind(2)
+    qk = qk_norm_rope(qkv[:, :, :2], q_weight, k_weight, eps, rotation)  # (B, N, 2, H, head_dim)
+    (q, k), v = qk.unbind(2), qkv[:, :, 2]
+    return q, k, v
 
 
 class _RMSNormFunction(torch.autograd.Function):

@@ -14,7 +14,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from .kernels import Rotation, _QKNormRopeFunction, _RMSNormFunction, cpu_nodes_enabled
+from .kernels import (
+    Rotation,
+    _QKNormRopeFunction,
+    _RMSNormFunction,
+    cpu_nodes_enabled,
+    qkv_gpu_path,
+)
 
 
 def _fusable() -> bool:
@@ -25,6 +31,12 @@ def _fusable() -> bool:
     if torch.compiler.is_compiling():
         return True
     return not torch._C._are_functorch_transforms_active()  # private API: no public query yet
+
+
+def generic_path_for(x: Tensor) -> bool:
+    """Whether x takes the device-generic ops (any GPU; CPU inside ``kernels.generic_path()``)
+    rather than the CPU's: the CPU keeps its op sequence, so its results stay bit for bit."""
+    return x.device.type != "cpu" or not cpu_nodes_enabled()
 
 
 def modulate(x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
@@ -46,10 +58,14 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim)) if affine else None  # on cpu: a parameter
 
     def forward(self, x: Tensor) -> Tensor:
+        if generic_path_for(x):  # CUDA: fused forward and backward; casts only where they convert
+            x32 = x if x.dtype == torch.float32 else x.float()
+            out = F.rms_norm(x32, (self.dim,), self.weight, self.eps)
+            return out if out.dtype == x.dtype else out.to(x.dtype)
         x32 = x.float()
-        if x32.device.type == "cpu" and cpu_nodes_enabled() and _fusable():
+        if _fusable():
             return _RMSNormFunction.apply(x32, self.weight, self.eps).to(x.dtype)
-        # CUDA: fused forward and backward; under torch.func: the composite (forward-mode rules)
+        # CPU under torch.func: the composite (forward-mode rules)
         return F.rms_norm(x32, (self.dim,), self.weight, self.eps).to(x.dtype)
 
 
@@ -164,14 +180,21 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim) if qk_norm else nn.Identity()
         self.k_norm = RMSNorm(self.head_dim) if qk_norm else nn.Identity()
         self.proj = nn.Linear(dim, dim)
+        # q and k share one fused norm + rotation on the GPU path (same eps; weights apart)
+        self.fused_qk = qk_norm and self.q_norm.eps == self.k_norm.eps
 
     def forward(self, x: Tensor, rope: Rotation | None = None) -> Tensor:
         B, N, D = x.shape
         # per-token work (QK-norm, RoPE) in the (B, N, H, head_dim) layout qkv comes in: less
         # strided on CPU
         qkv = self.qkv(x).view(B, N, 3, self.num_heads, self.head_dim)  # (B, N, 3, H, head_dim)
-        q, k, v = qkv.unbind(2)  # each (B, N, H, head_dim)
-        q, k = norm_and_rotate(q, self.q_norm, rope), norm_and_rotate(k, self.k_norm, rope)
+        if rope is not None and self.fused_qk and generic_path_for(qkv):
+            # GPU path: q and k normalised and rotated together (kernels.qkv_gpu_path)
+            q, k, v = qkv_gpu_path(qkv, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps,
+                                   rope)
+        else:
+            q, k, v = qkv.unbind(2)  # each (B, N, H, head_dim)
+            q, k = norm_and_rotate(q, self.q_norm, rope), norm_and_rotate(k, self.k_norm, rope)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, N, head_dim)
         if _fusable():
             x = F.scaled_dot_product_attention(q, k, v)  # (B, H, N, head_dim)
@@ -285,6 +308,12 @@ class Block(nn.Module):
         if self.gamma_1 is not None:
             gate_msa, gate_mlp = gate_msa * self.gamma_1, gate_mlp * self.gamma_2
         attn = self.attn(modulate(self.norm1(x), shift_msa, scale_msa), rope)
+        if self.gamma_1 is not None and generic_path_for(x):
+            # GPU path with LayerScale: the gate is fp32 (gamma is), so gate * branch would be an
+            # fp32 activation written and read back; addcmul adds the product without storing it
+            x = torch.addcmul(x, gate_msa.unsqueeze(1), attn)
+            mlp = self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp))
+            return torch.addcmul(x, gate_mlp.unsqueeze(1), mlp)
         x = x + gate_msa.unsqueeze(1) * attn
         return x + gate_mlp.unsqueeze(1) * self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp))
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from .kernels import Rotation
 
@@ -32,7 +32,8 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 def register_grid(num_registers: int) -> tuple[int, int]:
-    """The (side, side) grid registers rotate on (a square count: ``sit.check_architecture``)."""
+    """The (side, side) grid registers rotate on (a square count: see
+    ``switches.check_architecture``)."""
     side = math.isqrt(num_registers)
     return side, side
 
@@ -57,25 +58,37 @@ def rope_angles_2d(
     return both.reshape(h * w, head_dim)  # (h, w, 2d) -> (h*w, head_dim)
 
 
-class RopeTables:
+class RopeTables(nn.Module):
     """cos/sin tables for patches (+ registers on their own grid and theta), cached per grid,
     device and dtype.
 
     Tokens are ordered [patches (row-major), registers]. Registers without their own RoPE get the
     identity rotation (cos 1, sin 0); patches without RoPE likewise, so one table covers the whole
     sequence.
+
+    A module only for its two non-persistent buffers ``train_cos``/``train_sin`` (N, head_dim),
+    fp32, the training grid's tables: they move with ``model.to(device)`` and FSDP, are copied by
+    deepcopy (the EMA), and stay out of the state dict (checkpoints keep their keys). A compiled
+    forward reads them and casts them in its graph; eager code keeps the per (grid, device, dtype)
+    cache.
     """
 
     def __init__(
         self, head_dim: int, train_grid: tuple[int, int], theta: float | None = 10000.0,
         num_registers: int = 0, register_theta: float | None = 100.0,
     ) -> None:
+        super().__init__()
         self.head_dim, self.train_grid, self.theta = head_dim, train_grid, theta
         self.num_registers, self.register_theta = num_registers, register_theta
         self.register_grid = register_grid(num_registers)
         # (grid, device, dtype) -> (cos, sin), and -> the Rotation (rebuilt if its tables change)
         self._cache: dict[tuple, tuple[Tensor, Tensor]] = {}
         self._rotations: dict[tuple, Rotation] = {}
+        # fp32, not float64: a float64 -> bf16/fp16 cast rounds through fp32 anyway (c10's half
+        # types convert from float), so casting these gives the eager cache's bits (but for fp64)
+        ang = self.angles(train_grid)
+        self.register_buffer("train_cos", ang.cos().float(), persistent=False)
+        self.register_buffer("train_sin", ang.sin().float(), persistent=False)
 
     def angles(self, grid: tuple[int, int]) -> Tensor:
         """Angles (h*w + num_registers, head_dim), float64."""
@@ -92,12 +105,23 @@ class RopeTables:
                 self.num_registers, self.head_dim, dtype=torch.float64)
         return torch.cat([patches, regs])
 
+    def _buffered(self, grid: tuple[int, int], device: torch.device, dtype: torch.dtype) -> bool:
+        """Whether the buffers give this grid's tables exactly: the training grid, buffers still
+        fp32 (``model.to(torch.bfloat16)`` would have rounded them) on ``device``, a dtype cast from
+        fp32 as from float64 (fp32, bf16, fp16; not fp64)."""
+        return (grid == self.train_grid and self.train_cos.dtype == torch.float32
+                and self.train_cos.device == device
+                and dtype in (torch.float32, torch.bfloat16, torch.float16))
+
     def tables(
         self, grid: tuple[int, int], device: torch.device, dtype: torch.dtype
     ) -> tuple[Tensor, Tensor]:
         """(cos, sin), each (h*w + num_registers, head_dim), built once per grid, device, dtype."""
         if torch.compiler.is_compiling():  # a cache lookup would be a guard: a recompile once full
-            ang = self.angles(grid)  # built in the graph instead (a few kernels on tiny tables)
+            if self._buffered(grid, device, dtype):  # on the device already: cast in the graph
+                return self.train_cos.to(dtype), self.train_sin.to(dtype)
+            # other grids: built in the graph (float64 on the host, then a host-to-device copy)
+            ang = self.angles(grid)
             return ang.cos().to(device, dtype), ang.sin().to(device, dtype)
         key = (grid, device, dtype)
         if key not in self._cache:
@@ -105,15 +129,18 @@ class RopeTables:
             self._cache[key] = (ang.cos().to(device, dtype), ang.sin().to(device, dtype))
         return self._cache[key]
 
-    def __call__(self, grid: tuple[int, int], device: torch.device, dtype: torch.dtype) -> Rotation:
+    def forward(self, grid: tuple[int, int], device: torch.device, dtype: torch.dtype) -> Rotation:
         """The cached :class:`Rotation` for this grid, device and dtype."""
         cos, sin = self.tables(grid, device, dtype)
+        # bf16/fp16 tables come with their fp32 ones: the fused QK-norm + RoPE (CPU node, GPU ops)
+        # rotates in fp32
+        half = dtype in (torch.bfloat16, torch.float16)
         if torch.compiler.is_compiling():  # no Python-side cache mutation inside a traced graph
-            return Rotation(cos, sin)
+            fp32 = self.tables(grid, device, torch.float32) if half else None
+            return Rotation(cos, sin, fp32, complex_tables=False)
         key = (grid, device, dtype)
         rotation = self._rotations.get(key)
         if rotation is None or rotation.source[0] is not cos or rotation.source[1] is not sin:
-            half = dtype in (torch.bfloat16, torch.float16)
-            fp32 = self.tables(grid, device, torch.float32) if half else None  # the fused node's
+            fp32 = self.tables(grid, device, torch.float32) if half else None
             rotation = self._rotations[key] = Rotation(cos, sin, fp32)
         return rotation

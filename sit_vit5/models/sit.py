@@ -1,13 +1,14 @@
 """SiT/DiT backbone exactly as published (Peebles & Xie 2023; Ma et al. 2024).
 
 State-dict keys, initialisation and forward match the official code, so a released checkpoint loads
-with ``strict=True``. The architecture switches used by ViT-5 live here too (defaults = SiT) so that
-the two backbones share every line where the architectures agree.
+with ``strict=True``. The class takes the architecture switches ViT-5 changes (``switches.py``,
+defaults = SiT), so that the two backbones share every line where the architectures agree.
 
 Hub-native: the classes are diffusers ``ModelMixin`` + ``ConfigMixin`` models, so
 ``model.save_pretrained(dir)`` writes ``config.json`` (every constructor argument and switch) and
 ``diffusion_pytorch_model.safetensors`` (the same DiT key names),
-``SiT.from_pretrained(dir_or_repo_id)`` / ``ViT5.from_pretrained(...)`` rebuild them,
+``SiT.from_pretrained(dir_or_repo_id)`` / ``ViT5.from_pretrained(...)`` rebuild them (strictly:
+``pretrained.py``),
 ``push_to_hub(repo_id)`` uploads them, and a model can be a component of a
 ``diffusers.DiffusionPipeline`` (``sit_vit5.pipeline.SiTPipeline``).
 
@@ -18,9 +19,6 @@ patch tokens, R registers, N = T + R the sequence the blocks see (layers.py's N)
 from __future__ import annotations
 
 import inspect
-import math
-import os
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -30,9 +28,6 @@ from torch.utils.checkpoint import checkpoint
 
 from ..guidance import forward_with_cfg
 from .layers import (
-    MLP_ACTS,
-    MLPS,
-    NORMS,
     Block,
     FinalLayer,
     LabelEmbedder,
@@ -41,82 +36,9 @@ from .layers import (
     resolve_layer_scale_init,
     sincos_pos_embed_2d,
 )
+from .pretrained import StrictPretrained
 from .rope import RopeTables
-
-#: Architecture switches and their SiT values; ViT5 overrides them (see vit5.py).
-SIT_SWITCHES: dict = dict(
-    norm="layernorm",  # block + final norm (no affine, eps 1e-6)
-    qk_norm=False,  # per-head RMSNorm on q and k
-    qkv_bias=True,
-    layer_scale_init=None,  # LayerScale gamma init; None = off
-    mlp="gelu",  # gelu | swiglu (FLOP-matched) | swiglu_vit5 (official: 4·D hidden, no biases)
-    mlp_act="gelu_tanh",  # the GELU MLP's activation: gelu_tanh (SiT) | gelu (exact, ViT-5 code)
-    pos_embed="fixed",  # fixed (frozen sin-cos) | learned (init sin-cos) | none
-    rope=False,  # 2-D RoPE on patch tokens
-    rope_theta=10000.0,
-    num_registers=0,
-    register_rope_theta=None,  # None = registers get no rotation
-)
-POS_EMBED_KINDS = ("fixed", "learned", "none")
-#: the valid values of each choice-valued switch (configs are checked against these)
-SWITCH_CHOICES: dict[str, tuple[str, ...]] = {
-    "norm": tuple(NORMS), "mlp": tuple(MLPS), "mlp_act": tuple(MLP_ACTS),
-    "pos_embed": POS_EMBED_KINDS,
-}
-#: diffusers' class names for its DiT (the hub's facebook/DiT-XL-2-256 predates the first)
-DIFFUSERS_DIT_CLASSES = ("DiTTransformer2DModel", "Transformer2DModel")
-#: from_pretrained keywords that also locate config.json
-_CONFIG_KWARGS = ("cache_dir", "force_download", "proxies", "local_files_only", "token", "revision",
-                  "subfolder", "dduf_entries")
-#: diffusers' loading-info keys that make a load fail, and how the error names them
-_LOADING_PROBLEMS = (("missing_keys", "missing keys"), ("unexpected_keys", "unexpected keys"),
-                     ("mismatched_keys", "shape mismatches"), ("error_msgs", "errors"))
-
-
-def rope_thetas(sw: dict[str, Any]) -> tuple[float | None, float | None]:
-    """(patch theta, register theta) of a model with switches ``sw``; None = that part is not
-    rotated. Registers rotate with their own theta whenever they have one, with or without patch
-    RoPE."""
-    patch = sw["rope_theta"] if sw["rope"] else None
-    register = sw["register_rope_theta"] if sw["num_registers"] else None
-    return patch, register
-
-
-def check_switches(switches: dict[str, Any], prefix: str = "") -> None:
-    """The choice-valued switches given in ``switches`` and LayerScale's named inits: ValueError
-    naming ``<prefix>key=value`` and the valid values (``prefix`` "model." for the config)."""
-    for key, choices in SWITCH_CHOICES.items():
-        if key in switches and switches[key] not in choices:
-            raise ValueError(f"{prefix}{key}={switches[key]!r}; valid: {', '.join(choices)}")
-    try:
-        resolve_layer_scale_init(switches.get("layer_scale_init"))
-    except ValueError as err:
-        raise ValueError(f"{prefix}{err}") from None
-
-
-def check_architecture(hidden_size: int, num_heads: int, switches: dict[str, Any],
-                       prefix: str = "") -> None:
-    """The one check of a model's sizes and switches, for ``SiT.__init__`` and for the config's
-    ``model`` section (``prefix`` "model."): :func:`check_switches`, heads that divide the width,
-    a head dim 2-D RoPE can rotate (when anything rotates) and a square register grid (with
-    register RoPE). ValueError naming ``<prefix>key=value``."""
-    check_switches(switches, prefix)
-    if hidden_size % num_heads:
-        raise ValueError(f"{prefix}hidden_size={hidden_size} is not divisible by "
-                         f"{prefix}num_heads={num_heads}")
-    patch_theta, register_theta = rope_thetas(switches)
-    offs = [f"{prefix}{off}" for off, theta in (("rope=false", patch_theta),
-                                                 ("register_rope_theta=null", register_theta))
-            if theta is not None]  # the switches that would turn RoPE off
-    head_dim = hidden_size // num_heads
-    if offs and head_dim % 4:  # rows and columns each rotate channel pairs
-        raise ValueError(f"{prefix}hidden_size={hidden_size} / {prefix}num_heads={num_heads} = "
-                         f"head dim {head_dim}: 2-D RoPE needs a head dim divisible by 4 (or "
-                         f"{' and '.join(offs)})")
-    regs = switches["num_registers"]
-    if register_theta is not None and math.isqrt(regs) ** 2 != regs:
-        raise ValueError(f"{prefix}num_registers={regs}: register RoPE needs a perfect square "
-                         f"(or {prefix}register_rope_theta=null)")
+from .switches import SIT_SWITCHES, check_architecture, rope_thetas
 
 
 def _compute_dtype(x: Tensor) -> torch.dtype:
@@ -128,7 +50,7 @@ def _compute_dtype(x: Tensor) -> torch.dtype:
     return x.dtype
 
 
-class SiT(ModelMixin, ConfigMixin):
+class SiT(StrictPretrained, ModelMixin, ConfigMixin):
     """Class-conditional velocity network: (x (B, C, H, W), t (B,) in [0, 1], y (B,)) ->
     (B, C_out, H, W), C_out = 2C with ``learn_sigma`` (every official file), else C; a
     :class:`~sit_vit5.models.backbone.Backbone`.
@@ -221,50 +143,6 @@ class SiT(ModelMixin, ConfigMixin):
         )
         if interval_embed:  # only then: a flow model's config.json stays as it was
             self.register_to_config(interval_embed=True)
-
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, **kwargs):
-        """diffusers' ``from_pretrained`` (folder or hub id), strict: a config.json written for
-        another class, a config key this class does not know, and missing, unexpected or misshapen
-        weights raise CheckpointError (one line) instead of warnings over a randomly initialised
-        model."""
-        from .checkpoint_files import CheckpointError  # checkpoint imports this module
-
-        where = os.fspath(pretrained_model_name_or_path)
-        if kwargs.get("subfolder"):
-            where = f"{where}/{kwargs['subfolder']}"
-        config = cls.load_config(pretrained_model_name_or_path,
-                                 **{k: kwargs[k] for k in _CONFIG_KWARGS if k in kwargs})
-        found = config.get("_class_name")
-        if found != cls.__name__:
-            hint = ""
-            if found in DIFFUSERS_DIT_CLASSES:
-                hint = ("; a diffusers DiT folder: convert it with "
-                        "sit_vit5.models.load_model(folder) "
-                        "or sit_vit5.models.diffusers_dit.from_diffusers_dit(folder)")
-            elif found in ("SiT", "ViT5"):
-                hint = f"; load it with {found}.from_pretrained"
-            raise CheckpointError(f"{where}: config.json is for class {found!r}, expected "
-                                  f"{cls.__name__!r}{hint}")
-        unknown = sorted(k for k in config if not k.startswith("_") and k not in
-                         cls._get_init_keys(cls) | set(cls.ignore_for_config))
-        if unknown:
-            raise CheckpointError(f"{where}: config.json has key(s) {unknown} that {cls.__name__} "
-                                  "does not know (written by a newer sit_vit5?)")
-        want_info = kwargs.pop("output_loading_info", False)
-        try:
-            model, info = super().from_pretrained(pretrained_model_name_or_path,
-                                                  output_loading_info=True, **kwargs)
-        except ValueError as err:  # diffusers refuses a misshapen tensor, with advice to ignore it
-            if "expected shape" not in str(err):
-                raise
-            raise CheckpointError(f"{where}: the weights do not fit {cls.__name__}: "
-                                  f"{str(err).split('. If you want')[0]}") from None
-        problems = [f"{label} {info[key]}" for key, label in _LOADING_PROBLEMS if info.get(key)]
-        if problems:
-            raise CheckpointError(f"{where}: the weights do not fit {cls.__name__}: "
-                                  + "; ".join(problems))
-        return (model, info) if want_info else model
 
     def __getattr__(self, name: str):
         # parameters and submodules first, then diffusers' config-key fallback (pos_embed is both)

@@ -5,8 +5,8 @@ is kept (adaLN-Zero, c = t_emb + y_emb, same embedders and final layer), the mod
 RMSNorm without a learnable weight (adaLN supplies the per-channel scale, as DiT drops LayerNorm's
 affine), the learnable APE starts from the 2-D sin-cos table, registers share the adaLN modulation
 and are dropped before the final layer, and LayerScale multiplies the adaLN gate. Every component is
-a switch; with all switches at their SiT values (``sit.SIT_SWITCHES``) this class computes exactly
-the SiT function.
+a switch; with all switches at their SiT values (``switches.SIT_SWITCHES``) this class computes
+exactly the SiT function.
 
 LayerScale starts at γ0 = 1, the MLP keeps SiT's tanh GELU: why, with results: docs/DESIGN.md §3.
 """
@@ -16,7 +16,8 @@ from __future__ import annotations
 from diffusers import ModelMixin  # noqa: F401  diffusers' pipeline loader looks it up here
 
 from .layers import LAYER_SCALE_INITS  # noqa: F401  re-exported: the recipe's named inits
-from .sit import SIT_SWITCHES, SiT
+from .sit import SiT
+from .switches import SIT_SWITCHES
 
 #: The ViT-5 recipe (official classification code, commit b7b0796), generative LayerScale init.
 VIT5_SWITCHES: dict = dict(

@@ -22,14 +22,15 @@ from ..models.registry import name_objective_conflict
 from ..names import OBJECTIVES
 from ..sample_spec import SAMPLE_METHODS
 from ..transport import Transport
-from .base import BuiltSampler, Objective, ObjectiveError, StepsSampler, method_conflict
+from ..utils.errors import ConfigError
+from .base import BuiltSampler, Objective, StepsSampler, method_conflict
 from .sit import SiTObjective, transport_kwargs
 
 if TYPE_CHECKING:
     from ..diffusion import GaussianDiffusion
 
 __all__ = [
-    "OBJECTIVES", "BuiltSampler", "Objective", "ObjectiveError", "SiTObjective", "StepsSampler",
+    "OBJECTIVES", "BuiltSampler", "Objective", "SiTObjective", "StepsSampler",
     "as_objective", "check_objective", "create_objective", "method_conflict", "objective_class",
     "objective_keys", "objective_name", "transport_kwargs",
 ]
@@ -57,7 +58,7 @@ def objective_name(cfg_transport: Mapping[str, Any] | None) -> str:
     """``transport.objective`` of a config section; missing means ``sit``."""
     name = (cfg_transport or {}).get("objective") or "sit"
     if name not in OBJECTIVES:
-        raise ObjectiveError(f"transport.objective={name!r}; valid: {', '.join(OBJECTIVES)}")
+        raise ConfigError(f"transport.objective={name!r}; valid: {', '.join(OBJECTIVES)}")
     return name
 
 
@@ -65,7 +66,7 @@ def check_objective(cfg_transport: Mapping[str, Any], *, learn_sigma: bool,
                     model_name: str | None = None, sample_method: str | None = None,
                     interval_embed: bool | None = None) -> str:
     """Validate the objective against the model and sampler; returns its name. Raises
-    ObjectiveError naming every contradiction at once. ``interval_embed``: the model's
+    ConfigError naming every contradiction at once. ``interval_embed``: the model's
     second-time embedding (None: not checked), which exactly the objectives with ``interval``
     use."""
     name = objective_name(cfg_transport)
@@ -83,7 +84,7 @@ def check_objective(cfg_transport: Mapping[str, Any], *, learn_sigma: bool,
         problems.append(f"sample.method={sample_method!r}{method_conflict(name)}")
     problems += objective_class(name).config_problems(cfg_transport, learn_sigma)
     if problems:
-        raise ObjectiveError("; ".join(problems))
+        raise ConfigError("; ".join(problems))
     return name
 
 

@@ -14,15 +14,11 @@ from torch import Tensor
 from ..sample_spec import SAMPLE_METHODS, SampleSpec
 from ..stepwise import Steps, denoise
 from ..transport.rng import GeneratorLike, resolve_generator
-from ..utils.errors import SettingError, SitVit5Error
+from ..utils.errors import SettingError
 
 if TYPE_CHECKING:
     from ..diffusion import DiffusionSampler
     from ..transport import Sampler
-
-
-class ObjectiveError(SitVit5Error, ValueError):
-    """An objective setting that contradicts itself, the model or the sampler (names the keys)."""
 
 
 

@@ -17,14 +17,14 @@ from torch import Tensor, nn
 
 from ..guidance import ClassifierFreeGuidance
 from ..images import to_uint8
-from ..latent_norm import LatentNorm, LatentNormError
+from ..latent_norm import LatentNorm
 from ..objective import Objective, as_objective, create_objective
 from ..sample_spec import SampleSpec, check_cfg_scale
 from ..stepwise import Steps, denoise
 from ..transport import Sampler, Transport
 from ..transport.rng import sample_seed
 from ..utils.checksums import json_safe, payload_sha256
-from ..utils.errors import SettingError, SitVit5Error
+from ..utils.errors import ConfigError, SettingError, SitVit5Error
 from ..utils.precision import PRECISION_OF_DTYPE, autocast, check_precision
 from ..vae import (
     SD_VAE_EMA,
@@ -224,7 +224,7 @@ class SamplingPipeline:
                 else:
                     norm.check_vae(vae.config, name)
                 norm.check_channels(channels, "the model's latents")
-            except LatentNormError as err:
+            except ConfigError as err:
                 raise SettingError("vae", name, f": {err}") from None
             decode = decoder(vae, norm)
         elif channels not in (1, 3):
@@ -316,7 +316,7 @@ def _norm(section: Mapping[str, Any], where: str) -> LatentNorm:
     """A ``vae`` section's normalisation (SettingError naming the key when it is unusable)."""
     try:
         return LatentNorm.from_section(section)
-    except LatentNormError as err:
+    except ConfigError as err:
         raise SettingError(where, dict(section).get("name"), f": {err}") from None
 
 

@@ -39,7 +39,7 @@ from .data import build_dataset_from_config, resolve_data_dependent
 from .diagnostics import GateMonitor
 from .ema import create_ema
 from .logging import MetricLogger
-from .optim import param_groups
+from .optim import adamw_kernel, param_groups
 
 if TYPE_CHECKING:
     from .fsdp import Sharded
@@ -248,8 +248,10 @@ def build(cfg: Config, resume: str | None, loss_fn: LossFn = objective_loss) -> 
             model.compile()
     else:
         model = accelerator.prepare(model)
-    optimizer = torch.optim.AdamW(param_groups(model, o["weight_decay"]), lr=o["lr"],
-                                  betas=tuple(o["betas"]), eps=o["eps"])
+    groups = param_groups(model, o["weight_decay"])
+    # fused on CUDA (28 B per parameter, not foreach's 72), torch's default on the CPU and FSDP
+    optimizer = torch.optim.AdamW(groups, lr=o["lr"], betas=tuple(o["betas"]), eps=o["eps"],
+                                  **adamw_kernel(groups, sharded))
     if checkpoint is not None and sharded:
         fsdp.load_optimizer_state(model, optimizer, checkpoint.pop("opt"))
     elif checkpoint is not None:

@@ -8,7 +8,7 @@ load), ``scaler`` (fp16 runs) and ``repa`` (projector, its AdamW state, encoder 
 
 Layout of ``<out_dir>/checkpoints``::
 
-    0005000.pt              regular checkpoint (the newest ``keep_last`` are kept)
+    0005000.pt              regular checkpoint (the newest ``keep_last`` on the schedule are kept)
     0100000-milestone.pt    milestone checkpoint (never deleted)
     <file>.sha256           ``sha256sum``-format digest of <file>, verified before unpickling
     latest.json             {"file": "0005000.pt", "step": 5000}, replaced once <file> is complete
@@ -81,10 +81,13 @@ def _sweep(ckpt_dir: Path) -> None:
 
 
 def save_checkpoint(state: dict[str, Any], ckpt_dir: str | os.PathLike, step: int,
-                    milestone: bool = False, keep_last: int = 3) -> Path:
+                    milestone: bool = False, keep_last: int = 3, every: int | None = None) -> Path:
     """Write ``state`` (adding ``payload_sha256`` in place) as the checkpoint of ``step``, its
     sidecar, ``latest.json``, then delete regular checkpoints beyond the newest ``keep_last``.
-    Returns its path. A full disk raises CheckpointWriteError, keeping the old files."""
+    ``every``: the schedule (``train.ckpt_every``); an older regular checkpoint off it (a stop's,
+    or an earlier final step) is superseded by this one: deleted, not counted, so a pre-emption
+    costs no scheduled checkpoint. Returns its path. A full disk raises CheckpointWriteError,
+    keeping the old files."""
     ckpt_dir = Path(ckpt_dir)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     _sweep(ckpt_dir)
@@ -104,9 +107,11 @@ def save_checkpoint(state: dict[str, Any], ckpt_dir: str | os.PathLike, step: in
         kept = (f"the previous checkpoint {previous} is intact" if previous
                 else "no earlier checkpoint exists")
         raise CheckpointWriteError(f"no space left on device writing {path}; {kept}") from err
-    regular = [p for _, p, is_milestone in list_checkpoints(ckpt_dir)
+    regular = [(s, p) for s, p, is_milestone in list_checkpoints(ckpt_dir)
                if not is_milestone and p != path]
-    for old in regular[: max(0, len(regular) - (keep_last - 1))]:
+    superseded = [p for s, p in regular if every and s % every]
+    regular = [p for s, p in regular if not (every and s % every)]
+    for old in superseded + regular[: max(0, len(regular) - (keep_last - 1))]:
         old.unlink(missing_ok=True)
         sidecar(old).unlink(missing_ok=True)
     return path

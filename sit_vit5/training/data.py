@@ -13,7 +13,7 @@ from torch.utils.data import Dataset
 
 from ..config import Config, ConfigError
 from ..datasets import DataRootError, DigitsDataset
-from ..latent_norm import LatentNorm, LatentNormError
+from ..latent_norm import LatentNorm
 from ..models.registry import _NAME
 from ..vae import downsampling_factor
 
@@ -90,30 +90,27 @@ def resolve_latent_norm(cfg: Config, dataset: Dataset, vae: nn.Module | None,
     cache's per-channel statistics (per-channel values already in the section must equal them: a
     resumed run). A latent cache is set to return it. ConfigError naming the key otherwise."""
     section, kind = cfg["vae"], cfg["data"]["kind"]
-    try:
-        norm = LatentNorm.from_section(section)
-        if section["latent_stats"] == "cache":
-            stats = dataset.latent_stats()
-            if norm.per_channel and norm != stats:
-                raise LatentNormError(
-                    f"vae.scaling_factor / vae.shift_factor hold per-channel values other than the "
-                    f"statistics of the latent cache {cfg['data']['root']}: this run's were made "
-                    "from another cache; point data.root at that cache, or start a new run")
-            if not norm.per_channel and section["shift_factor"] is not None:
-                raise LatentNormError(f"vae.shift_factor={section['shift_factor']} with "
-                                      "vae.latent_stats=cache: the statistics give the shift; "
-                                      "drop one of them")
-            norm = stats
-        norm.check_channels(channels)
-        if vae is not None:
-            norm.check_vae(vae.config, section["name"])
-        if kind == "latents":  # the cache records the VAE's normalisation as it was written
-            stored = {"shift_factor": dataset.norm.shift, "scaling_factor": dataset.norm.scale}
-            norm.check_vae(stored, f"{dataset.vae} (as the latent cache {dataset.cache_dir} "
-                           "stores it)")
-            dataset.normalize_to(norm)
-    except LatentNormError as err:
-        raise ConfigError(str(err)) from None
+    norm = LatentNorm.from_section(section)
+    if section["latent_stats"] == "cache":
+        stats = dataset.latent_stats()
+        if norm.per_channel and norm != stats:
+            raise ConfigError(
+                f"vae.scaling_factor / vae.shift_factor hold per-channel values other than the "
+                f"statistics of the latent cache {cfg['data']['root']}: this run's were made "
+                "from another cache; point data.root at that cache, or start a new run")
+        if not norm.per_channel and section["shift_factor"] is not None:
+            raise ConfigError(f"vae.shift_factor={section['shift_factor']} with "
+                              "vae.latent_stats=cache: the statistics give the shift; "
+                              "drop one of them")
+        norm = stats
+    norm.check_channels(channels)
+    if vae is not None:
+        norm.check_vae(vae.config, section["name"])
+    if kind == "latents":  # the cache records the VAE's normalisation as it was written
+        stored = {"shift_factor": dataset.norm.shift, "scaling_factor": dataset.norm.scale}
+        norm.check_vae(stored, f"{dataset.vae} (as the latent cache {dataset.cache_dir} "
+                       "stores it)")
+        dataset.normalize_to(norm)
     return norm
 
 

@@ -179,7 +179,7 @@ def checkpoint(run: Run) -> None:
         if run.repa is not None:  # the projector and its AdamW: training-only, not in the EMA
             state["repa"] = run.repa.state_dict()
         run.result.checkpoint = save_checkpoint(state, run.ckpt_dir, pos.step, milestone,
-                                                t["keep_last"])
+                                                t["keep_last"], every=t["ckpt_every"])
         tqdm.write(f"saved checkpoint {run.result.checkpoint}")
     accelerator.wait_for_everyone()
 

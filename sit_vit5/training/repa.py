@@ -38,7 +38,7 @@ from ..config import Config
 from ..names import INTERPOLATIONS as INTERPOLATIONS  # REPA's resize modes
 from ..transport.rng import mix_seed
 from ..utils import hub_access
-from ..utils.errors import SitVit5Error
+from ..utils.errors import ConfigError
 from ..utils.precision import autocast
 from .checkpoint import IncompatibleCheckpointError
 from .optim import param_groups
@@ -48,11 +48,6 @@ IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 DIGITS = "digits"
 SALT_REPA = 0x4E9A  # the projector's init stream, apart from the model's (the global RNG)
 METRICS = ("loss_diffusion", "loss_repa")  # the log's columns: diffusion loss, alignment loss
-
-
-class RepaError(SitVit5Error, ValueError):
-    """A REPA setting that cannot work: an encoder that cannot be loaded (offline: what to
-    download), a token grid that differs from the model's, a depth beyond the model's blocks."""
 
 
 # ----------------------------------------------------------------------------- projector and loss
@@ -81,8 +76,8 @@ def alignment_loss(projected: Tensor, features: Tensor) -> Tensor:
     """REPA's loss per image (B,): the mean over the T tokens of ``-cos(projected, features)``
     (``loss.py``: both L2-normalised along the feature axis), in fp32; inputs (B, T, E)."""
     if projected.shape != features.shape:
-        raise RepaError(f"projected hidden states {tuple(projected.shape)} and encoder features "
-                        f"{tuple(features.shape)} differ in shape")
+        raise ConfigError(f"projected hidden states {tuple(projected.shape)} and encoder features "
+                          f"{tuple(features.shape)} differ in shape")
     h = F.normalize(projected.float(), dim=-1)
     z = F.normalize(features.float(), dim=-1)
     return -(h * z).sum(dim=-1).mean(dim=-1)
@@ -98,8 +93,8 @@ class HiddenCapture:
         blocks = getattr(model, "blocks", None)
         if blocks is None or not 1 <= depth <= len(blocks):
             count = "no" if blocks is None else len(blocks)
-            raise RepaError(f"repa.depth={depth}: the model has {count} blocks; choose 1..{count} "
-                            "(REPA: 8 of SiT-XL/2's 28)")
+            raise ConfigError(f"repa.depth={depth}: the model has {count} blocks; choose "
+                              f"1..{count} (REPA: 8 of SiT-XL/2's 28)")
         self.depth, self.extra_tokens = depth, model.num_registers
         self._armed, self._hidden, self._calls = False, None, 0
         self._handle = blocks[depth - 1].register_forward_hook(self._store)
@@ -178,8 +173,8 @@ class FrozenEncoder(nn.Module):
         x = images.float()
         if self.in_chans is not None and x.shape[1] != self.in_chans:
             if x.shape[1] != 1:
-                raise RepaError(f"repa.encoder={self.name} takes {self.in_chans}-channel images, "
-                                f"the data gives {x.shape[1]}")
+                raise ConfigError(f"repa.encoder={self.name} takes {self.in_chans}-channel images, "
+                                  f"the data gives {x.shape[1]}")
             x = x.expand(-1, self.in_chans, -1, -1)
         if self.unit_range:
             x = (x + 1) / 2
@@ -205,14 +200,15 @@ class FrozenEncoder(nn.Module):
         sequence without its prefix tokens, or a feature map (B, E, h, w) flattened row by row."""
         if isinstance(out, dict):
             if "x_norm_patchtokens" not in out:
-                raise RepaError(f"repa.encoder={self.name}: forward_features returned a dict "
-                                f"without 'x_norm_patchtokens' (keys: {', '.join(map(str, out))})")
+                raise ConfigError(f"repa.encoder={self.name}: forward_features returned a dict "
+                                  "without 'x_norm_patchtokens' (keys: "
+                                  f"{', '.join(map(str, out))})")
             return out["x_norm_patchtokens"]  # DINOv2: patch tokens only, after its final norm
         if out.ndim == 4:
             return out.flatten(2).transpose(1, 2)
         if out.ndim != 3:
-            raise RepaError(f"repa.encoder={self.name} gives features of shape {tuple(out.shape)}; "
-                            "need tokens (B, T, E) or a map (B, E, h, w)")
+            raise ConfigError(f"repa.encoder={self.name} gives features of shape "
+                              f"{tuple(out.shape)}; need tokens (B, T, E) or a map (B, E, h, w)")
         return out[:, self.prefix_tokens:]
 
     @torch.no_grad()
@@ -252,8 +248,8 @@ def _import_timm(spec: str):
     try:
         import timm
     except ImportError:
-        raise RepaError(f"repa.encoder={spec} needs timm: pip install timm "
-                        "(or pip install 'sit-vit5[repa]')") from None
+        raise ConfigError(f"repa.encoder={spec} needs timm: pip install timm "
+                          "(or pip install 'sit-vit5[repa]')") from None
     return timm
 
 
@@ -270,8 +266,8 @@ def _timm_encoder(spec: str, name: str, weights: str | None) -> tuple[nn.Module,
     timm = _import_timm(spec)
     named = not name.startswith(("local-dir:", "hf-hub:"))
     if named and not timm.is_model(name):
-        raise RepaError(f"repa.encoder={spec}: {name!r} is not a timm model name "
-                        "(timm.list_models() lists them)")
+        raise ConfigError(f"repa.encoder={spec}: {name!r} is not a timm model name "
+                          "(timm.list_models() lists them)")
     pretrained = weights is None
     if pretrained and not name.startswith("local-dir:"):
         hub_access.is_offline()  # unreachable: offline mode now, so timm looks in the cache only
@@ -280,11 +276,11 @@ def _timm_encoder(spec: str, name: str, weights: str | None) -> tuple[nn.Module,
             net = timm.create_model(name, pretrained=pretrained, num_classes=0)
     except Exception as err:  # noqa: BLE001  timm/hf raise many kinds; the offline ones get a hint
         if name.startswith("local-dir:") or not _offline_hint(err):
-            raise RepaError(f"repa.encoder={spec}: timm could not build it ({err})") from err
+            raise ConfigError(f"repa.encoder={spec}: timm could not build it ({err})") from err
         hub_id = name.removeprefix("hf-hub:")
         if named:
             hub_id = getattr(timm.models.get_pretrained_cfg(name), "hf_hub_id", None) or name
-        raise RepaError(
+        raise ConfigError(
             f"repa.encoder={spec}: its weights are not in the local cache and "
             f"{hub_access.offline_reason()} ({type(err).__name__}); download them once online "
             f"(hf download {hub_id}, or python -c \"import timm; "
@@ -296,16 +292,17 @@ def _timm_encoder(spec: str, name: str, weights: str | None) -> tuple[nn.Module,
         extra = [k for k in found.unexpected_keys if not k.startswith(heads)]
         if found.missing_keys or extra:
             bad = found.missing_keys[:3] or extra[:3]
-            raise RepaError(f"repa.weights={weights} does not fit repa.encoder={spec}: "
-                            f"{len(found.missing_keys)} missing and {len(extra)} unexpected keys "
-                            f"(e.g. {', '.join(bad)})")
+            raise ConfigError(f"repa.weights={weights} does not fit repa.encoder={spec}: "
+                              f"{len(found.missing_keys)} missing and {len(extra)} unexpected keys "
+                              f"(e.g. {', '.join(bad)})")
     return net, dict(getattr(net, "pretrained_cfg", None) or {})
 
 
 def _read_state_dict(path: str, spec: str) -> dict[str, Tensor]:
     file = Path(path)
     if not file.is_file():
-        raise RepaError(f"repa.weights={path}: no such file (a state dict for repa.encoder={spec})")
+        raise ConfigError(f"repa.weights={path}: no such file (a state dict for "
+                          f"repa.encoder={spec})")
     if file.suffix == ".safetensors":
         from safetensors.torch import load_file
 
@@ -327,13 +324,13 @@ def _cached_hub_checkout(repo: str) -> Path | None:
 def _hub_encoder(spec: str, target: str) -> nn.Module:
     repo, sep, entry = target.rpartition(":")
     if not sep or not repo or not entry:
-        raise RepaError(f"repa.encoder={spec}: expected hub:OWNER/REPO:ENTRY (e.g. "
-                        "hub:facebookresearch/dinov2:dinov2_vitb14) or hub:/local/repo:ENTRY")
+        raise ConfigError(f"repa.encoder={spec}: expected hub:OWNER/REPO:ENTRY (e.g. "
+                          "hub:facebookresearch/dinov2:dinov2_vitb14) or hub:/local/repo:ENTRY")
     source = "local" if Path(repo).is_dir() else "github"
     if source == "github" and hub_access.is_offline(hub_access.GITHUB):
         cached = _cached_hub_checkout(repo)
         if cached is None:
-            raise RepaError(
+            raise ConfigError(
                 f"repa.encoder={spec}: no cached copy of {repo} in {torch.hub.get_dir()} and "
                 f"{hub_access.offline_reason(hub_access.GITHUB)}; run once online: python -c "
                 f"\"import torch; torch.hub.load('{repo}', '{entry}')\", or pass "
@@ -343,8 +340,8 @@ def _hub_encoder(spec: str, target: str) -> nn.Module:
         net = torch.hub.load(repo, entry, source=source, trust_repo=True)
     except Exception as err:  # noqa: BLE001
         if source == "local" or not _offline_hint(err):
-            raise RepaError(f"repa.encoder={spec}: torch.hub could not load it ({err})") from err
-        raise RepaError(
+            raise ConfigError(f"repa.encoder={spec}: torch.hub could not load it ({err})") from err
+        raise ConfigError(
             f"repa.encoder={spec}: torch.hub cannot reach GitHub and has no cached copy "
             f"({type(err).__name__}); run once online: python -c \"import torch; "
             f"torch.hub.load('{repo}', '{entry}')\" (fills {torch.hub.get_dir()}), or pass "
@@ -374,8 +371,8 @@ def _digits_encoder(image_size: int, grid: tuple[int, int]) -> FrozenEncoder:
     from fid.digits import TRAIN_CONFIGS, load_digits_net
 
     if image_size not in TRAIN_CONFIGS:
-        raise RepaError(f"repa.encoder=digits: the digits feature network exists at "
-                        f"{', '.join(map(str, TRAIN_CONFIGS))} px; data.image_size={image_size}")
+        raise ConfigError(f"repa.encoder=digits: the digits feature network exists at "
+                          f"{', '.join(map(str, TRAIN_CONFIGS))} px; data.image_size={image_size}")
     maps = {(image_size // (2 if image_size == 16 else 1),) * 2: False,
             (image_size // (4 if image_size == 16 else 2),) * 2: True}  # pre-pool, post-pool
     pooled = maps.get(tuple(grid), True)  # no match: the grid check names both
@@ -392,19 +389,20 @@ def _timm_name(spec: str) -> str:
     path = Path(spec).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise RepaError(f"repa.encoder={spec}: a local encoder folder needs timm's config.json "
-                            "and weights (timm.models.save_for_hf writes them)")
+            raise ConfigError(f"repa.encoder={spec}: a local encoder folder needs timm's "
+                              "config.json and weights (timm.models.save_for_hf writes them)")
         return f"local-dir:{path}"
     if path.exists() or spec.startswith(("/", ".", "~")):
-        raise RepaError(f"repa.encoder={spec}: not a folder in timm's layout (config.json + "
-                        "weights); a weights file goes to repa.weights with repa.encoder=timm:ARCH")
+        raise ConfigError(f"repa.encoder={spec}: not a folder in timm's layout (config.json + "
+                          "weights); a weights file goes to repa.weights with "
+                          "repa.encoder=timm:ARCH")
     return spec
 
 
 def load_encoder(cfg_repa: dict[str, Any], image_size: int, grid: tuple[int, int],
                  channels: int, device: torch.device | str = "cpu") -> FrozenEncoder:
     """The frozen encoder ``cfg_repa`` names, set up for images (B, ``channels``, ``image_size``,
-    ``image_size``) and the model's patch ``grid`` (rows, cols); RepaError when its token grid
+    ``image_size``) and the model's patch ``grid`` (rows, cols); ConfigError when its token grid
     differs or it cannot be loaded (offline: naming what to download)."""
     spec, weights = cfg_repa["encoder"], cfg_repa.get("weights")
     resolution, mean, std = cfg_repa.get("resolution"), cfg_repa.get("mean"), cfg_repa.get("std")
@@ -412,8 +410,8 @@ def load_encoder(cfg_repa: dict[str, Any], image_size: int, grid: tuple[int, int
     if spec == DIGITS:
         encoder = _digits_encoder(image_size, grid)
         if resolution not in (None, image_size) or mean is not None or std is not None:
-            raise RepaError("repa.encoder=digits sees the [-1, 1] images as the FID network does: "
-                            "leave repa.resolution, repa.mean and repa.std unset")
+            raise ConfigError("repa.encoder=digits sees the [-1, 1] images as the FID network "
+                              "does: leave repa.resolution, repa.mean and repa.std unset")
     else:
         prefix = 0
         if spec.startswith("hub:"):
@@ -432,8 +430,8 @@ def load_encoder(cfg_repa: dict[str, Any], image_size: int, grid: tuple[int, int
         patch = encoder.patch_size()
         if resolution is None:  # REPA's 224 for DINOv2/14 at 256 px: the patch grid of the model
             if patch is None:
-                raise RepaError(f"repa.encoder={spec} is not a ViT with a known patch size: set "
-                                "repa.resolution to the input side that gives the model's grid")
+                raise ConfigError(f"repa.encoder={spec} is not a ViT with a known patch size: set "
+                                  "repa.resolution to the input side that gives the model's grid")
             size = (patch * grid[0], patch * grid[1])
         else:
             size = (resolution, resolution)
@@ -453,9 +451,9 @@ def load_encoder(cfg_repa: dict[str, Any], image_size: int, grid: tuple[int, int
                if encoder.patch_size() and spec != DIGITS else "")
         if spec == DIGITS:
             fix = "; its maps are 8×8 and 4×4: choose model.patch_size for one of them"
-        raise RepaError(f"repa.encoder={spec}: the encoder gives {tokens} patch tokens "
-                        f"({shape}){at} but the model has {grid[0] * grid[1]} "
-                        f"({grid[0]}×{grid[1]}){fix}")
+        raise ConfigError(f"repa.encoder={spec}: the encoder gives {tokens} patch tokens "
+                          f"({shape}){at} but the model has {grid[0] * grid[1]} "
+                          f"({grid[0]}×{grid[1]}){fix}")
     encoder.feature_dim = width
     return encoder
 
@@ -574,6 +572,6 @@ class RepaTraining:
         try:
             self.projector.load_state_dict(state["projector"])
         except RuntimeError as err:
-            raise RepaError(f"cannot resume from {path}: its REPA projector does not fit "
-                            f"({str(err).splitlines()[0]})") from None
+            raise ConfigError(f"cannot resume from {path}: its REPA projector does not fit "
+                              f"({str(err).splitlines()[0]})") from None
         self.optimizer.load_state_dict(state["opt"])

@@ -18,14 +18,14 @@ from torch import Tensor
 from torchdiffeq import odeint
 
 from ..names import ODE_ADAPTIVE_METHODS as ADAPTIVE_METHODS
-from ..names import ODE_ALIASES, choose
+from ..names import ODE_ALIASES, choose, ode_solver_name
 from ..names import ODE_FIXED_STEP_METHODS as FIXED_STEP_METHODS
 from ..names import SDE_STEP_NFE as SDE_STEP_NFE  # model calls per SDE step (progress bars)
 
 
 def ode_method(name: str) -> str:
     """Canonical torchdiffeq method name for ``name`` (case-insensitive; ``heun`` -> ``heun2``)."""
-    key = ODE_ALIASES.get(name.lower(), name.lower())
+    key = ode_solver_name(name)
     valid = {k: k for k in (*ADAPTIVE_METHODS, *FIXED_STEP_METHODS)}
     choose({**valid, **ODE_ALIASES}, key, "ODE sampling_method")
     return key

@@ -86,6 +86,13 @@ def _draw_dtype(x: Tensor) -> torch.dtype:
     return x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32
 
 
+def _one_device(rows: list[Tensor], like: Tensor) -> list[Tensor]:
+    """Per-row draws ready to join: as drawn when they share a device (joined there, then moved in
+    one copy; row by row, a GPU batch waits on one blocking transfer per row), else each on
+    ``like``'s device."""
+    return rows if len({r.device for r in rows}) <= 1 else [r.to(like.device) for r in rows]
+
+
 def randn_like(x: Tensor, generator: Resolved) -> Tensor:
     """Standard normal noise shaped like ``x`` (dtype/device of ``x``)."""
     if generator is None:
@@ -93,8 +100,8 @@ def randn_like(x: Tensor, generator: Resolved) -> Tensor:
     dtype = _draw_dtype(x)
     if isinstance(generator, torch.Generator):
         return torch.randn(x.shape, generator=generator, device=generator.device, dtype=dtype).to(x)
-    return torch.stack([torch.randn(x.shape[1:], generator=g, device=g.device, dtype=dtype).to(x)
-                        for g in generator])
+    rows = [torch.randn(x.shape[1:], generator=g, device=g.device, dtype=dtype) for g in generator]
+    return torch.stack(_one_device(rows, x)).to(x)
 
 
 def rademacher_like(x: Tensor, generator: Resolved) -> Tensor:
@@ -104,8 +111,8 @@ def rademacher_like(x: Tensor, generator: Resolved) -> Tensor:
     if isinstance(generator, torch.Generator):
         bits = torch.randint(0, 2, x.shape, generator=generator, device=generator.device)
         return bits.to(x) * 2 - 1
-    rows = [torch.randint(0, 2, x.shape[1:], generator=g, device=g.device).to(x) for g in generator]
-    return torch.stack(rows) * 2 - 1
+    rows = [torch.randint(0, 2, x.shape[1:], generator=g, device=g.device) for g in generator]
+    return torch.stack(_one_device(rows, x)).to(x) * 2 - 1
 
 
 def uniform(batch: int, generator: Resolved, like: Tensor) -> Tensor:
@@ -116,4 +123,5 @@ def uniform(batch: int, generator: Resolved, like: Tensor) -> Tensor:
         return torch.rand(batch).to(like)  # on cpu: SiT's CPU global RNG (see above)
     if isinstance(generator, torch.Generator):
         return torch.rand(batch, generator=generator, device=generator.device).to(like)
-    return torch.cat([torch.rand(1, generator=g, device=g.device).to(like) for g in generator])
+    rows = [torch.rand(1, generator=g, device=g.device) for g in generator]
+    return torch.cat(_one_device(rows, like)).to(like)

@@ -61,7 +61,16 @@ def one_line(err: BaseException) -> str:
     return " ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
-class SettingError(SitVit5Error, ValueError):
+class ConfigError(SitVit5Error, ValueError):
+    """An input that cannot work, named in the message with its fix: a config file or key, a
+    command-line flag, a combination of them, or an installed torch / torchvision pair."""
+
+
+class CheckpointError(SitVit5Error, RuntimeError):
+    """A checkpoint that cannot be read (cut short, altered, not one) or does not fit the model."""
+
+
+class SettingError(ConfigError):
     """A setting with a bad value: ``key``, ``value`` and ``reason`` (starting with its own
     separator: ": must be >= 2"). ``str()``: ``key=value<reason>``; front doors re-render it."""
 
