@@ -17,6 +17,7 @@ import torch
 from sit_vit5.models import create_model
 from sit_vit5.models.kernels import fused_qk, generic_path, qkv_gpu_path
 from sit_vit5.models.rope import RopeTables
+from sit_vit5.utils.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -191,3 +192,16 @@ def test_the_kernels_compile_for_ampere_and_hopper():
     assert run.returncode == 0, run.stderr[-2000:]
     out = json.loads(run.stdout.strip().splitlines()[-1])
     assert len(out) == 12 and all(size > 0 for size in out.values()), out
+
+
+def test_the_switch_names_itself_when_it_cannot_work(monkeypatch):
+    """A value other than 0 / 1 is refused at import, naming the variable; switched on without
+    Triton, the GPU path stops with one line naming the switch instead of an ImportError."""
+    env = {**os.environ, "SIT_VIT5_FUSED_QK": "yes"}
+    run = subprocess.run([sys.executable, "-c", "import sit_vit5.models.kernels"], env=env,
+                         capture_output=True, text=True, cwd=ROOT)
+    assert run.returncode != 0 and "SIT_VIT5_FUSED_QK='yes'; valid: 0, 1" in run.stderr
+    qkv, q_w, k_w, rotation = _case()
+    monkeypatch.setitem(sys.modules, "sit_vit5.models.fused_qk", None)  # as if Triton were missing
+    with generic_path(), fused_qk(), pytest.raises(ConfigError, match="SIT_VIT5_FUSED_QK=1.*Triton"):
+        qkv_gpu_path(qkv, q_w, k_w, 1e-6, rotation)

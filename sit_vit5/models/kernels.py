@@ -20,12 +20,26 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from ..utils.errors import ConfigError
+
 #: Whether the CPU autograd nodes below may run on CPU tensors (layers.py asks
 #: :func:`cpu_nodes_enabled`). False only inside :func:`generic_path`.
 _CPU_NODES = True
+#: The environment switch of the fused QK-norm + RoPE, and its values (unset: off)
+FUSED_QK_ENV, FUSED_QK_VALUES = "SIT_VIT5_FUSED_QK", {"0": False, "1": True}
+
+
+def _env_switch(name: str, values: dict[str, bool]) -> bool:
+    """The switch ``$name`` (unset or empty: off); ConfigError naming it and the valid values."""
+    raw = os.environ.get(name, "").strip()
+    if raw and raw not in values:
+        raise ConfigError(f"{name}={raw!r}; valid: {', '.join(values)} (or unset)")
+    return values.get(raw, False)
+
+
 #: Whether the GPU path's QK-norm + RoPE runs as one Triton kernel each way (``fused_qk.py``):
 #: opt-in (``SIT_VIT5_FUSED_QK=1`` or :func:`fused_qk`) until a GPU has timed it (issue 56)
-_FUSED_QK = os.environ.get("SIT_VIT5_FUSED_QK", "").strip() == "1"
+_FUSED_QK = _env_switch(FUSED_QK_ENV, FUSED_QK_VALUES)
 
 
 def cpu_nodes_enabled() -> bool:
@@ -166,7 +180,12 @@ def qkv_gpu_path(qkv: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float,
     if (_FUSED_QK and not torch.compiler.is_compiling()
             and rotation.wide[0].dtype == q_weight.dtype == k_weight.dtype == torch.float32
             and not torch._C._are_functorch_transforms_active()):
-        from .fused_qk import qkv_norm_rope  # Triton: imported once switched on
+        try:
+            from .fused_qk import qkv_norm_rope  # Triton: imported once switched on
+        except ImportError as err:  # no Triton (a CPU-only or macOS torch): say which switch
+            raise ConfigError(f"{FUSED_QK_ENV}=1 / kernels.fused_qk(): the fused QK-norm + RoPE "
+                              f"needs Triton ({err}); install it (pip install triton) or turn the "
+                              "switch off") from None
 
         cos, sin = rotation.pair_tables
         return qkv_norm_rope(qkv, q_weight, k_weight, cos, sin, eps)[0].unbind(2)
