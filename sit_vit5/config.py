@@ -401,10 +401,8 @@ def validate_model_section(cfg: Config) -> None:
                               f"expected {expected.__name__}{' or null' if nullable else ''}")
         if key in MODEL_RANGES and not MODEL_RANGES[key].holds(value):
             raise ConfigError(f"model.{key}={value!r}; must be {MODEL_RANGES[key].describe()}")
-    try:  # the choices: the model's own check (sizes that fit together: validate_architecture)
-        check_switches(m, prefix="model.")
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
+    # the choices: the model's own check (sizes that fit together: validate_architecture)
+    check_switches(m, prefix="model.")
 
 
 def validate_architecture(m: dict[str, Any]) -> None:
@@ -415,11 +413,8 @@ def validate_architecture(m: dict[str, Any]) -> None:
     from .models.switches import check_architecture
 
     _, hidden, heads = SIZES[_NAME.match(m["name"])["size"]]  # the name's sizes, then overrides
-    try:
-        check_architecture(m.get("hidden_size", hidden), m.get("num_heads", heads), _switches_of(m),
-                           prefix="model.")
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
+    check_architecture(m.get("hidden_size", hidden), m.get("num_heads", heads), _switches_of(m),
+                       prefix="model.")
 
 
 def _switches_of(cfg_model: dict[str, Any]) -> dict[str, Any]:

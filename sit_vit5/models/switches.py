@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ..utils.errors import ConfigError
 from .layers import MLP_ACTS, MLPS, NORMS, resolve_layer_scale_init
 
 #: Architecture switches and their SiT values; ViT5 overrides them (see vit5.py).
@@ -39,15 +40,16 @@ def rope_thetas(sw: dict[str, Any]) -> tuple[float | None, float | None]:
 
 
 def check_switches(switches: dict[str, Any], prefix: str = "") -> None:
-    """The choice-valued switches given in ``switches`` and LayerScale's named inits: ValueError
-    naming ``<prefix>key=value`` and the valid values (``prefix`` "model." for the config)."""
+    """The choice-valued switches given in ``switches`` and LayerScale's named inits: ConfigError
+    (a ValueError) naming ``<prefix>key=value`` and the valid values (``prefix`` "model." for the
+    config)."""
     for key, choices in SWITCH_CHOICES.items():
         if key in switches and switches[key] not in choices:
-            raise ValueError(f"{prefix}{key}={switches[key]!r}; valid: {', '.join(choices)}")
+            raise ConfigError(f"{prefix}{key}={switches[key]!r}; valid: {', '.join(choices)}")
     try:
         resolve_layer_scale_init(switches.get("layer_scale_init"))
     except ValueError as err:
-        raise ValueError(f"{prefix}{err}") from None
+        raise ConfigError(f"{prefix}{err}") from None
 
 
 def check_architecture(hidden_size: int, num_heads: int, switches: dict[str, Any],
@@ -55,21 +57,21 @@ def check_architecture(hidden_size: int, num_heads: int, switches: dict[str, Any
     """The one check of a model's sizes and switches, for ``SiT.__init__`` and for the config's
     ``model`` section (``prefix`` "model."): :func:`check_switches`, heads that divide the width,
     a head dim 2-D RoPE can rotate (when anything rotates) and a square register grid (with
-    register RoPE). ValueError naming ``<prefix>key=value``."""
+    register RoPE). ConfigError (a ValueError) naming ``<prefix>key=value``."""
     check_switches(switches, prefix)
     if hidden_size % num_heads:
-        raise ValueError(f"{prefix}hidden_size={hidden_size} is not divisible by "
-                         f"{prefix}num_heads={num_heads}")
+        raise ConfigError(f"{prefix}hidden_size={hidden_size} is not divisible by "
+                          f"{prefix}num_heads={num_heads}")
     patch_theta, register_theta = rope_thetas(switches)
     offs = [f"{prefix}{off}" for off, theta in (("rope=false", patch_theta),
                                                  ("register_rope_theta=null", register_theta))
             if theta is not None]  # the switches that would turn RoPE off
     head_dim = hidden_size // num_heads
     if offs and head_dim % 4:  # rows and columns each rotate channel pairs
-        raise ValueError(f"{prefix}hidden_size={hidden_size} / {prefix}num_heads={num_heads} = "
-                         f"head dim {head_dim}: 2-D RoPE needs a head dim divisible by 4 (or "
-                         f"{' and '.join(offs)})")
+        raise ConfigError(f"{prefix}hidden_size={hidden_size} / {prefix}num_heads={num_heads} = "
+                          f"head dim {head_dim}: 2-D RoPE needs a head dim divisible by 4 (or "
+                          f"{' and '.join(offs)})")
     regs = switches["num_registers"]
     if register_theta is not None and math.isqrt(regs) ** 2 != regs:
-        raise ValueError(f"{prefix}num_registers={regs}: register RoPE needs a perfect square "
-                         f"(or {prefix}register_rope_theta=null)")
+        raise ConfigError(f"{prefix}num_registers={regs}: register RoPE needs a perfect square "
+                          f"(or {prefix}register_rope_theta=null)")
