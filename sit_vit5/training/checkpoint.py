@@ -107,10 +107,10 @@ def save_checkpoint(state: dict[str, Any], ckpt_dir: str | os.PathLike, step: in
         kept = (f"the previous checkpoint {previous} is intact" if previous
                 else "no earlier checkpoint exists")
         raise CheckpointWriteError(f"no space left on device writing {path}; {kept}") from err
-    regular = [(s, p) for s, p, is_milestone in list_checkpoints(ckpt_dir)
-               if not is_milestone and p != path]
-    superseded = [p for s, p in regular if every and s % every]
-    regular = [p for s, p in regular if not (every and s % every)]
+    regular, superseded = [], []  # older regular checkpoints: on the schedule, or off it
+    for s, p, is_milestone in list_checkpoints(ckpt_dir):
+        if not is_milestone and p != path:
+            (superseded if every and s % every else regular).append(p)
     for old in superseded + regular[: max(0, len(regular) - (keep_last - 1))]:
         old.unlink(missing_ok=True)
         sidecar(old).unlink(missing_ok=True)
