@@ -115,3 +115,9 @@ def naming(*names: object) -> str:
     """A ``pytest.raises(..., match=naming(...))`` pattern: the message names each of ``names``
     (literally, in any order), worded as it may be."""
     return "(?s)^" + "".join(f"(?=.*{re.escape(str(name))})" for name in names)
+
+
+def rel(a, b) -> float:
+    """max |a - b| relative to max |b| (tensors, compared in float64, gradients detached)."""
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).abs().max() / b.abs().max())

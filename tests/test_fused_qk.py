@@ -18,6 +18,7 @@ from sit_vit5.models import create_model
 from sit_vit5.models.kernels import fused_qk, generic_path, qkv_gpu_path
 from sit_vit5.models.rope import RopeTables
 from sit_vit5.utils.errors import ConfigError
+from tests.helpers import rel
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,19 +49,14 @@ def _run_both(dtype: torch.dtype, **kw):
     return results
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.detach().double(), b.detach().double()
-    return float((a - b).abs().max() / b.abs().max())
-
-
 @pytest.mark.parametrize("shape", [dict(), dict(heads=16, head_dim=72, side=2, registers=0)],
                          ids=["3-heads-registers", "xl-heads"])
 def test_the_reference_is_the_gpu_paths_torch_ops_in_fp32(shape):
     (y0, g0), (y1, g1) = _run_both(torch.float32, **shape)
     assert y1.shape == y0.shape
-    assert _rel(y1, y0) < 1e-5
+    assert rel(y1, y0) < 1e-5
     for ours, theirs in zip(g1, g0):
-        assert _rel(ours, theirs) < 1e-5
+        assert rel(ours, theirs) < 1e-5
 
 
 def test_the_reference_in_bf16_rounds_once():
@@ -68,8 +64,8 @@ def test_the_reference_in_bf16_rounds_once():
     after the norm too. They agree within bf16 rounding, and the fused one is the closer to fp32."""
     (y0, _), (y1, _) = _run_both(torch.bfloat16)
     (exact, _), _ = _run_both(torch.float32)
-    assert y1.dtype == torch.bfloat16 and _rel(y1, y0) < 2e-2
-    assert _rel(y1, exact) <= _rel(y0, exact)
+    assert y1.dtype == torch.bfloat16 and rel(y1, y0) < 2e-2
+    assert rel(y1, exact) <= rel(y0, exact)
 
 
 def test_a_changed_formula_is_caught():
@@ -79,7 +75,7 @@ def test_a_changed_formula_is_caught():
         want = torch.stack(qkv_gpu_path(qkv, q_w * 1.5, k_w, 1e-6, rotation))
         with fused_qk():
             got = torch.stack(qkv_gpu_path(qkv, q_w, k_w, 1e-6, rotation))
-    assert _rel(got, want) > 1e-2
+    assert rel(got, want) > 1e-2
 
 
 _KERNEL_CHECK = r"""
@@ -155,7 +151,7 @@ def test_the_switch_routes_vit5_through_the_fused_op_and_keeps_its_output(monkey
                                 lambda *a: (calls.append(1), op(*a))[1])
             torch.func.jvp(lambda z: model(z, t, y), (x,), (torch.ones_like(x),))
     assert len(calls) == 2
-    assert _rel(got, want) < 1e-5
+    assert rel(got, want) < 1e-5
 
 
 _COMPILE_CHECK = r"""

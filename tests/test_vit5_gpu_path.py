@@ -24,13 +24,9 @@ from sit_vit5.models import create_model
 from sit_vit5.models.kernels import Rotation, generic_path, qk_norm_rope, swap_pairs
 from sit_vit5.models.layers import Block, RMSNorm
 from sit_vit5.models.rope import RopeTables, apply_rope
+from tests.helpers import rel
 
 TINY = dict(input_size=8, in_channels=4, depth=2, hidden_size=64, num_heads=4, num_classes=10)
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    """max |a - b| relative to max |b|."""
-    return ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()
 
 
 # ------------------------------------------------------------------ the previous generic code, as it was
