@@ -353,6 +353,13 @@ def test_the_quoted_few_step_figures_are_the_sample_seed_records():
     assert ratio(guided["runs-demo-0002000", "unipc 8"]) in readme
     demo = rows["runs-demo-0002000", "unipc 8"]
     assert f"{demo['reference_fid']:.2f} ± {demo['reference_sd']:.2f}" in readme
+    for arm in ("sit", "vit-5-g-1"):  # group 7: the ODE's limit on digits8 seed 12
+        r = rows[f"digits8-{arm}-seed12-0002000", "ode-dopri5 0.0001"]
+        paired = f"{r['paired']:.3f} [{r['paired_lo']:.3f}, {r['paired_hi']:.3f}]"
+        assert r["n"] == r["n_reference"] == 5, arm
+        row = (f"{fid(r)} | SDE 250: {r['reference_fid']:.2f} ± {r['reference_sd']:.2f} | {ratio(r)} | "
+               f"{100 * r['detectable']:.1f} % | {r['reading']} | {paired} |")
+        assert row in results_page and ratio(r) in readme, (arm, row)
 
 
 def test_the_quoted_digits_kind_ratios_are_the_sample_seed_records():
