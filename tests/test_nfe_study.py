@@ -269,6 +269,17 @@ def test_every_sample_seed_record_ran_from_a_commit_after_its_protocol(folder):
         assert started >= added_at, (where, result["started_utc"], when)
 
 
+def test_every_row_of_the_sample_seed_records_has_five_sample_seeds():
+    """Issue 55: every reference and verdict row of the rerun study (each row its records hold)
+    is read over five or more sample seeds, each with its own record."""
+    files = sorted((ROOT / "results" / "nfe" / "sample-seeds").glob("*.json"))
+    assert len(files) >= 14, [f.name for f in files]  # the demo, the DiT demo, 12 digits checkpoints
+    short = {(f.name, key): (row["n_seeds"], len(row["seeds"]))
+             for f in files for key, row in json.loads(f.read_text()).items()
+             if row["n_seeds"] < 5 or len(row["seeds"]) < 5}
+    assert not short, short
+
+
 def test_the_paired_ratio_is_over_the_seeds_both_rows_have():
     """Per-seed ratios 1.1, 0.9 (seed 2 only in one row: left out): geometric mean sqrt(0.99),
     interval t(0.975, 1) * sd(log) / sqrt(2) either side."""
