@@ -397,14 +397,22 @@ def test_the_quoted_digits_kind_ratios_are_the_sample_seed_records():
             assert per_seed.count("/") == 2 and per_seed in results_page, (dataset, arm, setting)
     guided = {(k["kind"], k["setting"]): k for k in nfe.kind_summary_rows(table)
               if k["cfg_scale"] == 1.5}
-    for arm, setting in itertools.product(("sit", "vit-5-g-1"), ("unipc 8", "unipc 16")):
-        k = guided[f"digits8-{arm}", setting]  # the digits8 kinds with CFG 1.5
+    for dataset, arm, setting in itertools.product(("digits8", "digits16"), ("sit", "vit-5-g-1"),
+                                                   ("unipc 8", "unipc 16")):
+        k = guided[f"{dataset}-{arm}", setting]  # the kinds with CFG 1.5
         assert k["n_training_seeds"] == 3 and k["n_paired"] == 15
         rule = f"{k['ratio']:.3f} [{k['lo']:.3f}, {k['hi']:.3f}], {k['reading']}"
         pooled = f"{k['paired']:.3f} [{k['paired_lo']:.3f}, {k['paired_hi']:.3f}], "
-        assert rule in results_page and pooled + k["paired_reading"] in results_page, (arm, setting)
+        assert rule in results_page and pooled + k["paired_reading"] in results_page, (
+            dataset, arm, setting)
+        per_seed = " / ".join(f"{r['ratio']:.3f} [{r['lo']:.3f}, {r['hi']:.3f}]" for r in sorted(
+            (r for r in table if r["cfg_scale"] == 1.5 and r["setting"] == setting
+             and r["checkpoint"].startswith(f"{dataset}-{arm}-seed")), key=lambda r: r["checkpoint"]))
+        assert per_seed.count("/") == 2 and per_seed in results_page, (dataset, arm, setting)
         if setting == "unipc 8":
-            assert f"{k['ratio']:.3f} [{k['lo']:.3f}, {k['hi']:.3f}]" in readme, arm
+            assert f"{k['ratio']:.3f} [{k['lo']:.3f}, {k['hi']:.3f}]" in readme, (dataset, arm)
+            assert f"{k['paired']:.3f} [{k['paired_lo']:.3f}, {k['paired_hi']:.3f}]" in readme, (
+                dataset, arm)
     rows = {(r["checkpoint"], r["setting"]): r for r in table if r["cfg_scale"] == 1}
     for name, setting in itertools.product(("sit", "vit-5-g-1"), ("unipc 8", "unipc 16")):
         r = rows[f"digits16-{name}-seed12-0002000", setting]  # seed 12: the 12-04 draw explained
