@@ -377,45 +377,33 @@ def test_the_quoted_digits_kind_ratios_are_the_sample_seed_records():
     """The digits8 and digits16 kinds' ratios over training seeds (the rule's interval and the pooled
     paired one) that the results page and the README quote are what ``kind_summary_rows`` computes."""
     table = nfe.seed_summary_rows(ROOT / "results" / "nfe" / "sample-seeds")
-    kinds = {(k["kind"], k["setting"]): k for k in nfe.kind_summary_rows(table) if k["cfg_scale"] == 1}
+    kinds = {(k["cfg_scale"], k["kind"], k["setting"]): k for k in nfe.kind_summary_rows(table)}
     results_page, readme = (_page(ROOT / "results" / "nfe" / "README.md"),
                             _page(ROOT / "docs" / "few-step.md"))  # the README's few-step page
-    for dataset, arm in itertools.product(("digits8", "digits16"), ("sit", "vit-5-g-1")):
-        for setting in ("unipc 8", "unipc 16"):
-            k = kinds[f"{dataset}-{arm}", setting]
-            assert k["n_training_seeds"] == 3 and k["n_paired"] == 15
-            rule = f"{k['ratio']:.3f} [{k['lo']:.3f}, {k['hi']:.3f}], {k['reading']}"
-            pooled = f"{k['paired']:.3f} [{k['paired_lo']:.3f}, {k['paired_hi']:.3f}], "
-            assert rule in results_page and pooled + k["paired_reading"] in results_page, (
-                dataset, arm, setting)
-            assert f"{k['ratio']:.3f} [{k['lo']:.3f}, {k['hi']:.3f}]" in readme, (dataset, arm,
-                                                                                  setting)
-            per_seed = " / ".join(f"{r['ratio']:.3f} [{r['lo']:.3f}, {r['hi']:.3f}]" for r in sorted(
-                (r for r in table if r["cfg_scale"] == 1 and r["setting"] == setting
-                 and r["checkpoint"].startswith(f"{dataset}-{arm}-seed")),
-                key=lambda r: r["checkpoint"]))
-            assert per_seed.count("/") == 2 and per_seed in results_page, (dataset, arm, setting)
-    guided = {(k["kind"], k["setting"]): k for k in nfe.kind_summary_rows(table)
-              if k["cfg_scale"] == 1.5}
-    for dataset, arm, setting in itertools.product(("digits8", "digits16"), ("sit", "vit-5-g-1"),
-                                                   ("unipc 8", "unipc 16")):
-        k = guided[f"{dataset}-{arm}", setting]  # the kinds with CFG 1.5
+
+    def interval(value: float, lo: float, hi: float) -> str:
+        return f"{value:.3f} [{lo:.3f}, {hi:.3f}]"
+
+    for cfg, dataset, arm, setting in itertools.product((1, 1.5), ("digits8", "digits16"),
+                                                        ("sit", "vit-5-g-1"), ("unipc 8", "unipc 16")):
+        where = (cfg, dataset, arm, setting)
+        k = kinds[cfg, f"{dataset}-{arm}", setting]
         assert k["n_training_seeds"] == 3 and k["n_paired"] == 15
-        rule = f"{k['ratio']:.3f} [{k['lo']:.3f}, {k['hi']:.3f}], {k['reading']}"
-        pooled = f"{k['paired']:.3f} [{k['paired_lo']:.3f}, {k['paired_hi']:.3f}], "
-        assert rule in results_page and pooled + k["paired_reading"] in results_page, (
-            dataset, arm, setting)
-        per_seed = " / ".join(f"{r['ratio']:.3f} [{r['lo']:.3f}, {r['hi']:.3f}]" for r in sorted(
-            (r for r in table if r["cfg_scale"] == 1.5 and r["setting"] == setting
+        rule = interval(k["ratio"], k["lo"], k["hi"])
+        pooled = interval(k["paired"], k["paired_lo"], k["paired_hi"])
+        assert (f"{rule}, {k['reading']}" in results_page
+                and f"{pooled}, {k['paired_reading']}" in results_page), where
+        per_seed = " / ".join(interval(r["ratio"], r["lo"], r["hi"]) for r in sorted(
+            (r for r in table if r["cfg_scale"] == cfg and r["setting"] == setting
              and r["checkpoint"].startswith(f"{dataset}-{arm}-seed")), key=lambda r: r["checkpoint"]))
-        assert per_seed.count("/") == 2 and per_seed in results_page, (dataset, arm, setting)
-        if setting == "unipc 8":
-            assert f"{k['ratio']:.3f} [{k['lo']:.3f}, {k['hi']:.3f}]" in readme, (dataset, arm)
-            assert f"{k['paired']:.3f} [{k['paired_lo']:.3f}, {k['paired_hi']:.3f}]" in readme, (
-                dataset, arm)
+        assert per_seed.count("/") == 2 and per_seed in results_page, where
+        if cfg == 1 or setting == "unipc 8":  # the few-step page: every unguided kind, guided UniPC 8
+            assert rule in readme, where
+        if cfg == 1.5 and setting == "unipc 8":  # with its pooled interval
+            assert pooled in readme, where
     rows = {(r["checkpoint"], r["setting"]): r for r in table if r["cfg_scale"] == 1}
     for name, setting in itertools.product(("sit", "vit-5-g-1"), ("unipc 8", "unipc 16")):
         r = rows[f"digits16-{name}-seed12-0002000", setting]  # seed 12: the 12-04 draw explained
         assert f"{r['fid']:.2f} ± {r['fid_sd']:.2f}" in results_page
         if setting == "unipc 8":
-            assert f"{r['ratio']:.3f} [{r['lo']:.3f}, {r['hi']:.3f}]" in readme, name
+            assert interval(r["ratio"], r["lo"], r["hi"]) in readme, name
