@@ -294,9 +294,11 @@ def test_the_bench_times_both_steps_and_writes_the_ratio(tmp_path):
     out = tmp_path / "mf.json"
     meanflow_step.main(["--device", "cpu", "--threads", "1", "--sizes", "S", "--depth", "1",
                         "--input-size", "8", "--batch-size", "2", "--num-classes", "10", "--warmup",
-                        "0", "--steps", "1", "--rounds", "1", "--json", str(out)])
+                        "0", "--steps", "1", "--rounds", "1", "--tangents", "conditional", "predicted",
+                        "--json", str(out)])
     rows = json.loads(out.read_text())["rows"]
-    assert {r["model"] for r in rows} == {"SiT", "ViT5"}
+    assert sorted((r["model"], r["tangent"]) for r in rows) == [
+        ("SiT", "conditional"), ("SiT", "predicted"), ("ViT5", "conditional"), ("ViT5", "predicted")]
     assert all(r["meanflow_over_flow"] > 1 for r in rows)  # a JVP is never free
 
 
