@@ -5,8 +5,8 @@ The network predicts the average velocity ``u(z_t, t, r) = 1/(r - t) ∫_t^r v(z
 through a backbone built with ``interval_embed`` (the interval ``h = r - t`` is its second time).
 Training target (the MeanFlow identity, eq. 6): ``u_tgt = v - (t - r)·du/dt`` with ``du/dt =
 v·∂_z u + ∂_t u``, one forward-mode product (``torch.func.jvp``) with tangents (v, 1, 0) on
-(z, t, r), detached (``tangent: predicted`` moves z along the model's own velocity instead, as improved
-MeanFlow does). The identity reads the same in both time conventions (t -> 1 - t flips the
+(z, t, r), detached (``tangent: predicted`` moves z along the model's own velocity instead, as
+improved MeanFlow does). The identity reads the same in both time conventions (t -> 1 - t flips the
 signs of v, u, du/dt's factor and t - r together), so the one conversion is the time draw
 (:meth:`MeanFlowObjective.sample_times`). Sampling: ``num_steps`` equal jumps ``z_r = z_t +
 (r - t)·u(z_t, t, r)`` from t = 0 to 1 (one step: ``x = ε + u(ε, 0, 1)``).
