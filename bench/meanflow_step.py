@@ -34,10 +34,11 @@ from bench.common import (
     write_json,
 )
 from sit_vit5.models import SIZES, create_model
+from sit_vit5.names import MEANFLOW_TANGENTS
 from sit_vit5.objective import Objective, create_objective
 
-COLUMNS = ("model", "size", "precision", "depth", "batch", "flow_ms", "meanflow_ms", "meanflow_over_flow",
-           "meanflow_over_flow_min")
+COLUMNS = ("model", "size", "precision", "tangent", "depth", "batch", "flow_ms", "meanflow_ms",
+           "meanflow_over_flow", "meanflow_over_flow_min")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -50,6 +51,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-classes", type=int, default=1000)
     p.add_argument("--kappa", type=float, default=0.0, help="MeanFlow's target guidance (0: none)")
     p.add_argument("--checkpointing", action="store_true", help="gradient checkpointing (two-pass JVP)")
+    p.add_argument("--tangents", nargs="+", choices=MEANFLOW_TANGENTS, default=["conditional"],
+                   help="the JVP's dz/dt (transport.meanflow_tangent): each a MeanFlow step of its own, timed "
+                        "in the same rounds (predicted adds one no-grad forward of the batch)")
     p.add_argument("--precisions", nargs="+", choices=("fp32", "bf16"), default=["fp32"],
                    help="autocast of both steps (bf16: the JVP runs under it, the loss in fp32)")
     add_common_args(p, steps=3, warmup=1, rounds=3)
@@ -70,10 +74,13 @@ def _step(objective: Objective, model: nn.Module, x: torch.Tensor, y: torch.Tens
 
 
 def run(args: argparse.Namespace) -> list[dict]:
-    """One row per model and size: milliseconds per step of each objective and their ratio."""
+    """One row per model, size, precision and tangent: milliseconds per step of flow matching and of
+    MeanFlow, and their ratio."""
     device = setup(args)
     flow = create_objective({"objective": "sit"})
-    mean_flow = create_objective({"objective": "meanflow", "meanflow_kappa": args.kappa})
+    mean_flows = {f"meanflow-{tangent}": create_objective({"objective": "meanflow", "meanflow_kappa": args.kappa,
+                                                            "meanflow_tangent": tangent})
+                  for tangent in args.tangents}
     rows = []
     for size, backbone, precision in itertools.product(args.sizes, args.models, args.precisions):
         depth = args.depth or SIZES[size][0]
@@ -88,17 +95,18 @@ def run(args: argparse.Namespace) -> list[dict]:
         x, y = x.to(device), y.to(device)
 
         fns = {name: _step(objective, model, x, y, precision)
-               for name, objective in (("flow", flow), ("meanflow", mean_flow))}
+               for name, objective in {"flow": flow, **mean_flows}.items()}
         for fn in fns.values():
             for _ in range(args.warmup):
                 fn()
         times = interleaved_timings(fns, rounds=args.rounds, steps=args.steps, clock=args.clock,
                                     device=device)
-        rows.append(dict(model=backbone, size=size, precision=precision, depth=depth,
-                         batch=args.batch_size,
-                         flow_ms=1e3 * statistics.median(times["flow"]),
-                         meanflow_ms=1e3 * statistics.median(times["meanflow"]),
-                         **ratios(times, "meanflow", "flow", "meanflow_over_flow")))
+        for name in mean_flows:
+            rows.append(dict(model=backbone, size=size, precision=precision,
+                             tangent=name.removeprefix("meanflow-"), depth=depth, batch=args.batch_size,
+                             flow_ms=1e3 * statistics.median(times["flow"]),
+                             meanflow_ms=1e3 * statistics.median(times[name]),
+                             **ratios(times, name, "flow", "meanflow_over_flow")))
     return rows
 
 

@@ -25,7 +25,7 @@ Stages (each catches its own failure, so one error does not lose the others):
                pixel error against fp32
   data_path    SD-VAE architecture (random weights: no download) vs latent cache, yardstick SiT-XL/2 bf16
   meanflow     a MeanFlow step (JVP, SDPA math kernel) against a flow-matching step, same model and batch:
-               S/2, B/2 and XL/2, bf16, batch 32: the ratio (issue 53)
+               S/2, B/2 and XL/2, bf16, batch 32, both JVP tangents: the ratio (issue 53)
 ``--device cpu`` (or ``--smoke``) shrinks every stage to seconds on a CPU, at ``--depth`` blocks (default 1):
 the dry run that proves the suite end to end before a GPU session spends its minutes on it.
 """
@@ -68,7 +68,8 @@ STAGES = {
     "pipeline": (pipeline_speed.main, "--size XL --precisions fp32 bf16 fp16 --num-images 16 --num-steps 50 "
                                       "--rounds 2"),
     "data_path": (data_path.main, "--model SiT-XL/2 --precision bf16 --batch-size 32 --num-images 128"),
-    "meanflow": (meanflow_step.main, f"--sizes S B XL --precisions bf16 --batch-size 32 {TIMING}"),
+    "meanflow": (meanflow_step.main, f"--sizes S B XL --precisions bf16 --batch-size 32 "
+                                     f"--tangents conditional predicted {TIMING}"),
 }
 #: --smoke: appended to every stage of that script (argparse keeps the last value given).
 TINY = "--device cpu --depth 1 --batch-size 2 --warmup 1 --steps 1 --rounds 1"

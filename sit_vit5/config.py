@@ -25,6 +25,7 @@ from .names import (
     INTERPOLATIONS,
     MAX_SEED,
     MEANFLOW_DEFAULTS,
+    MEANFLOW_TANGENTS,
     MODEL_KEYS,
     MODEL_NAMES,
     PRECISIONS,
@@ -124,6 +125,8 @@ SCHEMA: dict[str, dict[str, Any]] = {
         "meanflow_omega": Key(_MF["meanflow_omega"], Range(0, low_open=True)),
         "meanflow_kappa": Key(_MF["meanflow_kappa"], Range(0, 1, high_open=True)),
         "meanflow_class_dropout": Key(_MF["meanflow_class_dropout"], Range(0, 1, high_open=True)),
+        # the JVP's dz/dt: conditional (MeanFlow) | predicted (the model's own velocity, as iMF)
+        "meanflow_tangent": _MF["meanflow_tangent"],
     },
     "data": {
         "kind": "imagefolder",  # digits | imagefolder | latents (training.data.DATASETS)
@@ -447,7 +450,8 @@ def validate_settings(cfg: Config) -> None:
     """The checks that import nothing heavy: model keys and name, choices, ``RANGES``, the repa and
     sample sections (ConfigError naming the dotted key and its value)."""
     check_model_keys(cfg["model"])
-    choices = {("train", "precision"): tuple(PRECISIONS), ("train", "distributed"): ("ddp", "fsdp")}
+    choices = {("train", "precision"): tuple(PRECISIONS), ("train", "distributed"): ("ddp", "fsdp"),
+               ("transport", "meanflow_tangent"): MEANFLOW_TANGENTS}
     for (section, key), valid in choices.items():
         if cfg[section][key] not in valid:
             raise ConfigError(f"{section}.{key}={cfg[section][key]!r}; valid: {', '.join(valid)}")

@@ -73,7 +73,11 @@ MEANFLOW_DEFAULTS: dict[str, Any] = {
     "meanflow_omega": 1.0,  # guidance folded into the target: omega ...
     "meanflow_kappa": 0.5,  # ... and kappa (effective scale omega / (1 - kappa) = 2)
     "meanflow_class_dropout": 0.1,  # labels dropped by the objective (the unguided target there)
+    "meanflow_tangent": "conditional",  # the JVP's dz/dt (MEANFLOW_TANGENTS)
 }
+#: what the MeanFlow target's JVP moves z along: the sample's velocity x - ε (MeanFlow, eq. 8),
+#: or the model's own u(z, t, t) without gradient (improved MeanFlow, arXiv 2512.02012 §4)
+MEANFLOW_TANGENTS: tuple[str, ...] = ("conditional", "predicted")
 #: model precisions (keys of ``precision.PRECISIONS``)
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
 #: the SD-VAE decoders of SiT/DiT (``vae.SD_VAE_IDS``) and their latent scaling factor

@@ -54,7 +54,7 @@ class ExactModel(nn.Module):
         return self.a * exact_u(x, t, t + h.reshape(-1).expand(len(x))) + self.b
 
 
-def plain_objective(**settings: float) -> MeanFlowObjective:
+def plain_objective(**settings: float | str) -> MeanFlowObjective:
     """No adaptive weight, no guidance, no label dropout (the closed-form tests' loss)."""
     base = dict(norm_p=0.0, omega=1.0, kappa=0.0, class_dropout=0.0)
     return MeanFlowObjective(MeanFlowSettings(**{**base, **settings}))
@@ -82,9 +82,9 @@ def per_sample_grads(model: ExactModel, objective: MeanFlowObjective, draws: tup
     return grads, torch.stack([model.a.grad, model.b.grad])
 
 
-@pytest.mark.parametrize("ratio", [0.25, 1.0])
-def test_loss_gradient_at_the_exact_average_velocity_vanishes_in_expectation(ratio):
-    objective = plain_objective(ratio=ratio)
+@pytest.mark.parametrize("ratio,tangent", [(0.25, "conditional"), (1.0, "conditional"), (1.0, "predicted")])
+def test_loss_gradient_at_the_exact_average_velocity_vanishes_in_expectation(ratio, tangent):
+    objective = plain_objective(ratio=ratio, tangent=tangent)
     draws = gaussian_draws(40_000, objective)
     grads, autograd = per_sample_grads(ExactModel(), objective, draws)
     mean, se = grads.mean(0), grads.std(0) / len(grads) ** 0.5
@@ -123,10 +123,11 @@ def _tiny(name: str, seed: int = 0, **overrides) -> nn.Module:
     return model.eval()
 
 
-@pytest.mark.parametrize("name", ["SiT-S/2", "ViT5-S/2"])
-def test_jvp_target_matches_central_finite_differences(name):
+@pytest.mark.parametrize("name,tangent", [("SiT-S/2", "conditional"), ("ViT5-S/2", "conditional"),
+                                          ("ViT5-S/2", "predicted")])
+def test_jvp_target_matches_central_finite_differences(name, tangent):
     model = _tiny(name)
-    objective = plain_objective(ratio=1.0)
+    objective = plain_objective(ratio=1.0, tangent=tangent)
     gen = torch.Generator().manual_seed(2)
     x, noise = torch.randn(6, 1, 8, 8, generator=gen), torch.randn(6, 1, 8, 8, generator=gen)
     y = torch.arange(6)
@@ -139,15 +140,22 @@ def test_jvp_target_matches_central_finite_differences(name):
         with torch.no_grad():
             return model(z_, t_, y, interval=r - t_)
 
-    def fd_target(d: float) -> Tensor:
-        dudt = (u(z + d * v, t + d) - u(z - d * v, t - d)) / (2 * d)
+    # the direction z moves in: the sample's v, or the model's own velocity at r = t
+    with torch.no_grad():
+        predicted = model(z, t, y, interval=torch.zeros_like(t))
+    dzdt, other = (v, predicted) if tangent == "conditional" else (predicted, v)
+
+    def fd_target(d: float, direction: Tensor) -> Tensor:
+        dudt = (u(z + d * direction, t + d) - u(z - d * direction, t - d)) / (2 * d)
         return v + (r - t).view(-1, 1, 1, 1) * dudt
 
-    def rel(d: float) -> float:
-        return float((fd_target(d) - target).norm() / (target - v).norm())
+    def rel(d: float, direction: Tensor = dzdt) -> float:
+        return float((fd_target(d, direction) - target).norm() / (target - v).norm())
 
     assert rel(1e-2) < 2e-3, rel(1e-2)
-    assert rel(1e-1) > 5 * rel(1e-2)  # central differences converge as d^2: the tangent is right
+    assert rel(1e-2, other) > 20 * rel(1e-2)  # the other tangent is far off: the test can tell them
+    if tangent == "conditional":  # central differences converge as d^2 (above float32's floor)
+        assert rel(1e-1) > 5 * rel(1e-2)
 
 
 def test_r_equal_t_reduces_the_loss_to_flow_matching():
@@ -157,10 +165,11 @@ def test_r_equal_t_reduces_the_loss_to_flow_matching():
     y, t = torch.arange(8) % 10, torch.rand(8, generator=gen)
     flow = create_objective({"objective": "sit"}).transport.losses_at(model, t, noise, x,
                                                                       dict(y=y))["loss"]
-    mean_flow = plain_objective().losses_at(model, x, y, t, t, noise)
     dims = x[0].numel()  # SiT averages over C·H·W, MeanFlow sums
-    torch.testing.assert_close(mean_flow["loss"], flow * dims, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(mean_flow["target"], x - noise)
+    for tangent in ("conditional", "predicted"):  # at r = t the JVP term has weight 0
+        mean_flow = plain_objective(tangent=tangent).losses_at(model, x, y, t, t, noise)
+        torch.testing.assert_close(mean_flow["loss"], flow * dims, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(mean_flow["target"], x - noise)
     # and the r != t part of the loss is not flow matching (the comparison can tell)
     other = plain_objective().losses_at(model, x, y, t, torch.clamp(t + 0.5, max=1.0), noise)
     assert not torch.allclose(other["loss"], flow * dims, rtol=1e-3)
@@ -240,6 +249,8 @@ def test_configs_pair_the_objective_with_the_interval_embedding():
         load_config("demo-meanflow", ["model.learn_sigma=true"])
     with pytest.raises(ConfigError, match="meanflow_ratio"):
         load_config("demo-meanflow", ["transport.meanflow_ratio=1.5"])
+    with pytest.raises(ConfigError, match="meanflow_tangent='marginal'; valid: conditional, predicted"):
+        load_config("demo-meanflow", ["transport.meanflow_tangent=marginal"])
 
 
 def test_method_meanflow_is_refused_for_flow_models_naming_the_objective():
@@ -283,9 +294,11 @@ def test_the_bench_times_both_steps_and_writes_the_ratio(tmp_path):
     out = tmp_path / "mf.json"
     meanflow_step.main(["--device", "cpu", "--threads", "1", "--sizes", "S", "--depth", "1",
                         "--input-size", "8", "--batch-size", "2", "--num-classes", "10", "--warmup",
-                        "0", "--steps", "1", "--rounds", "1", "--json", str(out)])
+                        "0", "--steps", "1", "--rounds", "1", "--tangents", "conditional", "predicted",
+                        "--json", str(out)])
     rows = json.loads(out.read_text())["rows"]
-    assert {r["model"] for r in rows} == {"SiT", "ViT5"}
+    assert sorted((r["model"], r["tangent"]) for r in rows) == [
+        ("SiT", "conditional"), ("SiT", "predicted"), ("ViT5", "conditional"), ("ViT5", "predicted")]
     assert all(r["meanflow_over_flow"] > 1 for r in rows)  # a JVP is never free
 
 

@@ -5,7 +5,8 @@ The network predicts the average velocity ``u(z_t, t, r) = 1/(r - t) ∫_t^r v(z
 through a backbone built with ``interval_embed`` (the interval ``h = r - t`` is its second time).
 Training target (the MeanFlow identity, eq. 6): ``u_tgt = v - (t - r)·du/dt`` with ``du/dt =
 v·∂_z u + ∂_t u``, one forward-mode product (``torch.func.jvp``) with tangents (v, 1, 0) on
-(z, t, r), detached. The identity reads the same in both time conventions (t -> 1 - t flips the
+(z, t, r), detached (``tangent: predicted`` moves z along the model's own velocity instead, as
+improved MeanFlow does). The identity reads the same in both time conventions (t -> 1 - t flips the
 signs of v, u, du/dt's factor and t - r together), so the one conversion is the time draw
 (:meth:`MeanFlowObjective.sample_times`). Sampling: ``num_steps`` equal jumps ``z_r = z_t +
 (r - t)·u(z_t, t, r)`` from t = 0 to 1 (one step: ``x = ε + u(ε, 0, 1)``).
@@ -46,7 +47,8 @@ class MeanFlowSettings:
     ``1 / (error + c)^p`` of the per-sample squared error (summed over C·H·W); ``omega`` /
     ``kappa``: guidance folded into the target, ``v_g = ω·v + κ·u(z, t, t | y) + (1 - ω - κ)·u(z,
     t, t | ∅)`` (ω = 1, κ = 0: none); ``class_dropout``: labels the objective drops (their target
-    is the unguided v)."""
+    is the unguided v); ``tangent``: what the JVP moves z along, ``conditional`` (the sample's v_g,
+    MeanFlow) or ``predicted`` (the model's own velocity mixed the same way, no gradient: iMF)."""
 
     time_mean: float = MEANFLOW_DEFAULTS["meanflow_time_mean"]
     time_std: float = MEANFLOW_DEFAULTS["meanflow_time_std"]
@@ -56,6 +58,7 @@ class MeanFlowSettings:
     omega: float = MEANFLOW_DEFAULTS["meanflow_omega"]
     kappa: float = MEANFLOW_DEFAULTS["meanflow_kappa"]
     class_dropout: float = MEANFLOW_DEFAULTS["meanflow_class_dropout"]
+    tangent: str = MEANFLOW_DEFAULTS["meanflow_tangent"]
 
     @classmethod
     def from_section(cls, cfg_transport: Mapping[str, Any]) -> MeanFlowSettings:
@@ -196,6 +199,18 @@ class MeanFlowObjective(Objective):
                 v_g = v_g + s.kappa * parts[1]
         return torch.where(drop.view(-1, 1, 1, 1), v, v_g)
 
+    def tangent(self, model: Callable[..., Tensor], z: Tensor, t: Tensor, y: Tensor, v_g: Tensor,
+                drop: Tensor) -> Tensor:
+        """dz/dt for the JVP (B, C, H, W): the target's own ``v_g``, or (``predicted``) the model's
+        instantaneous velocity u(z, t, t) in its place, guided the same way, without gradient. For
+        an exact model the second is the mean of the first given z: the target keeps its mean and
+        loses the noise of x - ε in the JVP term (improved MeanFlow, arXiv 2512.02012 §4)."""
+        if self.settings.tangent == "conditional":
+            return v_g
+        with torch.no_grad():  # a dropped label: the unconditional velocity (v_g keeps plain v)
+            v_hat = model(z, t, y, force_drop_ids=drop.long())[:, : z.shape[1]].to(v_g.dtype)
+        return self.guided_velocity(model, z, t, y, v_hat, drop)
+
     def losses_at(self, model: Callable[..., Tensor], x: Tensor, y: Tensor, t: Tensor, r: Tensor,
                   noise: Tensor, drop: Tensor | None = None) -> dict[str, Tensor]:
         """The loss at given draws: data ``x`` (B, C, H, W), labels ``y`` (B,), times ``t <= r``
@@ -217,8 +232,9 @@ class MeanFlowObjective(Objective):
         def bare_u(z_: Tensor, t_: Tensor, r_: Tensor) -> Tensor:
             return inner(z_, t_, y, interval=r_ - t_, force_drop_ids=ids)[:, :c]
 
-        # du/dt along the trajectory: dz/dt = v_g, dt/dt = 1, dr/dt = 0 (MeanFlow eq. 8)
-        tangents = (v_g, torch.ones_like(t), torch.zeros_like(r))
+        # du/dt along the trajectory: dz/dt = v_g (or the model's), dt/dt = 1, dr/dt = 0 (eq. 8)
+        dzdt = self.tangent(model, z, t, y, v_g, drop)
+        tangents = (dzdt, torch.ones_like(t), torch.zeros_like(r))
         inner = _unwrapped(model)
         if inner is not model or _grad_checkpointing(inner):  # two passes: the product without a
             with torch.no_grad():  # graph on the bare module, then the prediction by a plain
