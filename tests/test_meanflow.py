@@ -251,6 +251,8 @@ def test_configs_pair_the_objective_with_the_interval_embedding():
         load_config("demo-meanflow", ["transport.meanflow_ratio=1.5"])
     with pytest.raises(ConfigError, match="meanflow_tangent='marginal'; valid: conditional, predicted"):
         load_config("demo-meanflow", ["transport.meanflow_tangent=marginal"])
+    with pytest.raises(SettingError, match="meanflow_tangent='marginal'; valid: conditional, predicted"):
+        MeanFlowSettings(tangent="marginal")  # built directly, without a config
 
 
 def test_method_meanflow_is_refused_for_flow_models_naming_the_objective():

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..names import MEANFLOW_DEFAULTS, MEANFLOW_METHODS
+from ..names import MEANFLOW_DEFAULTS, MEANFLOW_METHODS, MEANFLOW_TANGENTS
 from ..sample_spec import SampleSpec
 from ..stepwise import Steps
 from ..transport.rng import GeneratorLike
@@ -59,6 +59,11 @@ class MeanFlowSettings:
     kappa: float = MEANFLOW_DEFAULTS["meanflow_kappa"]
     class_dropout: float = MEANFLOW_DEFAULTS["meanflow_class_dropout"]
     tangent: str = MEANFLOW_DEFAULTS["meanflow_tangent"]
+
+    def __post_init__(self) -> None:
+        if self.tangent not in MEANFLOW_TANGENTS:  # configs are checked on load; this is direct use
+            valid = ", ".join(MEANFLOW_TANGENTS)
+            raise SettingError("meanflow_tangent", self.tangent, f"; valid: {valid}")
 
     @classmethod
     def from_section(cls, cfg_transport: Mapping[str, Any]) -> MeanFlowSettings:
