@@ -322,3 +322,29 @@ def test_guidance_is_folded_into_the_target_except_where_labels_are_dropped():
     assert torch.equal(v_g[:, 0, 0, 0], torch.tensor([kept, 1.0, kept, 1.0]))
     plain = MeanFlowObjective(MeanFlowSettings(omega=1.0, kappa=0.0))
     assert plain.guided_velocity(stub, v, torch.rand(4), torch.arange(4), v, drop) is v
+
+
+def test_the_predicted_tangent_is_the_models_velocity_mixed_with_the_same_guidance():
+    """ω·u(z, t, t | y) + κ·u(z, t, t | y) + (1 - ω - κ)·u(z, t, t | ∅) where the label is kept, the
+    unconditional u where it is dropped; one forward of the batch more than v_g."""
+    calls = []
+
+    def stub(x: Tensor, t: Tensor, y: Tensor, interval=None, force_drop_ids=None) -> Tensor:
+        assert interval is None  # the instantaneous velocity (r = t)
+        calls.append(len(x))
+        null = force_drop_ids.view(-1, 1, 1, 1).to(x.dtype)
+        return 10.0 * null + 3.0 * (1 - null) + 0 * x  # u(·|∅) = 10, u(·|y) = 3
+
+    v, z = torch.ones(4, 1, 2, 2), torch.zeros(4, 1, 2, 2)
+    t, y, drop = torch.rand(4), torch.arange(4), torch.tensor([False, True, False, True])
+    guided = MeanFlowObjective(MeanFlowSettings(omega=1.5, kappa=0.25, tangent="predicted"))
+    v_g = guided.guided_velocity(stub, z, t, y, v, drop)
+    calls.clear()
+    kept = (1.5 + 0.25) * 3.0 + (1 - 1.5 - 0.25) * 10.0
+    dzdt = guided.tangent(stub, z, t, y, v, v_g, drop)
+    assert torch.equal(dzdt[:, 0, 0, 0], torch.tensor([kept, 10.0, kept, 10.0])) and calls == [4]
+    plain = MeanFlowObjective(MeanFlowSettings(omega=1.0, kappa=0.0, tangent="predicted"))
+    dzdt = plain.tangent(stub, z, t, y, v, v, drop)
+    assert torch.equal(dzdt[:, 0, 0, 0], torch.tensor([3.0, 10.0, 3.0, 10.0]))
+    conditional = MeanFlowObjective(MeanFlowSettings(omega=1.5, kappa=0.25))
+    assert conditional.tangent(stub, z, t, y, v, v_g, drop) is v_g

@@ -204,17 +204,22 @@ class MeanFlowObjective(Objective):
                 v_g = v_g + s.kappa * parts[1]
         return torch.where(drop.view(-1, 1, 1, 1), v, v_g)
 
-    def tangent(self, model: Callable[..., Tensor], z: Tensor, t: Tensor, y: Tensor, v_g: Tensor,
-                drop: Tensor) -> Tensor:
+    def tangent(self, model: Callable[..., Tensor], z: Tensor, t: Tensor, y: Tensor, v: Tensor,
+                v_g: Tensor, drop: Tensor) -> Tensor:
         """dz/dt for the JVP (B, C, H, W): the target's own ``v_g``, or (``predicted``) the model's
-        instantaneous velocity u(z, t, t) in its place, guided the same way, without gradient. For
-        an exact model the second is the mean of the first given z: the target keeps its mean and
-        loses the noise of x - ε in the JVP term (improved MeanFlow, arXiv 2512.02012 §4)."""
+        instantaneous velocity u(z, t, t) in the place of ``v``, guided the same way, without
+        gradient. For an exact model the second is the mean of the first given z: the target keeps
+        its mean and loses the noise of x - ε in the JVP term (improved MeanFlow, arXiv 2512.02012
+        §4). One no-grad forward of the batch: the guidance's own velocities are v_g's."""
         if self.settings.tangent == "conditional":
             return v_g
         with torch.no_grad():  # a dropped label: the unconditional velocity (v_g keeps plain v)
             v_hat = model(z, t, y, force_drop_ids=drop.long())[:, : z.shape[1]].to(v_g.dtype)
-        return self.guided_velocity(model, z, t, y, v_hat, drop)
+        if not self.settings.guided:  # v_g is v
+            return v_hat
+        # v_g is linear in v, with weight ω where the label is kept and 1 where it is dropped
+        weight = torch.where(drop, 1.0, self.settings.omega).to(v_g.dtype).view(-1, 1, 1, 1)
+        return v_g + weight * (v_hat - v)
 
     def losses_at(self, model: Callable[..., Tensor], x: Tensor, y: Tensor, t: Tensor, r: Tensor,
                   noise: Tensor, drop: Tensor | None = None) -> dict[str, Tensor]:
@@ -238,7 +243,7 @@ class MeanFlowObjective(Objective):
             return inner(z_, t_, y, interval=r_ - t_, force_drop_ids=ids)[:, :c]
 
         # du/dt along the trajectory: dz/dt = v_g (or the model's), dt/dt = 1, dr/dt = 0 (eq. 8)
-        dzdt = self.tangent(model, z, t, y, v_g, drop)
+        dzdt = self.tangent(model, z, t, y, v, v_g, drop)
         tangents = (dzdt, torch.ones_like(t), torch.zeros_like(r))
         inner = _unwrapped(model)
         if inner is not model or _grad_checkpointing(inner):  # two passes: the product without a
