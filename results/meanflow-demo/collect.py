@@ -39,7 +39,10 @@ SETTINGS = {  # record key -> dotted config key: what distinguishes the demo run
 
 def _settings(cfg: dict[str, Any]) -> dict[str, Any]:
     """The record's settings from a resolved run config."""
-    out = {k: cfg.get(key.split(".")[0], {}).get(key.split(".")[1]) for k, key in SETTINGS.items()}
+    out = {}
+    for name, dotted in SETTINGS.items():
+        section, key = dotted.split(".")
+        out[name] = cfg.get(section, {}).get(key)
     if out["objective"] == "meanflow" and out["meanflow_tangent"] is None:
         out["meanflow_tangent"] = "conditional"  # a run from before the key: MeanFlow's own tangent
     return out
@@ -79,9 +82,11 @@ def from_nfe_study(path: Path, row: str, run: str, runs_root: Path) -> list[dict
     data = json.loads(path.read_text())[row]
     cfg = yaml.safe_load((runs_root / run / "config.yaml").read_text())
     labels = "random" if "random-labels" in row else "equal"
-    return [{"run": run, **_settings(cfg), "step": 2000,
+    step = int(path.stem.rsplit("-", 1)[1])  # the files are named <checkpoint>-<step>.json
+    return [{"run": run, **_settings(cfg), "step": step,
              "method": "sde", "nfe": data["nfe"], "weights": "ema", "labels": labels, "sample_seed": int(seed),
-             "num_samples": 1000, "digits_fid": s["fid"], "digits_accuracy": s["accuracy"],
+             "num_samples": 1000,  # the nfe command's --num-samples default: its rows do not store it
+             "digits_fid": s["fid"], "digits_accuracy": s["accuracy"],
              "checkpoint_sha256": None, "commit": s["commit"], "source": f"{path.name}: {row}"}
             for seed, s in sorted(data["seeds"].items(), key=lambda kv: int(kv[0]))]
 
