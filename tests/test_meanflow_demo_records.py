@@ -19,8 +19,8 @@ collect = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(collect)
 
 KEYS = {"run", "objective", "train_seed", "lr", "ema_decay", "meanflow_ratio", "meanflow_norm_p",
-        "meanflow_time_std", "step", "method", "nfe", "weights", "labels", "sample_seed", "num_samples",
-        "digits_fid", "digits_accuracy", "checkpoint_sha256", "commit"}
+        "meanflow_time_mean", "meanflow_time_std", "step", "method", "nfe", "weights", "labels", "sample_seed",
+        "num_samples", "digits_fid", "digits_accuracy", "checkpoint_sha256", "commit"}
 
 
 @pytest.fixture(scope="module")

@@ -33,8 +33,8 @@ NAME = re.compile(r"^(?P<run>[\w.-]+?)(?:@(?P<step>\d+))?-(?P<kind>nfe\d+(?:eq|r
 SETTINGS = {  # record key -> dotted config key: what distinguishes the demo runs
     "objective": "transport.objective", "train_seed": "train.seed", "lr": "optim.lr",
     "ema_decay": "optim.ema_decay", "meanflow_ratio": "transport.meanflow_ratio",
-    "meanflow_norm_p": "transport.meanflow_norm_p", "meanflow_time_std": "transport.meanflow_time_std",
-    "meanflow_tangent": "transport.meanflow_tangent"}
+    "meanflow_norm_p": "transport.meanflow_norm_p", "meanflow_time_mean": "transport.meanflow_time_mean",
+    "meanflow_time_std": "transport.meanflow_time_std", "meanflow_tangent": "transport.meanflow_tangent"}
 
 
 def _settings(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -124,9 +124,9 @@ def _ratio(a: float | None, b: float | None) -> str:
 def sweep_table(records: list[dict[str, Any]]) -> list[str]:
     """The 2,000-step runs of training seed 0..2: 1 and 2 NFE (EMA, random labels) and 1 NFE of the raw
     weights, each the mean of sample seeds 0-2, next to the flow demo of the same training seed."""
-    rows = ["| run | lr | EMA | p | r ≠ t | time σ | tangent | seed | 1 NFE | 2 NFE | 1 NFE, raw weights "
-            "| flow SDE 250 | 1 NFE / flow | 2 NFE / flow |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| run | lr | EMA | p | r ≠ t | time μ | time σ | tangent | seed | 1 NFE | 2 NFE "
+            "| 1 NFE, raw weights | flow SDE 250 | 1 NFE / flow | 2 NFE / flow |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     runs = sorted({r["run"] for r in records if r["objective"] == "meanflow" and r["step"] == 2000},
                   key=lambda run: next((r["lr"], r["train_seed"], run) for r in records if r["run"] == run))
     for run in runs:
@@ -137,7 +137,7 @@ def sweep_table(records: list[dict[str, Any]]) -> list[str]:
         flow = mean_fid(records, objective="sit", train_seed=first["train_seed"], lr=1.0e-3, step=2000,
                         labels="random")
         rows.append(f"| {run} | {first['lr']:g} | {first['ema_decay']:g} | {first['meanflow_norm_p']:g} | "
-                    f"{first['meanflow_ratio']:g} | {first['meanflow_time_std']:g} | "
+                    f"{first['meanflow_ratio']:g} | {first['meanflow_time_mean']:g} | {first['meanflow_time_std']:g} | "
                     f"{first['meanflow_tangent']} | {first['train_seed']} | "
                     f"{_cell(one)} | {_cell(two)} | {_cell(raw)} | {_cell(flow)} | {_ratio(one, flow)} | "
                     f"{_ratio(two, flow)} |")
@@ -170,7 +170,7 @@ def curve_table(records: list[dict[str, Any]], run: str, flow_run: str = "flow")
 
 
 _DEMO = {"objective": "meanflow", "ema_decay": 0.995, "meanflow_norm_p": 1.0, "meanflow_ratio": 0.25,
-         "meanflow_time_std": 1.0}  # configs/demo-meanflow.yaml's time and weight settings
+         "meanflow_time_mean": -0.4, "meanflow_time_std": 1.0}  # configs/demo-meanflow.yaml's time and weight settings
 MEANFLOW_RECIPES = {  # the recipes read over training seeds (name -> settings)
     "lr 1e-3, conditional tangent (the demo before 2026-12-06)": {**_DEMO, "lr": 1.0e-3,
                                                                    "meanflow_tangent": "conditional"},
