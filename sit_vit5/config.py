@@ -118,6 +118,9 @@ SCHEMA: dict[str, dict[str, Any]] = {
         # weight (error + c)^-p, target guidance omega / kappa with the objective's label dropout
         "meanflow_time_mean": Key(_MF["meanflow_time_mean"], Range(-10, 10)),
         "meanflow_time_std": Key(_MF["meanflow_time_std"], Range(0, 10, low_open=True)),
+        # the second draw's own mean / std (null: the first's); the pair is ordered either way
+        "meanflow_r_mean": Key(_MF["meanflow_r_mean"], Range(-10, 10, nullable=True)),
+        "meanflow_r_std": Key(_MF["meanflow_r_std"], Range(0, 10, low_open=True, nullable=True)),
         "meanflow_ratio": Key(_MF["meanflow_ratio"], Range(0, 1)),
         "meanflow_norm_p": Key(_MF["meanflow_norm_p"], Range(0, 2)),
         # c = 0 divides 0 by 0 at a perfect fit

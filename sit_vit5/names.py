@@ -63,10 +63,14 @@ DDPM_DEFAULTS: dict[str, Any] = {"diffusion_steps": 1000, "noise_schedule": "lin
 MEANFLOW_METHODS: tuple[str, ...] = ("meanflow",)
 #: MeanFlow's transport keys (``objective.meanflow.MEANFLOW_KEYS``) and their defaults: the official
 #: ImageNet setting (github Gsunshine/meanflow, configs/default.py: the JAX code behind the paper's
-#: tables). Times are drawn in MeanFlow's convention (t = 1 noise): logit-normal(mean, std) twice.
+#: tables). Times are drawn in MeanFlow's convention (t = 1 noise): two logit-normal draws, ordered.
 MEANFLOW_DEFAULTS: dict[str, Any] = {
     "meanflow_time_mean": -0.4,  # P_mean (the paper's best, Table 1c: lognorm(-0.4, 1.0))
     "meanflow_time_std": 1.0,  # P_std
+    # r's own logit-normal (py-meanflow's P_mean_r / P_std_r; its CIFAR-10 scripts: -4.0, 1.6);
+    # None: r is drawn like t (the ImageNet setting)
+    "meanflow_r_mean": None,
+    "meanflow_r_std": None,
     "meanflow_ratio": 0.25,  # fraction of pairs with r != t (data_proportion 0.75 have r = t)
     "meanflow_norm_p": 1.0,  # adaptive weight power p (Table 1d: p = 1 best)
     "meanflow_norm_c": 0.01,  # adaptive weight constant c (norm_eps)

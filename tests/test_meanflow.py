@@ -290,6 +290,28 @@ def test_times_are_drawn_in_meanflows_convention_and_converted_once():
     assert abs(float((quarter[0] != quarter[1]).float().mean()) - 0.25) < 0.01
 
 
+def test_r_drawn_from_its_own_logit_normal_matches_the_ordered_pairs_closed_form():
+    """With r's own (mean, std), MeanFlow's times are max / min of two independent logit-normals:
+    P(max <= x) = F_t(x)·F_r(x), P(min <= x) = 1 - (1 - F_t(x))(1 - F_r(x)), F the normal CDF of
+    logit(x). Ours are 1 - those. Unset, r's draw is t's, bit for bit."""
+    settings = MeanFlowSettings(time_mean=-0.6, time_std=1.6, r_mean=-4.0, r_std=1.6, ratio=1.0)
+    t, r = MeanFlowObjective(settings).sample_times(40_000, generator=torch.Generator().manual_seed(3))
+    normal = torch.distributions.Normal(0.0, 1.0)
+    for x in (0.02, 0.1, 0.3, 0.6, 0.9):  # in MeanFlow's convention
+        logit = torch.logit(torch.tensor(x))
+        f_t, f_r = normal.cdf((logit + 0.6) / 1.6), normal.cdf((logit + 4.0) / 1.6)
+        # ours: t = 1 - max, r = 1 - min, so P(t >= 1 - x) = P(max <= x)
+        assert abs(float((t >= 1 - x).float().mean()) - float(f_t * f_r)) < 0.01, x
+        assert abs(float((r >= 1 - x).float().mean()) - float(1 - (1 - f_t) * (1 - f_r))) < 0.01, x
+    same = MeanFlowSettings(time_mean=-0.4, time_std=1.0, r_mean=-0.4, r_std=1.0)
+    drawn = [MeanFlowObjective(s).sample_times(64, generator=torch.Generator().manual_seed(5))
+             for s in (MeanFlowSettings(), same)]
+    assert all(torch.equal(a, b) for a, b in zip(*drawn, strict=True))
+    with pytest.raises(ConfigError, match="transport.meanflow_r_std"):
+        load_config("demo-meanflow", ["transport.meanflow_r_std=0"])
+    assert load_config("demo-meanflow", ["transport.meanflow_r_mean=-3.0"])["transport"]["meanflow_r_mean"] == -3.0
+
+
 def test_the_bench_times_both_steps_and_writes_the_ratio(tmp_path):
     from bench import meanflow_step
 

@@ -12,6 +12,8 @@ import pytest
 import yaml
 from scipy.stats import t as scipy_t
 
+from sit_vit5.config import load_config
+
 REPO = Path(__file__).resolve().parents[1]
 HERE = REPO / "results" / "meanflow-demo"
 _spec = importlib.util.spec_from_file_location("meanflow_demo_collect", HERE / "collect.py")
@@ -19,8 +21,9 @@ collect = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(collect)
 
 KEYS = {"run", "objective", "train_seed", "lr", "ema_decay", "meanflow_ratio", "meanflow_norm_p",
-        "meanflow_time_mean", "meanflow_time_std", "step", "method", "nfe", "weights", "labels", "sample_seed",
-        "num_samples", "digits_fid", "digits_accuracy", "checkpoint_sha256", "commit"}
+        "meanflow_norm_c", "meanflow_r_mean", "meanflow_r_std", "meanflow_time_mean", "meanflow_time_std",
+        "step", "method", "nfe", "weights", "labels", "sample_seed", "num_samples", "digits_fid",
+        "digits_accuracy", "checkpoint_sha256", "commit"}
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +50,9 @@ def test_every_record_is_complete_and_one_of_a_kind(records):
 def test_the_quoted_tables_are_the_records_tables(records, page):
     text = (REPO / page).read_text()
     tables = {"sweep": collect.sweep_table(records), "flow": collect.flow_table(records),
-              "curve": collect.curve_table(records, "base"),
-              "curve-shipped": collect.curve_table(records, "imf-long"),
+              **{f"curve {run}": collect.curve_table(records, run) for run in collect.CURVES},
+              "long": collect.seed_table(records, list(collect.MEANFLOW_RECIPES.values())[-1],
+                                         step=collect.LONG_STEP),
               **{name: collect.seed_table(records, recipe) for name, recipe in collect.MEANFLOW_RECIPES.items()}}
     quoted = [name for name, rows in tables.items() if len(rows) > 2 and rows[2] in text]
     assert quoted, f"{page} quotes none of the tables"
@@ -56,7 +60,7 @@ def test_the_quoted_tables_are_the_records_tables(records, page):
         for row in tables[name]:
             assert row in text, f"{page}, table {name}: missing or changed row {row!r}"
     recipes = list(collect.MEANFLOW_RECIPES.values())
-    for a, b in [(recipes[1], recipes[0]), (recipes[2], recipes[1])]:
+    for a, b in [(recipes[i], recipes[j]) for i, j in collect.COMPARED]:
         for nfe in (1, 2):
             for labels in ("random", "equal"):
                 line = collect.comparison_line(records, a, b, nfe, labels)
@@ -99,11 +103,14 @@ def test_mean_fid_needs_every_seed_once_and_the_ratio_interval_is_the_delta_meth
     rows = [{"run": "a", "sample_seed": s, "digits_fid": f} for s, f in [(0, 10.0), (1, 12.0), (2, 14.0)]]
     assert collect.mean_fid(rows, run="a") == 12.0
     assert collect.mean_fid(rows[:2], run="a") is None and collect.mean_fid(rows + rows[:1], run="a") is None
+    twin = [{**r, "run": "b", "digits_fid": 99.0} for r in rows]  # the same training under a later name
+    assert collect.mean_fid(twin + rows, sample_seed=0) is None and collect.mean_fid(twin + rows) == 12.0
     a, b = [10.0, 12.0, 14.0], [5.0, 6.0, 7.0]
     ratio, low, high = collect.log_ratio_interval(a, b)
-    se = math.sqrt(4.0 / (3 * 144.0) + 1.0 / (3 * 36.0))  # var(a) = 4, var(b) = 1
-    assert ratio == 2.0 and low == pytest.approx(2.0 * math.exp(-1.96 * se))
-    assert high == pytest.approx(2.0 * math.exp(1.96 * se))
+    # var(a) = 4, var(b) = 1: both log means have variance 1/108, so Welch's df is 2 + 2 = 4
+    se = math.sqrt(4.0 / (3 * 144.0) + 1.0 / (3 * 36.0))
+    assert ratio == 2.0 and low == pytest.approx(2.0 * math.exp(-2.776445 * se), rel=1e-6)  # t(0.975, 4)
+    assert high == pytest.approx(2.0 * math.exp(2.776445 * se), rel=1e-6)
 
 
 def test_the_paired_comparison_is_a_t_test_on_the_seeds_log_ratios():
@@ -121,3 +128,15 @@ def test_the_paired_comparison_is_a_t_test_on_the_seeds_log_ratios():
     assert got["high"] == pytest.approx(math.exp(mean + 4.302653 * sd / 3**0.5), rel=1e-6)  # t(0.975, 2)
     assert got["p"] == pytest.approx(2 * scipy_t.sf(abs(t), 2))
     assert collect.paired_comparison(records[:12], {"lr": 2.0}, {"lr": 1.0}) is None  # one seed has both
+
+
+def test_the_shipped_config_is_the_last_recipe_and_the_readme_quotes_its_ratios(records):
+    """configs/demo-meanflow.yaml trains the last recipe read over training seeds, and the project README's
+    one-line summary quotes that recipe's 1-NFE and 2-NFE ratios to the flow demo."""
+    shipped = collect._settings(load_config("demo-meanflow", ["train.out_dir=/tmp/unused"]))
+    recipe = list(collect.MEANFLOW_RECIPES.values())[-1]
+    assert {k: shipped[k] for k in recipe} == recipe
+    mean_row = collect.seed_table(records, recipe)[-1].split(" | ")
+    one, two = mean_row[3].split(" ")[0], mean_row[8].split(" ")[0]  # "1.33×", "0.94×"
+    summary = (REPO / "README.md").read_text()
+    assert f"1 NFE scores {one}" in summary and f"2 NFE {two}" in summary, (one, two)

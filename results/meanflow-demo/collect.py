@@ -33,8 +33,10 @@ NAME = re.compile(r"^(?P<run>[\w.-]+?)(?:@(?P<step>\d+))?-(?P<kind>nfe\d+(?:eq|r
 SETTINGS = {  # record key -> dotted config key: what distinguishes the demo runs
     "objective": "transport.objective", "train_seed": "train.seed", "lr": "optim.lr",
     "ema_decay": "optim.ema_decay", "meanflow_ratio": "transport.meanflow_ratio",
-    "meanflow_norm_p": "transport.meanflow_norm_p", "meanflow_time_mean": "transport.meanflow_time_mean",
-    "meanflow_time_std": "transport.meanflow_time_std", "meanflow_tangent": "transport.meanflow_tangent"}
+    "meanflow_norm_p": "transport.meanflow_norm_p", "meanflow_norm_c": "transport.meanflow_norm_c",
+    "meanflow_time_mean": "transport.meanflow_time_mean", "meanflow_time_std": "transport.meanflow_time_std",
+    "meanflow_r_mean": "transport.meanflow_r_mean", "meanflow_r_std": "transport.meanflow_r_std",
+    "meanflow_tangent": "transport.meanflow_tangent"}
 
 
 def _settings(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -105,8 +107,13 @@ def mean_fid(records: list[dict[str, Any]], seeds: tuple[int, ...] = (0, 1, 2), 
 
 def fids_of(records: list[dict[str, Any]], seeds: tuple[int, ...] = (0, 1, 2), **where: Any) -> list[float] | None:
     """The digits-FIDs of sample ``seeds`` (in that order) of the records matching ``where``; None unless each
-    seed is there exactly once."""
+    seed is there exactly once. Two runs of the same settings and training seed are the same training up to
+    their common step (CPU training is deterministic: ``cifar`` and ``cifar-long@2000`` score alike), so where
+    several match, the first by name is read."""
     hits = [r for r in records if all(r[k] == v for k, v in where.items()) and r["sample_seed"] in seeds]
+    if hits:
+        first = min(r["run"] for r in hits)
+        hits = [r for r in hits if r["run"] == first]
     by_seed = {r["sample_seed"]: r["digits_fid"] for r in hits}
     if len(hits) != len(seeds) or set(by_seed) != set(seeds):
         return None
@@ -122,11 +129,11 @@ def _ratio(a: float | None, b: float | None) -> str:
 
 
 def sweep_table(records: list[dict[str, Any]]) -> list[str]:
-    """The 2,000-step runs of training seed 0..2: 1 and 2 NFE (EMA, random labels) and 1 NFE of the raw
+    """The 2,000-step runs: 1 and 2 NFE (EMA, random labels) and 1 NFE of the raw
     weights, each the mean of sample seeds 0-2, next to the flow demo of the same training seed."""
-    rows = ["| run | lr | EMA | p | r ≠ t | time μ | time σ | tangent | seed | 1 NFE | 2 NFE "
+    rows = ["| run | lr | EMA | p | c | r ≠ t | t: μ, σ | r: μ, σ | tangent | seed | 1 NFE | 2 NFE "
             "| 1 NFE, raw weights | flow SDE 250 | 1 NFE / flow | 2 NFE / flow |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     runs = sorted({r["run"] for r in records if r["objective"] == "meanflow" and r["step"] == 2000},
                   key=lambda run: next((r["lr"], r["train_seed"], run) for r in records if r["run"] == run))
     for run in runs:
@@ -136,8 +143,11 @@ def sweep_table(records: list[dict[str, Any]]) -> list[str]:
         raw = mean_fid(records, run=run, step=2000, nfe=1, weights="model", labels="random")
         flow = mean_fid(records, objective="sit", train_seed=first["train_seed"], lr=1.0e-3, step=2000,
                         labels="random")
+        r_times = ("as t" if first["meanflow_r_mean"] is None
+                   else f"{first['meanflow_r_mean']:g}, {first['meanflow_r_std']:g}")
         rows.append(f"| {run} | {first['lr']:g} | {first['ema_decay']:g} | {first['meanflow_norm_p']:g} | "
-                    f"{first['meanflow_ratio']:g} | {first['meanflow_time_mean']:g} | {first['meanflow_time_std']:g} | "
+                    f"{first['meanflow_norm_c']:g} | {first['meanflow_ratio']:g} | "
+                    f"{first['meanflow_time_mean']:g}, {first['meanflow_time_std']:g} | {r_times} | "
                     f"{first['meanflow_tangent']} | {first['train_seed']} | "
                     f"{_cell(one)} | {_cell(two)} | {_cell(raw)} | {_cell(flow)} | {_ratio(one, flow)} | "
                     f"{_ratio(two, flow)} |")
@@ -169,13 +179,22 @@ def curve_table(records: list[dict[str, Any]], run: str, flow_run: str = "flow")
     return rows
 
 
-_DEMO = {"objective": "meanflow", "ema_decay": 0.995, "meanflow_norm_p": 1.0, "meanflow_ratio": 0.25,
-         "meanflow_time_mean": -0.4, "meanflow_time_std": 1.0}  # configs/demo-meanflow.yaml's time and weight settings
+_IMAGENET = {"objective": "meanflow", "ema_decay": 0.995, "meanflow_norm_p": 1.0, "meanflow_norm_c": 0.01,
+             "meanflow_ratio": 0.25, "meanflow_time_mean": -0.4, "meanflow_time_std": 1.0,
+             "meanflow_r_mean": None, "meanflow_r_std": None}  # MeanFlow's ImageNet times and weights
+_CIFAR = {**_IMAGENET, "meanflow_norm_p": 0.75, "meanflow_norm_c": 0.001, "meanflow_ratio": 0.75,
+          "meanflow_time_mean": -0.6, "meanflow_time_std": 1.6, "meanflow_r_mean": -4.0,
+          "meanflow_r_std": 1.6}  # py-meanflow's CIFAR-10 script (scripts/cifar10_v1.sh)
 MEANFLOW_RECIPES = {  # the recipes read over training seeds (name -> settings)
-    "lr 1e-3, conditional tangent (the demo before 2026-12-06)": {**_DEMO, "lr": 1.0e-3,
+    "lr 1e-3, conditional tangent (the demo before 2026-12-06)": {**_IMAGENET, "lr": 1.0e-3,
                                                                    "meanflow_tangent": "conditional"},
-    "lr 2e-3, conditional tangent": {**_DEMO, "lr": 2.0e-3, "meanflow_tangent": "conditional"},
-    "lr 2e-3, predicted tangent": {**_DEMO, "lr": 2.0e-3, "meanflow_tangent": "predicted"}}
+    "lr 2e-3, conditional tangent": {**_IMAGENET, "lr": 2.0e-3, "meanflow_tangent": "conditional"},
+    "lr 2e-3, predicted tangent": {**_IMAGENET, "lr": 2.0e-3, "meanflow_tangent": "predicted"},
+    "lr 2e-3, predicted tangent, CIFAR-10 times and weights": {**_CIFAR, "lr": 2.0e-3,
+                                                               "meanflow_tangent": "predicted"}}
+COMPARED = ((1, 0), (2, 1), (3, 2))  # (changed, before) pairs of MEANFLOW_RECIPES, by position
+CURVES = ("base", "imf-long", "cifar-long")  # runs trained past 2,000 steps, read at their milestones
+LONG_STEP = 6000  # the shipped recipe is also read over training seeds at this step
 FLOW_DEMO = {"objective": "sit", "lr": 1.0e-3, "ema_decay": 0.995}  # configs/demo.yaml
 
 
@@ -185,7 +204,8 @@ def seed_table(records: list[dict[str, Any]], recipe: dict[str, Any], step: int 
     rows = ["| training seed | 1 NFE | flow SDE 250 | 1 NFE / flow | 1 NFE, equal labels | flow, equal labels "
             "| 1 NFE / flow, equal labels | 2 NFE | 2 NFE / flow |", "|---|---|---|---|---|---|---|---|---|"]
     columns: dict[str, list[float]] = {name: [] for name in ("one", "flow", "one_eq", "flow_eq", "two")}
-    for seed in sorted({r["train_seed"] for r in records if all(r[k] == v for k, v in recipe.items())}):
+    for seed in sorted({r["train_seed"] for r in records if r["step"] == step
+                        and all(r[k] == v for k, v in recipe.items())}):
         mf = {**recipe, "train_seed": seed, "step": step, "weights": "ema"}
         flow = {**FLOW_DEMO, "train_seed": seed, "step": step}
         cells = {"one": mean_fid(records, **mf, nfe=1, labels="random"),
@@ -214,13 +234,16 @@ def seed_table(records: list[dict[str, Any]], recipe: dict[str, Any], step: int 
     return rows
 
 
-def log_ratio_interval(a: list[float], b: list[float], z: float = 1.96) -> tuple[float, float, float]:
+def log_ratio_interval(a: list[float], b: list[float]) -> tuple[float, float, float]:
     """The ratio of the means of ``a`` over ``b`` with a delta-method 95 % interval on its log (the two
-    samples independent): (ratio, low, high)."""
+    samples independent), the quantile Welch-Satterthwaite's t: at 3-5 training seeds a normal
+    quantile would understate the width. Returns (ratio, low, high)."""
     ma, mb = statistics.fmean(a), statistics.fmean(b)
-    se = math.sqrt(statistics.variance(a) / (len(a) * ma**2) + statistics.variance(b) / (len(b) * mb**2))
+    terms = [statistics.variance(x) / (len(x) * m**2) for x, m in ((a, ma), (b, mb))]  # var of each log mean
+    df = sum(terms) ** 2 / sum(v**2 / (len(x) - 1) for v, x in zip(terms, (a, b), strict=True))
+    half = stats.t.ppf(0.975, df) * math.sqrt(sum(terms))
     ratio = ma / mb
-    return ratio, ratio * math.exp(-z * se), ratio * math.exp(z * se)
+    return ratio, ratio * math.exp(-half), ratio * math.exp(half)
 
 
 def paired_comparison(records: list[dict[str, Any]], a: dict[str, Any], b: dict[str, Any], nfe: int = 1,
@@ -271,10 +294,12 @@ def main(argv: list[str] | None = None) -> int:
         for name, recipe in MEANFLOW_RECIPES.items():
             print(f"\n{name}:\n" + "\n".join(seed_table(records, recipe)))
         recipes = list(MEANFLOW_RECIPES.values())
-        for (a, b), nfe, labels in itertools.product([(recipes[1], recipes[0]), (recipes[2], recipes[1])],
-                                                     (1, 2), ("random", "equal")):
+        pairs = [(recipes[a], recipes[b]) for a, b in COMPARED]
+        for (a, b), nfe, labels in itertools.product(pairs, (1, 2), ("random", "equal")):
             print(f"\n{comparison_line(records, a, b, nfe, labels)}")
-        for run in ("base", "imf-long"):
+        print(f"\nthe last recipe at {LONG_STEP} steps:\n"
+              + "\n".join(seed_table(records, recipes[-1], step=LONG_STEP)))
+        for run in CURVES:
             print(f"\n{run}:\n" + "\n".join(curve_table(records, run)))
         return 0
     if args.nfe_row:

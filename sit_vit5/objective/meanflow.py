@@ -43,7 +43,8 @@ class MeanFlowSettings:
     official ImageNet setting).
 
     ``time_mean`` / ``time_std``: logit-normal of each time, drawn in MeanFlow's convention (t = 1
-    noise); ``ratio``: fraction of pairs with r != t; ``norm_p`` / ``norm_c``: adaptive weight
+    noise); ``r_mean`` / ``r_std``: the second draw's own (None: the same as the first);
+    ``ratio``: fraction of pairs with r != t; ``norm_p`` / ``norm_c``: adaptive weight
     ``1 / (error + c)^p`` of the per-sample squared error (summed over C·H·W); ``omega`` /
     ``kappa``: guidance folded into the target, ``v_g = ω·v + κ·u(z, t, t | y) + (1 - ω - κ)·u(z,
     t, t | ∅)`` (ω = 1, κ = 0: none); ``class_dropout``: labels the objective drops (their target
@@ -52,6 +53,8 @@ class MeanFlowSettings:
 
     time_mean: float = MEANFLOW_DEFAULTS["meanflow_time_mean"]
     time_std: float = MEANFLOW_DEFAULTS["meanflow_time_std"]
+    r_mean: float | None = MEANFLOW_DEFAULTS["meanflow_r_mean"]
+    r_std: float | None = MEANFLOW_DEFAULTS["meanflow_r_std"]
     ratio: float = MEANFLOW_DEFAULTS["meanflow_ratio"]
     norm_p: float = MEANFLOW_DEFAULTS["meanflow_norm_p"]
     norm_c: float = MEANFLOW_DEFAULTS["meanflow_norm_c"]
@@ -163,13 +166,16 @@ class MeanFlowObjective(Objective):
 
     def sample_times(self, n: int, device: Any = None,
                      generator: GeneratorLike = None) -> tuple[Tensor, Tensor]:
-        """(t, r), each (n,), t <= r, in OUR convention (t = 0 noise): two logit-normal draws,
-        ordered, then r = t for a fraction 1 - ratio of the pairs (py-meanflow's sampler v0)."""
+        """(t, r), each (n,), t <= r, in OUR convention (t = 0 noise): two logit-normal draws (the
+        second with r's mean and std where set), ordered, then r = t for a fraction 1 - ratio of
+        the pairs (py-meanflow's sampler v0)."""
         s = self.settings
         gen = generator if isinstance(generator, torch.Generator) else None
+        r_mean = s.time_mean if s.r_mean is None else s.r_mean
+        r_std = s.time_std if s.r_std is None else s.r_std
         # on cpu: drawn there (the global or given CPU generator), moved to `device` at the end
         a = torch.sigmoid(torch.randn(n, generator=gen) * s.time_std + s.time_mean)  # on cpu: above
-        b = torch.sigmoid(torch.randn(n, generator=gen) * s.time_std + s.time_mean)  # on cpu: above
+        b = torch.sigmoid(torch.randn(n, generator=gen) * r_std + r_mean)  # on cpu: above
         t_mf, r_mf = torch.maximum(a, b), torch.minimum(a, b)  # MeanFlow's order: r <= t
         r_mf = torch.where(torch.rand(n, generator=gen) < s.ratio, r_mf, t_mf)  # on cpu: above
         # MeanFlow writes t = 1 for noise (arXiv 2505.13447 §3); ours t = 0 (DESIGN.md §4, §10)

@@ -43,8 +43,9 @@ def _pilot_file(tmp_path, n8, n16):
 # ------------------------------------------------------------------------------------- settings and plan
 
 # keys the objective gained after the addition of 2026-12-06 was registered, with the default that keeps the
-# registered objective (MeanFlow's own tangent): the arms do not write them, so their run identities stand
-ADDED_LATER = {"meanflow_tangent": "conditional"}
+# registered objective (MeanFlow's own tangent, r drawn like t): the arms do not write them, so their run
+# identities stand
+ADDED_LATER = {"meanflow_tangent": "conditional", "meanflow_r_mean": None, "meanflow_r_std": None}
 
 
 def test_the_arms_write_out_the_registered_meanflow_keys_and_the_references_retrain_the_flow_pair():
