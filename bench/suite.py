@@ -18,6 +18,7 @@ Stages (each catches its own failure, so one error does not lose the others):
   vit5_overhead  ViT5/SiT step ratio per FLOP ratio, S/2 and B/2 at latents 32 and 16, fp32 and bf16, batch 32
   fsdp         XL/2 bf16 eager, batch 32, FSDP2-sharded in a 1-process group: SiT, ViT5
   sample       XL/2 bf16, 250-step Euler-Maruyama SDE with CFG 4.0, 32 images: img/s
+  sample_compile  the same with the model's forward compiled (sample.py --compile)
   sample_nocfg the same without guidance (one model call per step instead of a doubled batch)
   sample_fewstep  SiT-XL/2 bf16, CFG 4.0, 32 images: SiT's 250-step SDE against the few-step settings of
                results/nfe (UniPC at 8 and 16 NFE), side by side: img/s and the speedup (issue 39)
@@ -61,6 +62,9 @@ STAGES = {
     "fsdp": (train_step.main, f"--sizes XL --precisions bf16 --models SiT ViT5 --fsdp --batch-size 32 {TIMING}"),
     "sample": (sample_speed.main, "--sizes XL --precisions bf16 --samplers sde --num-steps 250 --cfg-scale 4.0 "
                             "--batch-size 32 --rounds 2"),
+    # the sampler's ratio with a compiled forward (the cost model: 1.06, eager 1.45); one compile per model
+    "sample_compile": (sample_speed.main, "--sizes XL --precisions bf16 --samplers sde --num-steps 250 "
+                                          "--cfg-scale 4.0 --batch-size 32 --rounds 2 --modes compile"),
     "sample_nocfg": (sample_speed.main, "--sizes XL --precisions bf16 --samplers sde --num-steps 250 --cfg-scale 1.0 "
                                   "--batch-size 32 --rounds 2"),
     "sample_fewstep": (sample_speed.main, "--models SiT --sizes XL --precisions bf16 --cfg-scale 4.0 --batch-size 32 "
@@ -77,7 +81,7 @@ SMOKE = {
     "correctness": "--device cpu --size S --input-size 8 --batch-size 2 --num-steps 3",
     "vit5_overhead": f"{TINY} --settings S:8:fp32 S:8:bf16 --modes eager",
     "train_step": f"{TINY} --sizes S --input-size 8 --precisions fp32 --modes eager",
-    "sample_speed": f"{TINY} --sizes S --input-size 8 --precisions fp32 --num-steps 3",
+    "sample_speed": f"{TINY} --sizes S --input-size 8 --precisions fp32 --num-steps 3 --modes eager",
     "data_path": f"{TINY} --vae tiny --image-size 32 --num-images 4 --model SiT-S/2 --precision fp32",
     "meanflow_step": f"{TINY} --sizes S --input-size 8 --precisions fp32 --num-classes 10",
     "pipeline_speed": "--device cpu --depth 1 --warmup 1 --steps 1 --rounds 1 --size S --input-size 4 --vae tiny "

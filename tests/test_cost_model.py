@@ -172,3 +172,16 @@ def test_calibration_reproduces_the_h200_table():
         assert abs(rows[name]["error"]) <= 0.05, rows[name]
     for r in rows.values():  # every row within 25 %, ratios within 0.25: the misses stay documented misses
         assert abs(r["error"]) <= 0.25, r
+
+
+def test_sampling_nfe_with_and_without_a_host_sync():
+    """Without a sync per NFE (the current sampler: tests/test_fake_cuda.py) the host runs ahead, as in
+    training: max(device, host). With one (the measured code, which the calibration keeps) each NFE starts
+    from an idle GPU: never faster, and slower by the host's lead wherever it falls behind."""
+    tr = cm.trace("ViT5", "S", 2, train=False, **TINY)
+    free = cm.predict(tr, "eager")
+    synced = cm.predict(tr, "eager", nfe_sync=True)
+    assert free.seconds == pytest.approx(max(free.device, free.host))
+    assert synced.seconds > free.seconds  # a tiny model: the host is far behind, so the sync shows
+    assert synced.device == free.device and synced.host == free.host
+    assert cm.NFE_SYNC_MEASURED  # the H200 table's code synced: the calibration predicts it that way

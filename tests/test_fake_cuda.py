@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 from torch import Tensor, nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 pytestmark = pytest.mark.skipif(torch.version.cuda is None, reason="this torch build has no CUDA")
 
@@ -158,6 +159,109 @@ def test_sde_sampler(method, cfg, interval):
             z, gens = torch.cat([z, z]), gens + gens
         states = sample(z, fn, generator=gens, **kwargs(y))
     on_cuda(states)
+
+
+class HostSyncs(TorchDispatchMode):
+    """Records what makes the host wait for a GPU: a blocking copy from the host (the CUDA runtime
+    synchronises the stream before a pageable host-to-device copy) and a value read (``.item()``,
+    ``float()``, ``bool()``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.syncs: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        src = args[-1] if func is torch.ops.aten.copy_.default else args[0]
+        if func in (torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default):
+            dst = out if func is torch.ops.aten._to_copy.default else args[0]
+            if (src.device.type == "cpu" and dst.device.type == "cuda"
+                    and not (kwargs.get("non_blocking") or (len(args) > 2 and args[2]))):
+                self.syncs.append(f"blocking copy {tuple(src.shape)} to the GPU")
+        elif func is torch.ops.aten._local_scalar_dense.default:
+            self.syncs.append("value read")
+        return out
+
+
+@pytest.mark.parametrize("generator", ["per_row", "one", None])
+@pytest.mark.parametrize("method", ["Euler", "Heun"])
+@pytest.mark.parametrize("backbone", ["SiT-S/2", "ViT5-S/2"])
+def test_sde_steps_never_wait_for_the_gpu(backbone, method, generator):
+    """A guided SDE batch on a GPU queues every step without a host sync: the time is filled on the
+    device, CPU-generator noise arrives from pinned memory without blocking. (Before: two blocking
+    copies per step, so each NFE began from an idle GPU.) Not counted: the first batch (it builds
+    the RoPE tables of its grid), guidance's first-call check (skipped here) and its interval mask
+    (a sync by design, guidance.py)."""
+    from sit_vit5.guidance import ClassifierFreeGuidance
+    from sit_vit5.transport import create_transport
+    from sit_vit5.transport.sampler import Sampler
+
+    model = tiny(backbone)
+    sample = Sampler(create_transport()).sample_sde(sampling_method=method, num_steps=4)
+    gens = {"per_row": [torch.Generator().manual_seed(i) for i in range(2)],
+            "one": torch.Generator().manual_seed(0), None: None}[generator]
+    with fake_cuda(), torch.no_grad():
+        model = model.to("cuda")
+        z, _, y = inputs()
+        fn = ClassifierFreeGuidance(model, 4.0, null_class=10)
+        fn.checked = True
+        sample(z, fn, generator=gens, y=y)  # the first batch builds ViT-5's RoPE tables (one copy)
+        with HostSyncs() as recorder:
+            states = sample(z, fn, generator=gens, y=y)
+    on_cuda(states)
+    assert len(states) == 4  # the run happened: 3 steps + the last step
+    assert recorder.syncs == []
+
+
+@pytest.mark.parametrize("loop", ["p_sample_loop", "ddim_sample_loop"])
+def test_ddpm_steps_never_wait_for_the_gpu(loop):
+    """DDPM / DDIM steps gather their schedule coefficients on the GPU without blocking copies
+    (before: a blocking copy of a schedule array for each of about ten coefficients per step)."""
+    from sit_vit5.diffusion import create_diffusion
+    from sit_vit5.guidance import ClassifierFreeGuidance
+
+    model = tiny("SiT-S/2", learn_sigma=True)
+    diffusion = create_diffusion("4")
+    gens = [torch.Generator().manual_seed(i) for i in range(2)]
+    with fake_cuda(), torch.no_grad():
+        model = model.to("cuda")
+        z, _, y = inputs()
+        fn = ClassifierFreeGuidance(model, 4.0, null_class=10)
+        fn.checked = True
+        run = getattr(diffusion, loop)
+        with HostSyncs() as recorder:
+            out = run(fn, z.shape, noise=z, model_kwargs=dict(y=y), device=CUDA, generator=gens)
+    on_cuda(out)
+    assert diffusion.last_nfe == 4
+    assert recorder.syncs == []
+
+
+def test_training_loss_never_waits_for_the_gpu():
+    """The training loss's times come from the CPU global RNG (as SiT), now without blocking."""
+    from sit_vit5.transport import create_transport
+
+    model = tiny("ViT5-S/2").train()
+    with fake_cuda():
+        model = model.to("cuda")
+        x, _, y = inputs()
+        transport = create_transport()
+        transport.training_losses(model, x, dict(y=y))  # the first step builds the RoPE tables
+        with HostSyncs() as recorder:
+            loss = transport.training_losses(model, x, dict(y=y))["loss"]
+    on_cuda(loss)
+    assert recorder.syncs == []
+
+
+def test_the_sync_recorder_sees_a_blocking_copy():
+    """The recorder can fail: the old ways (as_tensor of a Python float, a pageable .to) are syncs."""
+    with fake_cuda():
+        x = torch.zeros(2, device=CUDA)
+        with HostSyncs() as recorder:
+            torch.as_tensor(0.5, device=x.device)
+            torch.randn(2).to(x)
+            torch.randn(2).to(x, non_blocking=True)
+    assert len(recorder.syncs) == 2, recorder.syncs
 
 
 @pytest.mark.parametrize("cfg, interval", [(1.0, None), (4.0, None), (4.0, (0.1, 0.7))])

@@ -24,7 +24,13 @@ from tqdm.auto import tqdm
 
 from sit_vit5.names import DIFFUSION_METHODS, choose
 from sit_vit5.transport.per_sample import mean_flat
-from sit_vit5.transport.rng import GeneratorLike, Resolved, randn_like, resolve_generator
+from sit_vit5.transport.rng import (
+    GeneratorLike,
+    Resolved,
+    randn_like,
+    resolve_generator,
+    to_device,
+)
 
 from .losses import discretized_gaussian_log_likelihood, normal_kl
 from .schedule import named_betas, respace_betas, space_timesteps
@@ -141,13 +147,13 @@ class GaussianDiffusion:
         """``arr[t]`` shaped ``(B, 1, ..., 1)`` on ``x``'s device, float32 (float64 for float64
         ``x``)."""
         dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-        values = arr.to(t.device)[t.long()].to(device=x.device, dtype=dtype)
+        values = to_device(arr, t.device)[t.long()].to(device=x.device, dtype=dtype)
         return values.reshape(-1, *([1] * (x.dim() - 1)))
 
     def model_timesteps(self, t: Tensor) -> Tensor:
         """The timesteps the network sees: original integer steps ``timestep_map[t]`` (long, like
         ``t``)."""
-        return torch.as_tensor(self.timestep_map, device=t.device, dtype=torch.long)[t.long()]
+        return to_device(torch.as_tensor(self.timestep_map, dtype=torch.long), t.device)[t.long()]
 
     def _timesteps(self, index: int, batch: int, device: torch.device) -> Tensor:
         return torch.full((batch,), index, dtype=torch.long, device=device)
@@ -350,7 +356,7 @@ class GaussianDiffusion:
                     for g in gen
                 ]
             )
-        return t.to(device) if device is not None else t
+        return to_device(t, device) if device is not None else t
 
     def training_losses(
         self, model: ModelFn, x_start: Tensor, t: Tensor, model_kwargs: dict | None = None,

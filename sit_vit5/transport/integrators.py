@@ -69,6 +69,9 @@ def time_grid(t0: float, t1: float, num_steps: int, like: Tensor) -> Tensor:
 
 def batch_time(t: Tensor | float, x: Tensor) -> Tensor:
     """A scalar time as the ``(B,)`` tensor the models expect (dtype of ``x``)."""
+    if type(t) in (float, int):  # filled on the device: as_tensor's host copy drains a GPU's stream
+        # at every sampler step. Through the default dtype, as as_tensor rounded it
+        return torch.full((x.shape[0],), t, device=x.device).to(x.dtype)
     return torch.as_tensor(t, device=x.device).to(x.dtype).reshape(1).repeat(x.shape[0])
 
 

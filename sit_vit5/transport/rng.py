@@ -6,7 +6,9 @@ A ``generator`` argument may be ``None`` (global RNG), a ``torch.Generator`` or 
 stream for the whole batch), or a sequence of generators / seeds with one entry per batch row. With
 a sequence, row ``i`` draws only from its own stream, so a sample depends on its own seed, not on
 the rest of the batch. Draws happen on the generator's device and are then moved to the data's
-device: a CPU generator gives the same numbers whatever device the model runs on.
+device: a CPU generator gives the same numbers whatever device the model runs on. A CPU draw bound
+for a GPU is staged in pinned memory and copied without blocking, so a sampler or a training step
+does not wait for the GPU at each draw.
 """
 
 from __future__ import annotations
@@ -86,6 +88,16 @@ def _draw_dtype(x: Tensor) -> torch.dtype:
     return x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32
 
 
+def to_device(t: Tensor, device: torch.device, dtype: torch.dtype | None = None) -> Tensor:
+    """``t`` on ``device`` (in ``dtype``, if given). From the CPU to CUDA it goes through pinned
+    memory, non-blocking: a copy from pageable memory synchronises the stream (CUDA runtime API,
+    "API synchronization behavior"), which would drain the GPU at every sampler step."""
+    if t.device.type == "cpu" and torch.device(device).type == "cuda":
+        staged = torch.empty_like(t, pin_memory=True).copy_(t)  # held by the allocator until copied
+        t = staged.to(device, non_blocking=True)
+    return t.to(device=device, dtype=dtype)
+
+
 def _one_device(rows: list[Tensor], like: Tensor) -> list[Tensor]:
     """Per-row draws ready to join: as drawn when they share a device (joined there, then moved in
     one copy; row by row, a GPU batch waits on one blocking transfer per row), else each on
@@ -99,9 +111,10 @@ def randn_like(x: Tensor, generator: Resolved) -> Tensor:
         return torch.randn_like(x)
     dtype = _draw_dtype(x)
     if isinstance(generator, torch.Generator):
-        return torch.randn(x.shape, generator=generator, device=generator.device, dtype=dtype).to(x)
+        return to_device(torch.randn(x.shape, generator=generator, device=generator.device,
+                                     dtype=dtype), x.device, x.dtype)
     rows = [torch.randn(x.shape[1:], generator=g, device=g.device, dtype=dtype) for g in generator]
-    return torch.stack(_one_device(rows, x)).to(x)
+    return to_device(torch.stack(_one_device(rows, x)), x.device, x.dtype)
 
 
 def rademacher_like(x: Tensor, generator: Resolved) -> Tensor:
@@ -110,9 +123,9 @@ def rademacher_like(x: Tensor, generator: Resolved) -> Tensor:
         return torch.randint_like(x, 0, 2) * 2 - 1
     if isinstance(generator, torch.Generator):
         bits = torch.randint(0, 2, x.shape, generator=generator, device=generator.device)
-        return bits.to(x) * 2 - 1
+        return to_device(bits, x.device, x.dtype) * 2 - 1
     rows = [torch.randint(0, 2, x.shape[1:], generator=g, device=g.device) for g in generator]
-    return torch.stack(_one_device(rows, x)).to(x) * 2 - 1
+    return to_device(torch.stack(_one_device(rows, x)), x.device, x.dtype) * 2 - 1
 
 
 def uniform(batch: int, generator: Resolved, like: Tensor) -> Tensor:
@@ -120,8 +133,9 @@ def uniform(batch: int, generator: Resolved, like: Tensor) -> Tensor:
     the *CPU* global RNG, as SiT does (``th.rand((B,))``), so a seeded training run draws the same
     times."""
     if generator is None:
-        return torch.rand(batch).to(like)  # on cpu: SiT's CPU global RNG (see above)
+        return to_device(torch.rand(batch), like.device, like.dtype)  # on cpu: SiT's global RNG
     if isinstance(generator, torch.Generator):
-        return torch.rand(batch, generator=generator, device=generator.device).to(like)
+        return to_device(torch.rand(batch, generator=generator, device=generator.device),
+                         like.device, like.dtype)
     rows = [torch.rand(1, generator=g, device=g.device) for g in generator]
-    return torch.cat(_one_device(rows, like)).to(like)
+    return to_device(torch.cat(_one_device(rows, like)), like.device, like.dtype)
