@@ -518,17 +518,24 @@ def kernels(tr: Trace, mode: str = "eager") -> list[Kernel]:
     return ks
 
 
-def optimizer_kernels(tr: Trace, optimizer: str = "foreach", ema: bool = False) -> list[Kernel]:
-    """AdamW (weight decay 0, as the bench) and optionally the EMA update, as bytes and kernel counts.
+CLIP = "grad clip"
+
+
+def optimizer_kernels(tr: Trace, optimizer: str = "foreach", ema: bool = False, clip: bool = False
+                      ) -> list[Kernel]:
+    """AdamW (weight decay 0, as the bench), optionally gradient clipping before it and the EMA update after
+    it, as bytes and kernel counts.
 
     foreach (torch's CUDA default): lerp_(m, g) 12 B, mul_(v) 8, addcmul_(v, g, g) 12, sqrt(v) 8, div_ 8,
     add_(eps) 8, addcdiv_(p, m, d) 16 = 72 B per fp32 parameter; one launch per 320 chunks of 65536 elements
-    (``multi_tensor_apply``). fused: one pass reading p, g, m, v and writing p, m, v: 28 B.
+    (``multi_tensor_apply``). fused: one pass reading p, g, m, v and writing p, m, v: 28 B. ``clip``: torch's
+    ``clip_grad_norm_``, a foreach norm of the gradients (4 B) and their scaling, which it always applies (8 B).
     """
     chunks = tr.params / 65536 + tr.param_tensors / 2  # the last chunk of each tensor is partial
     launches = max(1, math.ceil(chunks / 320))
     passes = {"foreach": [12, 8, 12, 8, 8, 8, 16], "fused": [28], "none": []}[optimizer]
-    out = [Kernel("optimizer (AdamW)", "memory", 0.0, b * tr.params, "opt", launches) for b in passes]
+    out = [Kernel(CLIP, "memory", 0.0, b * tr.params, "opt", launches) for b in ((4, 8) if clip else ())]
+    out += [Kernel("optimizer (AdamW)", "memory", 0.0, b * tr.params, "opt", launches) for b in passes]
     if ema:
         out += [Kernel("EMA", "memory", 0.0, b * tr.params, "opt", launches) for b in (8, 12)]
     return out
@@ -569,7 +576,8 @@ def cached_kernels(tr: Trace, mode: str) -> list[Kernel]:
 
 
 def predict(tr: Trace, mode: str = "eager", dev: Device = DEVICES["H200"], eff: Efficiency = FITTED,
-            optimizer: str = "foreach", ema: bool = False, nfe_sync: bool = False) -> Prediction:
+            optimizer: str = "foreach", ema: bool = False, nfe_sync: bool = False, clip: bool = False,
+            loop_sync: bool = False) -> Prediction:
     """The step time of ``tr`` on ``dev``.
 
     Device time: Σ_kernel max(FLOPs / (peak·e), bytes / (bandwidth·e_mem)) over the model's kernels
@@ -578,27 +586,36 @@ def predict(tr: Trace, mode: str = "eager", dev: Device = DEVICES["H200"], eff: 
     the GPU: ``max(device, host)`` (training, and sampling since the SDE's noise and times stopped blocking:
     tests/test_fake_cuda.py). ``nfe_sync``: each NFE starts from an idle GPU, as in the measured code
     (:data:`NFE_SYNC_MEASURED`), so the GPU waits wherever the host falls behind: ``max_k (host until kernel
-    k launches + device time from k on)``.
+    k launches + device time from k on)``. ``loop_sync``: the same for a training step that reads the loss
+    and the gradient norm before its optimizer step, as ``training/loop.py`` does: from that read to the next
+    one the host launches the optimizer (and ``ema``), the next forward and backward, and ``clip``.
     """
-    ks = cached_kernels(tr, mode) + (optimizer_kernels(tr, optimizer, ema) if tr.train else [])
+    model = cached_kernels(tr, mode)
+    opt = optimizer_kernels(tr, optimizer, ema, clip) if tr.train else []
+    lead = [k for k in opt if k.group != CLIP] if loop_sync else []  # launched right after the read
+    ks = lead + model + ([k for k in opt if k.group == CLIP] if loop_sync else opt)
     times = [kernel_time(k, dev, eff) for k in ks]
     launch, py = eff.launch_us * 1e-6, eff.python_us * 1e-6
-    host, starts = 0.0, []
-    for k in ks:  # when each kernel is launched
-        if mode == "eager" and k.phase == "fwd":
-            host = max(host, py * k.stamp)
+    host, starts, offset = 0.0, [], 0.0
+    for i, k in enumerate(ks):  # when each kernel is launched
+        if i == len(lead):
+            offset = host  # the forward's Python starts after the lead's launches
+        if i < len(lead):
+            host += launch * _launches(k)
+        elif mode == "eager" and k.phase == "fwd":
+            host = max(host, offset + py * k.stamp)
         else:
-            host = max(host, py * tr.host_calls.get("python", 0)) if mode == "eager" else host
+            host = max(host, offset + py * tr.host_calls.get("python", 0)) if mode == "eager" else host
             host += launch * _launches(k)
         starts.append(host)
     device = sum(times)
-    if tr.train or not nfe_sync:
-        seconds = max(device, host)
-    else:
+    if (loop_sync if tr.train else nfe_sync):
         seconds, tail = 0.0, 0.0
         for start, t in zip(reversed(starts), reversed(times)):
             tail += t
             seconds = max(seconds, start + tail)
+    else:
+        seconds = max(device, host)
     groups: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     kinds: dict[str, float] = defaultdict(float)
     for k, t in zip(ks, times):
@@ -786,6 +803,25 @@ def what_if_sit(traces: dict, dev: Device = DEVICES["H200"], eff: Efficiency = F
     return rows
 
 
+#: training/loop.py on one GPU: clip_grad_norm_, AdamW fused=True (every parameter on CUDA, no FSDP), the EMA
+LOOP = dict(optimizer="fused", ema=True, clip=True)
+
+
+def loop_rows(traces: dict, dev: Device = DEVICES["H200"], eff: Efficiency = FITTED) -> list[dict]:
+    """XL/2 batch 32: the bench's step against training/loop.py's, with and without its host reads."""
+    settings = [("bench step (AdamW foreach; no clipping, EMA or reads)", {}),
+                ("training loop (clipping, AdamW fused, EMA), loss and grad-norm read every step",
+                 dict(LOOP, loop_sync=True)),
+                ("the same loop without the reads", LOOP)]
+    rows = []
+    for mode in ("eager", "compile"):
+        for name, kw in settings:
+            sit, vit5 = (predict(traces[b, True, 32], mode, dev, eff, **kw) for b in ("SiT", "ViT5"))
+            rows.append(dict(setting=f"{mode}: {name}", sit_ms=sit.ms(), vit5_ms=vit5.ms(),
+                             ratio=vit5.seconds / sit.seconds, sit_mfu=mfu(traces["SiT", True, 32], sit, dev)))
+    return rows
+
+
 def import_ref(rev: str) -> str:
     """``sit_vit5`` as of git revision ``rev``, importable as ``sit_vit5_ref`` (bench.before_after's extraction);
     returns the package name. The calibration traces the code the H200 table was measured with."""
@@ -804,8 +840,9 @@ CALIBRATION_REF = "10ec938"
 
 
 HOST_SYNCS = ("`sit_vit5/training/loop.py`: `accelerator.reduce(loss).item()` and `float(clip_grad_norm_(...))` run "
-              "every step (two host syncs, before the optimizer step; `bench.train_step` has neither); "
-              "`training/step_report.py` has none.")
+              "every step (two host syncs, before the optimizer step, which they guard: a non-finite loss or "
+              "gradient norm stops the run before the weights change; `bench.train_step` has neither); "
+              "`training/step_report.py` has none. What they cost, predicted:")
 
 
 def report(dev_name: str = "H200", eff: Efficiency = FITTED, traces: dict | None = None,
@@ -840,6 +877,7 @@ def report(dev_name: str = "H200", eff: Efficiency = FITTED, traces: dict | None
     out["fused_qk"] = fused_predictions(traces, dev, eff)
     out["what_if_sit"] = what_if_sit(traces, dev, eff)
     out["host_syncs"] = HOST_SYNCS
+    out["loop"] = loop_rows(traces, dev, eff)
     if ablate:
         out["ablations"] = ablation_predictions(dev=dev, eff=eff)
     return out
@@ -930,7 +968,15 @@ def markdown(rep: dict) -> str:
                                            ("share", "share", ".0%"), ("kernels", "kernels", "d")]), "",
               "### What would reach 45 % MFU (batch 32, predicted)", "",
               *_table(rep["what_if_sit"], [("setting", "setting", ""), ("ms", "ms", ".1f"), ("mfu", "MFU", ".1%")]),
-              "", f"Host syncs: {rep['host_syncs']}", ""]
+              "", f"Host syncs: {rep['host_syncs']}", "",
+              *_table(rep["loop"], [("setting", "XL/2, batch 32", ""), ("sit_ms", "SiT ms", ".1f"),
+                                    ("vit5_ms", "ViT5 ms", ".1f"), ("ratio", "ViT5 / SiT", ".3f"),
+                                    ("sit_mfu", "SiT MFU", ".1%")]), "",
+              "After the reads the GPU is idle until the host has launched the optimizer and the next forward: "
+              "eager, the forward's Python then sets the pace (how much depends on `python_us`, a fitted "
+              "constant: see 'Identifiability' below); compiled, the launches are few and the reads cost "
+              "under 1 %. Removing them means skipping a non-finite step on the device (fused AdamW's "
+              "`found_inf`, an EMA update weighted by the same flag) and raising a step later; not built.", ""]
     lines += [
         "## What the model misses", "",
         "* **Compiled ViT-5 (measured 1.26, predicted 1.06).** With Inductor's fusion the traced extra bytes are "
