@@ -14,6 +14,8 @@ Stages (each catches its own failure, so one error does not lose the others):
   xl_eager     XL/2 bf16 eager, batch 32 and 64: SiT, ViT5, timm-SiT: img/s, MFU, peak memory (and
                bench.plan's prediction of it)
   xl_compile   XL/2 bf16 torch.compile, batch 32: SiT, ViT5 (compilation takes a minute or two each)
+  xl_loop      XL/2 bf16 eager, batch 32: each model's plain step beside training/loop.py's (clipping, the loss
+               and grad-norm reads, EMA): what the reads cost (predicted in docs/gpu-cost-model.md)
   small        S/2 and B/2, fp32 and bf16, eager, batch 32: the ViT5/SiT and SiT/timm ratios
   vit5_overhead  ViT5/SiT step ratio per FLOP ratio, S/2 and B/2 at latents 32 and 16, fp32 and bf16, batch 32
   fsdp         XL/2 bf16 eager, batch 32, FSDP2-sharded in a 1-process group: SiT, ViT5
@@ -57,6 +59,8 @@ STAGES = {
     "xl_eager": (train_step.main, f"--sizes XL --precisions bf16 --batch-size 32 64 {TIMING}"),
     "xl_compile": (train_step.main, f"--sizes XL --precisions bf16 --modes compile --models SiT ViT5 "
                                     f"--batch-size 32 {TIMING}"),
+    # the training loop's step (clipping, its two host reads, EMA) beside the plain one: what the reads cost
+    "xl_loop": (train_step.main, f"--sizes XL --precisions bf16 --models SiT ViT5 --batch-size 32 --loop {TIMING}"),
     "small": (train_step.main, f"--sizes S B --precisions fp32 bf16 --batch-size 32 {TIMING}"),
     "vit5_overhead": (vit5_overhead.main, "--batch-size 32 --warmup 2 --steps 5 --rounds 5"),
     "fsdp": (train_step.main, f"--sizes XL --precisions bf16 --models SiT ViT5 --fsdp --batch-size 32 {TIMING}"),

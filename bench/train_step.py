@@ -6,7 +6,9 @@
 
 One step = transport loss (Linear path, velocity prediction, SiT defaults) forward, backward, AdamW step
 (lr 1e-4, no weight decay, as SiT; ``--optimizer none`` skips it) and zero_grad; random latents (B, 4, s, s)
-and labels. EMA is left out.
+and labels. EMA is left out. ``--loop`` also times each model's step as ``training/loop.py`` runs it (rows
+``SiT+loop``, ``ViT5+loop``): gradient clipping, the loss and gradient-norm reads that guard the optimizer step,
+the EMA update; ``loop_over_step``: that step over the plain one, per model (the reads' cost on a GPU).
 MFU = achieved FLOP/s / peak, achieved = img/s x 3 x 2 x forward GFLOPs: `sit_vit5.models.flops` counts a
 multiply-add as 1 (hence x 2) and a training step is forward + backward (~2x forward, hence x 3).
 Memory: peak allocated CUDA memory of one model's warm-up steps (weights, grads, AdamW state, activations),
@@ -18,7 +20,9 @@ group: the FSDP code path's step time and memory on one device.
 from __future__ import annotations
 
 import argparse
+import copy
 import gc
+import math
 import statistics
 from collections.abc import Callable
 
@@ -47,6 +51,7 @@ from bench.common import (
 )
 from bench.plan import plan
 from sit_vit5.models import SIZES
+from sit_vit5.training.ema import update_ema
 from sit_vit5.training.fsdp import shard_model
 from sit_vit5.training.optim import adamw_kernel
 from sit_vit5.transport import create_transport
@@ -71,6 +76,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--optimizer", choices=("adamw", "none"), default="adamw",
                    help="none: forward + backward only (e.g. XL/2 pairs in a small CPU memory)")
     p.add_argument("--fsdp", action="store_true", help="shard with FSDP2 (fully_shard) in a 1-process group")
+    p.add_argument("--loop", action="store_true",
+                   help="also time each model's step as training/loop.py runs it (clipping, the loss and "
+                        "grad-norm reads, EMA): rows MODEL+loop")
     p.add_argument("--peak-tflops", type=float, default=None,
                    help="dense bf16 peak for MFU (default by GPU name: H100/H200 989, A100 312)")
     add_common_args(p)
@@ -81,10 +89,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def make_train_step(model: nn.Module, device: torch.device, precision: str, mode: str, batch: int,
                     input_size: int, num_classes: int, seed: int = 0,
-                    optimizer: bool = True, sharded: bool = False) -> Callable[[], None]:
+                    optimizer: bool = True, sharded: bool = False, loop: bool = False) -> Callable[[], None]:
     """A closure running one full training step of ``model`` (already on ``device``; ``sharded``: by FSDP2)
     on fixed random data; ``optimizer=False`` stops after the backward pass (gradients are dropped: no AdamW
-    state in memory)."""
+    state in memory). ``loop``: as ``training/loop.py`` steps (one GPU): the gradients clipped to norm 1, the
+    norm and the loss read on the host before the optimizer step (the loop stops on a non-finite one), then
+    the EMA updated (decay 0.9999)."""
+    ema = copy.deepcopy(model).requires_grad_(False) if loop else None
     transport = create_transport()
     net = maybe_compile(model, mode)
     params = list(model.parameters())
@@ -99,8 +110,14 @@ def make_train_step(model: nn.Module, device: torch.device, precision: str, mode
         with autocast(device, precision):
             loss = transport.training_losses(net, x1, dict(y=y))["loss"].mean()
         loss.backward()
+        if ema is not None:  # the loop's guard: two host reads before the optimizer step
+            norm = float(torch.nn.utils.clip_grad_norm_(params, 1.0))
+            if not (math.isfinite(loss.item()) and math.isfinite(norm)):
+                raise FloatingPointError(f"non-finite loss or gradient norm ({norm})")
         if opt is not None:
             opt.step()
+        if ema is not None:
+            update_ema(ema, model, 0.9999)
         for p in params:  # = opt.zero_grad(set_to_none=True)
             p.grad = None
 
@@ -108,8 +125,9 @@ def make_train_step(model: nn.Module, device: torch.device, precision: str, mode
 
 
 def _warm_up(args: argparse.Namespace, device: torch.device, backbone: str, size: str, precision: str,
-             mode: str, batch: int, row: dict) -> Callable[[], None] | None:
-    """Build one model and its step, run the warm-up steps (recording first-step time and peak memory)."""
+             mode: str, batch: int, row: dict, loop: bool = False) -> Callable[[], None] | None:
+    """Build one model and its step (``loop``: the training loop's), run the warm-up steps (recording
+    first-step time and peak memory)."""
     baseline = memory_baseline(device)
     try:
         model = build_for(args, backbone, size).to(device).train()
@@ -117,7 +135,7 @@ def _warm_up(args: argparse.Namespace, device: torch.device, backbone: str, size
             args.own_group = single_process_group(device) or getattr(args, "own_group", False)
             shard_model(model)
         step = make_train_step(model, device, precision, mode, batch, args.input_size, args.num_classes,
-                               args.seed, optimizer=args.optimizer == "adamw", sharded=args.fsdp)
+                               args.seed, optimizer=args.optimizer == "adamw", sharded=args.fsdp, loop=loop)
         sync(device)
         start = now("wall")
         for i in range(args.warmup):
@@ -136,19 +154,21 @@ def measure_group(args: argparse.Namespace, device: torch.device, size: str, pre
                   batch: int, peak: float | None) -> tuple[list[dict], dict]:
     """Rows for every backbone at one (size, precision, mode, batch), timed interleaved, and their ratios."""
     steps, rows = {}, {}
-    for backbone in args.models:
+    variants = [(b, loop) for b in args.models for loop in ((False, True) if args.loop else (False,))]
+    for backbone, loop in variants:
+        key = f"{backbone}+loop" if loop else backbone
         params_m, gflops = model_counts(backbone, size, args.patch, args.input_size, args.depth)
-        rows[backbone] = dict(model=backbone, size=f"{size}/{args.patch}", precision=precision, mode=mode,
-                              strategy="fsdp" if args.fsdp else "single", batch=batch, params_m=params_m,
-                              fwd_gflops=gflops, clock=args.clock, plan_mem_gb=None)
-        if device.type == "cuda":  # what bench.plan predicts for this step (no EMA here, one process)
+        rows[key] = dict(model=key, size=f"{size}/{args.patch}", precision=precision, mode=mode,
+                         strategy="fsdp" if args.fsdp else "single", batch=batch, params_m=params_m,
+                         fwd_gflops=gflops, clock=args.clock, plan_mem_gb=None)
+        if device.type == "cuda":  # what bench.plan predicts for this step (one process)
             name = f"{'SiT' if backbone == 'Timm' else backbone}-{size}/{args.patch}"
-            predicted = plan(name, batch, precision, "fsdp" if args.fsdp else "ddp", 1, device="cuda", ema=False,
+            predicted = plan(name, batch, precision, "fsdp" if args.fsdp else "ddp", 1, device="cuda", ema=loop,
                              input_size=args.input_size, depth=args.depth or SIZES[size][0])
-            rows[backbone]["plan_mem_gb"] = predicted.peak_gib
-        step = _warm_up(args, device, backbone, size, precision, mode, batch, rows[backbone])
+            rows[key]["plan_mem_gb"] = predicted.peak_gib
+        step = _warm_up(args, device, backbone, size, precision, mode, batch, rows[key], loop)
         if step is not None:
-            steps[backbone] = step
+            steps[key] = step
         del step
         _free(device)
     times = interleaved_timings(steps, rounds=args.rounds, steps=args.steps, clock=args.clock, device=device)
@@ -163,6 +183,8 @@ def measure_group(args: argparse.Namespace, device: torch.device, size: str, pre
     group = dict(size=f"{size}/{args.patch}", precision=precision, mode=mode, batch=batch,
                  **ratios(times, "ViT5", "SiT", "vit5_over_sit"),
                  **ratios(times, "SiT", "Timm", "sit_over_timm"))
+    if args.loop:
+        group["loop_over_step"] = {b: ratios(times, f"{b}+loop", b, "ratio") for b in args.models}
     return list(rows.values()), group
 
 
@@ -200,6 +222,11 @@ def main(argv: list[str] | None = None) -> dict:
     unit = "wall" if args.clock == "wall" else "process-CPU"
     print_table(rows, COLUMNS, f"train step ({args.device}, {unit} seconds; peak bf16 {peak} TFLOP/s)")
     print_table(ratios, RATIO_COLUMNS, "step-time ratios (same run, interleaved)")
+    for group in ratios:
+        if "loop_over_step" in group:
+            print(f"{group['size']} {group['precision']} {group['mode']} b{group['batch']}: training loop / step "
+                  + ", ".join(f"{b} {r['ratio']:.3f}" for b, r in group["loop_over_step"].items()
+                              if r["ratio"] is not None))
     if getattr(args, "own_group", False):
         torch.distributed.destroy_process_group()
     adamw = "fused" if adamw_kernel([{"params": [torch.empty(0, device=device)]}], args.fsdp) else "default"

@@ -19,6 +19,23 @@ def _load(path):
     return out
 
 
+def test_train_step_loop_rows_beside_the_plain_step(tmp_path):
+    """--loop: each model's step as training/loop.py runs it (clipping, the two host reads, EMA) timed beside
+    its plain step, and the ratio per model from the same rounds."""
+    path = tmp_path / "loop.json"
+    train_step.main([*TINY, "--rounds", "2", "--sizes", "S", "--input-size", "8", "--batch-size", "2",
+                     "--models", "SiT", "ViT5", "--loop", "--json", str(path)])
+    out = _load(path)
+    rows = {r["model"]: r for r in out["rows"]}
+    assert list(rows) == ["SiT", "SiT+loop", "ViT5", "ViT5+loop"]
+    (group,) = out["ratios"]
+    for b in ("SiT", "ViT5"):
+        paired = statistics.median(x / y for x, y in zip(rows[f"{b}+loop"]["rounds_ms"], rows[b]["rounds_ms"]))
+        assert group["loop_over_step"][b]["ratio"] == pytest.approx(paired, rel=1e-3)
+    assert group["vit5_over_sit"] == pytest.approx(  # the plain steps' ratio, as without --loop
+        statistics.median(x / y for x, y in zip(rows["ViT5"]["rounds_ms"], rows["SiT"]["rounds_ms"])), rel=1e-3)
+
+
 def test_train_step_bench_rows_ratios_and_flops(tmp_path):
     pytest.importorskip("timm")
     path = tmp_path / "train.json"
