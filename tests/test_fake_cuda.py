@@ -173,9 +173,9 @@ class HostSyncs(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         kwargs = kwargs or {}
-        src = args[-1] if func is torch.ops.aten.copy_.default else args[0]
         if func in (torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default):
-            dst = out if func is torch.ops.aten._to_copy.default else args[0]
+            # _to_copy(src, ..., non_blocking=) -> dst; copy_(dst, src, non_blocking)
+            src, dst = (args[0], out) if func is torch.ops.aten._to_copy.default else args[1::-1]
             if (src.device.type == "cpu" and dst.device.type == "cuda"
                     and not (kwargs.get("non_blocking") or (len(args) > 2 and args[2]))):
                 self.syncs.append(f"blocking copy {tuple(src.shape)} to the GPU")
