@@ -13,9 +13,9 @@ Stages (each catches its own failure, so one error does not lose the others):
                bf16 with SDPA held to flash attention) against the CPU fp32 forward; odeint and SDE steps on CUDA
   xl_eager     XL/2 bf16 eager, batch 32 and 64: SiT, ViT5, timm-SiT: img/s, MFU, peak memory (and
                bench.plan's prediction of it)
-  xl_compile   XL/2 bf16 torch.compile, batch 32: SiT, ViT5 (compilation takes a minute or two each)
   xl_loop      XL/2 bf16 eager, batch 32: each model's plain step beside training/loop.py's (clipping, the loss
                and grad-norm reads, EMA): what the reads cost (predicted in docs/gpu-cost-model.md)
+  xl_compile   XL/2 bf16 torch.compile, batch 32: SiT, ViT5 (compilation takes a minute or two each)
   small        S/2 and B/2, fp32 and bf16, eager, batch 32: the ViT5/SiT and SiT/timm ratios
   vit5_overhead  ViT5/SiT step ratio per FLOP ratio, S/2 and B/2 at latents 32 and 16, fp32 and bf16, batch 32
   fsdp         XL/2 bf16 eager, batch 32, FSDP2-sharded in a 1-process group: SiT, ViT5
@@ -57,10 +57,11 @@ STAGES = {
                                         "--batch-size 32 --warmup 2 --steps 3 --rounds 3"),
     "correctness": (correctness.main, "--size XL --batch-size 4 --num-steps 4"),
     "xl_eager": (train_step.main, f"--sizes XL --precisions bf16 --batch-size 32 64 {TIMING}"),
+    # the training loop's step (clipping, its two host reads, EMA) beside the plain one: what the reads cost;
+    # before xl_compile: cheap, and it splits host from device time (the cost model's least certain constant)
+    "xl_loop": (train_step.main, f"--sizes XL --precisions bf16 --models SiT ViT5 --batch-size 32 --loop {TIMING}"),
     "xl_compile": (train_step.main, f"--sizes XL --precisions bf16 --modes compile --models SiT ViT5 "
                                     f"--batch-size 32 {TIMING}"),
-    # the training loop's step (clipping, its two host reads, EMA) beside the plain one: what the reads cost
-    "xl_loop": (train_step.main, f"--sizes XL --precisions bf16 --models SiT ViT5 --batch-size 32 --loop {TIMING}"),
     "small": (train_step.main, f"--sizes S B --precisions fp32 bf16 --batch-size 32 {TIMING}"),
     "vit5_overhead": (vit5_overhead.main, "--batch-size 32 --warmup 2 --steps 5 --rounds 5"),
     "fsdp": (train_step.main, f"--sizes XL --precisions bf16 --models SiT ViT5 --fsdp --batch-size 32 {TIMING}"),
