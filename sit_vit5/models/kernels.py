@@ -161,7 +161,9 @@ def qk_norm_rope(qk: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float,
     else:
         x_hat = F.rms_norm(qk, (d,), None, eps)
     cos, sin_folded = rotation.wide  # (N, 1, 1, d)
-    w = torch.stack((q_weight, k_weight)).to(cos.dtype).unsqueeze(1)  # (2, 1, d): q's, k's
+    w = torch.stack((q_weight, k_weight)).unsqueeze(1)  # (2, 1, d): q's, k's
+    if w.dtype != cos.dtype:  # fp32 weights and tables (the usual case): no call
+        w = w.to(cos.dtype)
     z = x_hat * w  # (B, N, 2, H, d) in the tables' dtype
     if rotation.wide_cis is not None and not torch.compiler.is_compiling():
         pairs = torch.view_as_complex(z.unflatten(-1, (-1, 2)))  # (B, N, 2, H, d / 2)

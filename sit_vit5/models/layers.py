@@ -40,8 +40,8 @@ def generic_path_for(x: Tensor) -> bool:
 
 
 def modulate(x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
-    """adaLN modulation ``x * (1 + scale) + shift``; x (B, N, D), shift/scale (B, D)."""
-    return x * (1 + scale.unsqueeze(1)) + shift.unsqueeze(1)
+    """adaLN modulation ``x * (1 + scale) + shift``; x (B, N, D), shift/scale (B, 1, D)."""
+    return x * (1 + scale) + shift
 
 
 class RMSNorm(nn.Module):
@@ -303,19 +303,20 @@ class Block(nn.Module):
 
     def forward(self, x: Tensor, c: Tensor, rope: Rotation | None = None) -> Tensor:
         """x (B, N, D), c (B, D) -> (B, N, D)."""
-        mod = self.adaLN_modulation(c)  # (B, 6D): six (B, D) chunks
-        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = mod.chunk(6, dim=1)
+        # one unsqueeze for the six chunks: each eager torch call is host time on a GPU
+        mod = self.adaLN_modulation(c).unsqueeze(1)  # (B, 1, 6D): six (B, 1, D) chunks
+        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = mod.chunk(6, dim=-1)
         if self.gamma_1 is not None:
             gate_msa, gate_mlp = gate_msa * self.gamma_1, gate_mlp * self.gamma_2
         attn = self.attn(modulate(self.norm1(x), shift_msa, scale_msa), rope)
         if self.gamma_1 is not None and generic_path_for(x):
             # GPU path with LayerScale: the gate is fp32 (gamma is), so gate * branch would be an
             # fp32 activation written and read back; addcmul adds the product without storing it
-            x = torch.addcmul(x, gate_msa.unsqueeze(1), attn)
+            x = torch.addcmul(x, gate_msa, attn)
             mlp = self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp))
-            return torch.addcmul(x, gate_mlp.unsqueeze(1), mlp)
-        x = x + gate_msa.unsqueeze(1) * attn
-        return x + gate_mlp.unsqueeze(1) * self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp))
+            return torch.addcmul(x, gate_mlp, mlp)
+        x = x + gate_msa * attn
+        return x + gate_mlp * self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp))
 
 
 class FinalLayer(nn.Module):
@@ -331,7 +332,7 @@ class FinalLayer(nn.Module):
 
     def forward(self, x: Tensor, c: Tensor) -> Tensor:
         """x (B, N, D), c (B, D) -> (B, N, p*p*C_out)."""
-        shift, scale = self.adaLN_modulation(c).chunk(2, dim=1)  # each (B, D)
+        shift, scale = self.adaLN_modulation(c).unsqueeze(1).chunk(2, dim=-1)  # each (B, 1, D)
         return self.linear(modulate(self.norm_final(x), shift, scale))
 
 
