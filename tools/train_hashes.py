@@ -1,4 +1,4 @@
-"""SHA-256 of the weights that a short demo training run ends with, for each backbone and objective.
+"""SHA-256 of the weights that a short demo training run ends with, per backbone and objective (flow, DDPM, MeanFlow).
 
 A refactor of the training path must leave every line unchanged (same seed, the CPU, one thread):
 
@@ -28,6 +28,9 @@ RUNS = {
     "vit5": ["--config", "demo"],
     "sit": ["--config", "demo", "model.name=SiT-S/2"],
     "dit": ["--config", "demo-dit"],
+    "meanflow": ["--config", "demo-meanflow"],  # ViT-5, the JVP along the model's own velocity
+    # SiT with MeanFlow's own tangent: the digits study's MeanFlow arms (PROTOCOL.md, 2026-12-06)
+    "meanflow-sit": ["--config", "demo-meanflow", "model.name=SiT-S/2", "transport.meanflow_tangent=conditional"],
 }
 
 
