@@ -1047,10 +1047,12 @@ def markdown(rep: dict) -> str:
         f"the table above. Attention is now the largest part of ViT-5's excess: {share('train_eager_b32', 'attention')}"
         f" of it eager, {share('train_compile_b32', 'attention')} compiled, {share('sample', 'attention')} in an "
         "eager sampling NFE."
-        + (f" The ablation row `ViT5-registers` is the direct test on a GPU: predicted {no_regs['eager_ratio']:.3f} "
+        + " Two GPU tests: the suite's first stage, `attention_tiles` (`bench.attention_tiles`, seconds), times the "
+        "flash kernel alone at 256 to 512 tokens with the tiles' predicted ratios beside; and"
+        + (f" the ablation row `ViT5-registers`: predicted {no_regs['eager_ratio']:.3f} "
            f"eager and {no_regs['compile_ratio']:.3f} compiled, against {ablate['ViT5']['eager_ratio']:.3f} and "
            f"{ablate['ViT5']['compile_ratio']:.3f} with the registers. If the measured drop is much smaller, the "
-           "term is wrong." if no_regs else ""),
+           "term is wrong." if no_regs else " the `vit5_ablate` stage's `ViT5-registers` row."),
         "* **What would remove it (not built).** Each query's softmax over the 260 keys splits exactly, by "
         "log-sum-exp, into the 256 patch keys and the 4 registers: flash attention on the 256 x 256 block at SiT's "
         "tiles (the kernel returns its log-sum-exp), the register rows and columns in small matmuls, one merge. The "

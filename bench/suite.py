@@ -6,7 +6,10 @@
     python -m bench.suite --out /tmp/dry --device cpu          # dry run: every stage, tiny, depth 1 (seconds)
 
 Stages (each catches its own failure, so one error does not lose the others):
-  vit5_ablate  first, ~3 min: XL/2 bf16 (4 blocks), batch 32, eager and compiled: ViT5 with each component off
+  attention_tiles  first, ~20 s: SDPA forward + backward at XL/2's attention shape (batch 32, 16 x 72, bf16) over
+               256-512 tokens, ViT-5's 260 among them, the cost model's tile-priced ratio and ms beside each row
+               (issue 56: the largest term of ViT-5's predicted excess, and the rate of SiT's attention)
+  vit5_ablate  then, ~3 min: XL/2 bf16 (4 blocks), batch 32, eager and compiled: ViT5 with each component off
                in turn against SiT, and (eager) with the fused Triton QK-norm + RoPE, bench.cost_model's
                predicted ratio beside each row (issue 56)
   correctness  first, ~30 s: SiT and ViT5 at XL/2 (full 2C outputs), CUDA forward (fp32 with TF32, and
@@ -40,6 +43,7 @@ import traceback
 from pathlib import Path
 
 from bench import (
+    attention_tiles,
     correctness,
     data_path,
     meanflow_step,
@@ -51,6 +55,8 @@ from bench import (
 
 TIMING = "--warmup 2 --steps 4 --rounds 3"
 STAGES = {
+    # first (issue 56): the tile term of the cost model and its attention rate, measured in seconds
+    "attention_tiles": (attention_tiles.main, "--batch-size 32 --precision bf16 --warmup 3 --steps 10 --rounds 5"),
     # first (issue 56): every ViT-5 component off in turn, eager and compiled, the cost model's ratio beside each
     # row; 4 blocks so that 16 compilations fit in ~3 minutes (the per-block costs are XL/2's)
     "vit5_ablate": (vit5_overhead.main, "--ablate --predict --settings XL:32:bf16 --modes eager compile --depth 4 "
@@ -83,6 +89,7 @@ STAGES = {
 #: --smoke: appended to every stage of that script (argparse keeps the last value given).
 TINY = "--device cpu --depth 1 --batch-size 2 --warmup 1 --steps 1 --rounds 1"
 SMOKE = {
+    "attention_tiles": "--device cpu --batch-size 2 --heads 2 --warmup 1 --steps 1 --rounds 1 --tokens 256 260",
     "correctness": "--device cpu --size S --input-size 8 --batch-size 2 --num-steps 3",
     "vit5_overhead": f"{TINY} --settings S:8:fp32 S:8:bf16 --modes eager",
     "train_step": f"{TINY} --sizes S --input-size 8 --precisions fp32 --modes eager",

@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from bench import data_path, sample_speed, suite, train_step
+from bench import attention_tiles, data_path, sample_speed, suite, train_step
 from sit_vit5.sample_spec import FEW_STEPS, SampleSpec
 
 TINY = ["--device", "cpu", "--threads", "1", "--warmup", "1", "--steps", "1", "--rounds", "1", "--depth", "1"]
@@ -119,6 +119,19 @@ def test_data_path_bench_fractions(tmp_path):
     for row in (raw, cache):
         assert row["fraction_of_step"] == pytest.approx(row["batch_ms"] / step["batch_ms"])
     assert (tmp_path / "work" / "latents" / "manifest.json").is_file()
+
+
+def test_attention_tiles_bench_prices_ragged_tails(tmp_path):
+    """The model's column: 260 tokens cost 3 x 5 flash tiles where 256 cost 2 x 4; 384 fills whole tiles, so its
+    predicted ratio is its FLOP ratio."""
+    path = tmp_path / "tiles.json"
+    attention_tiles.main([*TINY, "--batch-size", "1", "--heads", "1", "--tokens", "256", "260", "384",
+                          "--json", str(path)])
+    rows = _load(path)["rows"]
+    assert [r["tokens"] for r in rows] == [256, 260, 384]
+    assert rows[1]["model_ratio"] == pytest.approx(1.875) and rows[1]["flop_ratio"] == pytest.approx(1.03, abs=0.01)
+    assert rows[2]["model_ratio"] == pytest.approx(rows[2]["flop_ratio"]) == pytest.approx(2.25)
+    assert all(r["ms"] > 0 and r["fwd_ms"] > 0 for r in rows)
 
 
 def test_suite_runs_every_stage_and_writes_one_json_each(tmp_path):
