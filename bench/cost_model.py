@@ -231,6 +231,36 @@ def flash_padding(q: Tensor, k: Tensor, tile: tuple[int, int]) -> float:
 FUSED_GROUP = "QK-norm + RoPE (Triton)"
 
 
+def tail_attention_ops(name: str, args: tuple, outs: list[Tensor], phase: str, group: str, key, stamp: int
+                       ) -> list[Op]:
+    """The opt-in ``sit_vit5::tail_attention`` op (either direction) as its two kernels: flash attention on the
+    ``main x main`` block (at its tiles), and the Triton kernel(s) for the tail rows and columns: FLOPs of their
+    16-row dots at the flash rate (head dim padded to a power of 2, as ``BLOCK_D``), bytes of the activations they
+    pass over (flash's own outputs among them, which no other op sees: keys -1 to -3)."""
+    backward = name.endswith("_backward")
+    q, k, v = args[1:4] if backward else args[:3]
+    main = args[6] if backward else args[3]
+    b, h, n, d = q.shape
+    qm, km = q[:, :, :main], k[:, :, :main]
+    rows, width = 16, 2 ** math.ceil(math.log2(max(d, 16)))  # tail_attention.MAX_TAIL, BLOCK_D
+    tail_flops = 2.0 * b * h * (main * rows + rows * n) * 2 * width  # q·kᵀ and p·v, main rows and tail rows
+    size = distinct_bytes(q)
+    if backward:
+        flash = Op(name, phase, group, "attention", ATTENTION_BACKWARD * attention_flops(qm, km, v[:, :, :main]),
+                   padding=flash_padding(qm, km, FLASH_BWD_TILE), stamp=stamp)
+        # main rows: q, dO, O, flash's dq -> dq; keys: every k, v and flash's dk, dv -> dk, dv
+        reads = [(key(t), distinct_bytes(t)) for t in args[:6]] + [(-i, size) for i in (1, 2, 3)]
+        tail = Op(name, phase, group, "attention", 2.5 * tail_flops, reads,
+                  [(key(t), distinct_bytes(t)) for t in outs], stamp=stamp)
+    else:
+        flash = Op(name, phase, group, "attention", attention_flops(qm, km, v[:, :, :main]),
+                   padding=flash_padding(qm, km, FLASH_FWD_TILE), stamp=stamp)
+        reads = [(key(t), distinct_bytes(t)) for t in (q, k, v)] + [(-1, size)]  # flash's output
+        tail = Op(name, phase, group, "attention", tail_flops, reads, [(key(t), distinct_bytes(t)) for t in outs],
+                  stamp=stamp)
+    return [flash, tail]
+
+
 def classify(module: str, frames: list[tuple[str, str]], func: str) -> str:
     """The component a torch call belongs to, from the module path (``blocks.3.attn.q_norm``), the model
     frames on the stack (innermost last: (qualname, source line)) and the torch function's name."""
@@ -308,6 +338,9 @@ class _Recorder(TorchDispatchMode):
                 padding = flash_padding(args[0], args[1], FLASH_FWD_TILE)
         elif name in ("qkv_norm_rope", "qkv_norm_rope_backward"):  # the opt-in Triton op (fused_qk.py)
             group = FUSED_GROUP
+        elif name in ("tail_attention", "tail_attention_backward"):  # the opt-in split (tail_attention.py)
+            self.ops += tail_attention_ops(name, args, outs, phase, group, self.key, self.labeler.calls)
+            return out
         elif name in ("_to_copy", "copy_") and outs[0].dtype != ins[-1].dtype:
             src = ins[-1]
             weight = id(src) in self.params or (node is not None and any(
@@ -395,7 +428,7 @@ def build_fake(backbone: str, size: str, package: str = "sit_vit5", **overrides)
 
 
 def trace(backbone: str, size: str = "XL", batch: int = 32, train: bool = True, cfg: bool = True,
-          package: str = "sit_vit5", fused: bool = False, **overrides) -> Trace:
+          package: str = "sit_vit5", fused: bool = False, tail: bool = False, **overrides) -> Trace:
     """Trace one bf16-autocast step on fake CPU tensors along the GPU's code path.
 
     ``train``: transport loss (Linear, velocity) forward + backward on latents (batch, 4, s, s), s =
@@ -414,6 +447,7 @@ def trace(backbone: str, size: str = "XL", batch: int = 32, train: bool = True, 
     kernels_module = importlib.import_module(f"{package}.models.kernels")
     generic_path = kernels_module.generic_path
     fused_qk = kernels_module.fused_qk if fused else lambda: contextlib.nullcontext()
+    tail_attention = kernels_module.tail_attention if tail else lambda: contextlib.nullcontext()
 
     num_classes = overrides.get("num_classes", 1000)
     side = overrides.get("input_size", 32)
@@ -421,7 +455,7 @@ def trace(backbone: str, size: str = "XL", batch: int = 32, train: bool = True, 
     # one Euler-Maruyama step of the bench's SDE (2 grid points, no last step): 1 NFE; its host-side time
     # grid is built here, outside the fake mode
     sde = Sampler(transport).sample_sde(num_steps=2, last_step=None)
-    with FakeTensorMode(), generic_path(), fused_qk():
+    with FakeTensorMode(), generic_path(), fused_qk(), tail_attention():
         model = build_fake(backbone, size, package, **overrides).train(train)
         macs = float(flops(model)) * 1e9  # flops() is GFLOPs (multiply-adds) per image
         params = [p for p in model.parameters() if p.requires_grad]
@@ -803,20 +837,27 @@ def ablation_predictions(size: str = "XL", batch: int = 32, dev: Device = DEVICE
     return rows
 
 
-def fused_predictions(traces: dict, dev: Device = DEVICES["H200"], eff: Efficiency = FITTED) -> dict:
-    """ViT5 / SiT with the opt-in Triton QK-norm + RoPE (eager only: compiled code keeps the torch ops,
-    which Inductor fuses): the ratios beside the torch ops', and the eager b32 excess."""
+def kernel_predictions(traces: dict, dev: Device = DEVICES["H200"], eff: Efficiency = FITTED) -> dict:
+    """ViT5 / SiT with the opt-in kernels: the Triton QK-norm + RoPE (``fused``; eager only: compiled code keeps
+    the torch ops, which Inductor fuses), the tail attention (``tail``), both; and the eager b32 excess with both."""
     rows = []
-    for key, (train, batch) in {"train eager b32": (True, 32), "train eager b64": (True, 64),
-                                "sample": (False, 32)}.items():
-        sit = predict(traces["SiT", train, batch], "eager", dev, eff)
-        ops = predict(traces["ViT5", train, batch], "eager", dev, eff)
-        fused_trace = trace("ViT5", "XL", batch, train=train, fused=True)
-        fused = predict(fused_trace, "eager", dev, eff)
-        rows.append(dict(row=key, torch_ops=ops.seconds / sit.seconds, fused=fused.seconds / sit.seconds,
-                         fused_ms=fused.ms(), sit_ms=sit.ms()))
-        if key == "train eager b32":
-            excess_b32 = excess(fused, sit)
+    cases = {"train eager b32": (True, 32, "eager"), "train eager b64": (True, 64, "eager"),
+             "train compiled b32": (True, 32, "compile"), "sample": (False, 32, "eager"),
+             "sample compiled": (False, 32, "compile")}
+    for key, (train, batch, mode) in cases.items():
+        sit = predict(traces["SiT", train, batch], mode, dev, eff)
+        ratio = {}
+        for name, kw in (("torch_ops", {}), ("fused", dict(fused=True)), ("tail", dict(tail=True)),
+                         ("both", dict(fused=True, tail=True))):
+            if mode == "compile" and kw.get("fused"):  # compiled code keeps the torch ops: the same step
+                ratio[name] = ratio["tail" if kw.get("tail") else "torch_ops"]
+                continue
+            pred = predict(trace("ViT5", "XL", batch, train=train, **kw) if kw else traces["ViT5", train, batch],
+                           mode, dev, eff)
+            ratio[name] = pred.seconds / sit.seconds
+            if key == "train eager b32" and name == "both":
+                excess_b32 = excess(pred, sit)
+        rows.append(dict(row=key, sit_ms=sit.ms(), **ratio))
     return dict(rows=rows, excess_b32=excess_b32)
 
 
@@ -914,7 +955,7 @@ def report(dev_name: str = "H200", eff: Efficiency = FITTED, traces: dict | None
                         excess=excess(vit5, sit), sit_breakdown=breakdown(sit), vit5_kernels=vit5.kernels,
                         sit_kernels=sit.kernels, sit_kinds_ms={k: t * 1e3 for k, t in sit.kinds.items()},
                         vit5_kinds_ms={k: t * 1e3 for k, t in vit5.kinds.items()})
-    out["fused_qk"] = fused_predictions(traces, dev, eff)
+    out["kernels"] = kernel_predictions(traces, dev, eff)
     out["what_if_sit"] = what_if_sit(traces, dev, eff)
     out["host_syncs"] = HOST_SYNCS
     out["loop"] = loop_rows(traces, dev, eff)
@@ -987,16 +1028,20 @@ def markdown(rep: dict) -> str:
                           [("component", "component", ""), ("sit_ms", "SiT ms", ".2f"), ("vit5_ms", "ViT5 ms", ".2f"),
                            ("excess_ms", "excess ms", "+.2f"), ("share", "share of excess", ".0%"),
                            ("kernels", "extra kernels", "+d")]), ""]
-    if "fused_qk" in rep:
-        f = rep["fused_qk"]
-        lines += ["## With the fused QK-norm + RoPE (Triton, opt-in: `SIT_VIT5_FUSED_QK=1`)", "",
-                  "`sit_vit5/models/fused_qk.py`: one kernel each way for q and k of a token, traced as one op "
-                  "(its bytes in and out). Eager only; compiled code keeps the torch ops. Predicted ViT5 / SiT; "
-                  "no GPU has timed it yet (the `vit5_ablate` stage times `ViT5+fused_qk`).", "",
-                  *_table(f["rows"], [("row", "ratio", ""), ("torch_ops", "torch ops", ".3f"),
-                                      ("fused", "fused", ".3f"), ("fused_ms", "ViT5 fused ms", ".1f"),
-                                      ("sit_ms", "SiT ms", ".1f")]), "",
-                  "Its excess over SiT, training step, eager, batch 32:", "",
+    if "kernels" in rep:
+        f = rep["kernels"]
+        lines += ["## With the opt-in kernels (`SIT_VIT5_FUSED_QK=1`, `SIT_VIT5_TAIL_ATTENTION=1`)", "",
+                  "`sit_vit5/models/fused_qk.py`: QK-norm + RoPE, one Triton kernel each way for q and k of a token, "
+                  "traced as one op (its bytes in and out); eager only, compiled code keeps the torch ops. "
+                  "`sit_vit5/models/tail_attention.py`: flash attention on the 256 patch tokens at their own tiles, "
+                  "the 4 registers' rows and columns merged by log-sum-exp in Triton kernels, traced as the flash "
+                  "op plus one kernel each way (its 16-row dots and its activation passes). Predicted ViT5 / SiT; "
+                  "no GPU has timed either yet (the `vit5_ablate` stage times `ViT5+fused_qk`, `ViT5+tail` and "
+                  "`ViT5+both`).", "",
+                  *_table(f["rows"], [("row", "ratio", ""), ("sit_ms", "SiT ms", ".1f"),
+                                      ("torch_ops", "torch ops", ".3f"), ("fused", "fused QK", ".3f"),
+                                      ("tail", "tail attention", ".3f"), ("both", "both", ".3f")]), "",
+                  "ViT-5's excess over SiT with both, training step, eager, batch 32:", "",
                   *_table([x for x in f["excess_b32"] if abs(x["excess_ms"]) >= 0.05],
                           [("component", "component", ""), ("sit_ms", "SiT ms", ".2f"), ("vit5_ms", "ViT5 ms", ".2f"),
                            ("excess_ms", "excess ms", "+.2f"), ("share", "share of excess", ".0%"),
@@ -1053,12 +1098,13 @@ def markdown(rep: dict) -> str:
            f"eager and {no_regs['compile_ratio']:.3f} compiled, against {ablate['ViT5']['eager_ratio']:.3f} and "
            f"{ablate['ViT5']['compile_ratio']:.3f} with the registers. If the measured drop is much smaller, the "
            "term is wrong." if no_regs else " the `vit5_ablate` stage's `ViT5-registers` row."),
-        "* **What would remove it (not built).** Each query's softmax over the 260 keys splits exactly, by "
-        "log-sum-exp, into the 256 patch keys and the 4 registers: flash attention on the 256 x 256 block at SiT's "
-        "tiles (the kernel returns its log-sum-exp), the register rows and columns in small matmuls, one merge. The "
-        "backward is flash's own backward given the merged output and log-sum-exp, plus the small blocks. Written as "
-        "torch ops, the merge adds about 20 small ops per block forward and more backward: in eager mode their host "
-        "time (`python_us` each) outweighs the tiles they save, so it needs one fused kernel, or Inductor. The "
+        "* **What removes it: the tail attention (opt-in, `SIT_VIT5_TAIL_ATTENTION=1`).** Each query's softmax "
+        "over the 260 keys splits exactly, by log-sum-exp, into the 256 patch keys and the 4 registers. "
+        "`sit_vit5/models/tail_attention.py` runs torch's flash attention on the 256 x 256 block at SiT's tiles "
+        "(it returns its log-sum-exp) and one Triton kernel for the register rows and columns and the merge; the "
+        "backward is flash's own backward given the merged output and log-sum-exp, plus two Triton kernels. Written "
+        "as plain torch ops instead, the merge would add about 20 small ops per block each way, whose host time "
+        "outweighs the tiles they save in eager mode. The table 'With the opt-in kernels' above prices it; the "
         "registers ablation bounds what it can gain.",
         f"* **Attention's rate.** The fitted `attention` = {c['attention']:.3f} of the dense peak per executed FLOP "
         "(head dim 72 runs as 96, so 3/4 of that per useful FLOP) is low for flash attention, but it is what the 8 "

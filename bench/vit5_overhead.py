@@ -10,7 +10,9 @@ the step's 3x cancels). 1.00 means ViT-5 costs exactly what its extra tokens say
 
 ``--ablate`` adds ViT5 variants with one component switched back to SiT's (``-rmsnorm``: LayerNorm blocks,
 ``-qknorm``, ``-rope``, ``-registers``, ``-learned_ape``: a frozen table, ``-layerscale``) to the same rounds: each
-one's own per-FLOP ratio, so ViT5's excess minus a variant's is what that component costs. ``--modes eager compile``
+one's own per-FLOP ratio, so ViT5's excess minus a variant's is what that component costs, and the opt-in kernels
+(``ViT5+fused_qk``, ``ViT5+tail``, ``ViT5+both``: ``KERNELS``), each checked against the torch ops first
+(``kernel_check``). ``--modes eager compile``
 times each variant both ways; ``--predict`` prints ``bench.cost_model``'s predicted step ratio (H100 constants on an
 H100, else H200) beside each row. The GPU session's first stage (``vit5_ablate`` in bench.suite, issue 56):
 
@@ -21,6 +23,7 @@ H100, else H200) beside each row. The GPU session's first stage (``vit5_ablate``
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 
 from bench.common import (
@@ -33,7 +36,7 @@ from bench.common import (
 )
 from bench.train_step import make_train_step
 from sit_vit5.models import SIZES, create_model, flops
-from sit_vit5.models.kernels import fused_qk
+from sit_vit5.models.kernels import fused_qk, tail_attention
 
 DEFAULT_SETTINGS = [f"{s}:{n}:{p}" for s in ("S", "B") for n in (32, 16) for p in ("fp32", "bf16")]
 #: ViT5 with one component switched back to its SiT value (the --ablate variants)
@@ -45,8 +48,10 @@ ABLATIONS: dict[str, dict] = {
     "-learned_ape": dict(pos_embed="fixed"),
     "-layerscale": dict(layer_scale_init=None),
 }
-#: ViT5 with QK-norm + RoPE as the opt-in Triton op (``kernels.fused_qk``, issue 56): eager rows only
-FUSED = "ViT5+fused_qk"
+#: ViT5 with the opt-in kernels (issue 56): QK-norm + RoPE as one Triton op (``kernels.fused_qk``; eager rows
+#: only, compiled code keeps the torch ops), attention at the patches' flash tiles (``kernels.tail_attention``)
+KERNELS: dict[str, dict[str, bool]] = {"ViT5+fused_qk": dict(fused=True), "ViT5+tail": dict(tail=True),
+                                       "ViT5+both": dict(fused=True, tail=True)}
 COLUMNS = ("setting", "variant", "mode", "batch", "flop_ratio", "step_ratio", "pred_ratio", "per_flop",
            "per_round_min", "per_round_max", "rounds", "step_ms")
 
@@ -75,16 +80,16 @@ def predicted_ratios(args: argparse.Namespace, size: str, side: int, batch: int,
     times = {}
     for variant, (backbone, kw) in variants.items():
         tr = cost_model.trace(backbone, size, batch, train=True, input_size=side, depth=depth,
-                              fused=variant == FUSED, **kw)
+                              **KERNELS.get(variant, {}), **kw)
         for mode in args.modes:
             times[variant, mode] = cost_model.predict(tr, mode, dev).seconds
     return {(v, m): times[v, m] / times["SiT", m] for v, m in times}
 
 
-def fused_check(device, size: str, side: int, depth: int, batch: int = 4) -> dict:
-    """The fused QK-norm + RoPE against the torch ops on ``device``, same weights and inputs, bf16
-    autocast: max relative difference of the output and of the parameter gradients (run before the
-    fused row is timed; on a CPU both take the CPU nodes, so the difference is 0)."""
+def kernel_check(device, size: str, side: int, depth: int, switches: dict[str, bool], batch: int = 4) -> dict:
+    """The opt-in kernels ``switches`` against the torch ops on ``device``, same weights and inputs, bf16
+    autocast: max relative difference of the output and of the parameter gradients (run before the row is
+    timed; on a CPU both take the CPU path, so the difference is 0)."""
     import torch
 
     model = perturb_zero_init(create_model(f"ViT5-{size}/2", input_size=side, depth=depth))
@@ -93,8 +98,8 @@ def fused_check(device, size: str, side: int, depth: int, batch: int = 4) -> dic
     x = torch.randn(batch, model.in_channels, side, side, generator=gen).to(device)
     t, y = torch.rand(batch, generator=gen).to(device), torch.arange(batch).to(device)
     results = []
-    for fused in (False, True):
-        with fused_qk(fused), torch.autocast(device.type, dtype=torch.bfloat16):
+    for on in (False, True):
+        with _switched(switches if on else {}), torch.autocast(device.type, dtype=torch.bfloat16):
             out = model(x, t, y).float()
         grads = torch.autograd.grad(out.square().mean(), list(model.parameters()))
         results.append((out, grads))
@@ -106,11 +111,21 @@ def fused_check(device, size: str, side: int, depth: int, batch: int = 4) -> dic
     return dict(output=rel(out1, out0), grads=max(rel(a, b) for a, b in zip(g1, g0)))
 
 
-def _with_fused_qk(step):
-    """``step`` with the fused QK-norm + RoPE switched on around each call."""
+def _switched(switches: dict[str, bool]):
+    """A context with the opt-in kernels ``switches`` (``fused``, ``tail``) on, the others as they are."""
+    stack = contextlib.ExitStack()
+    if switches.get("fused"):
+        stack.enter_context(fused_qk())
+    if switches.get("tail"):
+        stack.enter_context(tail_attention())
+    return stack
+
+
+def _with_kernels(step, switches: dict[str, bool]):
+    """``step`` with the opt-in kernels ``switches`` on around each call."""
 
     def run():
-        with fused_qk():
+        with _switched(switches):
             return step()
 
     return run
@@ -122,7 +137,7 @@ def measure_setting(args: argparse.Namespace, device, size: str, side: int, prec
     variants = {"SiT": ("SiT", {}), "ViT5": ("ViT5", {})}
     if args.ablate:
         variants.update({f"ViT5{k}": ("ViT5", kw) for k, kw in ABLATIONS.items()})
-        variants[FUSED] = ("ViT5", {})
+        variants.update({name: ("ViT5", {}) for name in KERNELS})
     batch = args.batch_size or max(2, 16 * 16 * 16 // side**2)  # ~ the same tokens per step at either side
     depth = args.depth or SIZES[size][0]
     predicted = predicted_ratios(args, size, side, batch, depth, variants) if args.predict else {}
@@ -130,13 +145,13 @@ def measure_setting(args: argparse.Namespace, device, size: str, side: int, prec
     for mode in args.modes:
         steps, gflops = {}, {}
         for name, (backbone, kw) in variants.items():
-            if name == FUSED and mode != "eager":  # compiled code keeps the torch ops
+            if KERNELS.get(name, {}).get("fused") and mode != "eager":  # compiled code keeps the torch ops
                 continue
             model = create_model(f"{backbone}-{size}/2", input_size=side, depth=depth, **kw)
             gflops[name] = flops(model)
             model = perturb_zero_init(model).to(device).train()
             step = make_train_step(model, device, precision, mode, batch, side, 1000, args.seed)
-            steps[name] = _with_fused_qk(step) if name == FUSED else step
+            steps[name] = _with_kernels(step, KERNELS[name]) if name in KERNELS else step
             for _ in range(args.warmup):
                 steps[name]()
         times = interleaved_timings(steps, rounds=args.rounds, steps=args.steps, clock=args.clock, device=device)
@@ -172,10 +187,11 @@ def main(argv: list[str] | None = None) -> dict:
     device = setup(args)
     rows, checks = [], {}
     for size, side, precision in settings:
-        if args.ablate:  # the fused kernel's numbers before its time (bf16: within bf16 rounding)
-            checks[f"{size}/2 {side}x{side}"] = fused_check(device, size, side, args.depth or SIZES[size][0])
-            print(f"fused QK-norm + RoPE against the torch ops, {size}/2 {side}x{side} bf16: "
-                  f"{checks[f'{size}/2 {side}x{side}']}")
+        if args.ablate:  # the opt-in kernels' numbers before their time (bf16: within bf16 rounding)
+            for name, switches in KERNELS.items():
+                key = f"{size}/2 {side}x{side} {name}"
+                checks[key] = kernel_check(device, size, side, args.depth or SIZES[size][0], switches)
+                print(f"{name} against the torch ops, {size}/2 {side}x{side} bf16: {checks[key]}")
         new = measure_setting(args, device, size, side, precision)
         rows += new
         print_table(new, COLUMNS)
@@ -183,8 +199,8 @@ def main(argv: list[str] | None = None) -> dict:
     print_table(rows, COLUMNS, f"ViT5 / SiT train step per FLOP ({args.device}, {unit} time, interleaved; "
                                "per_round_*: the extremes of the per-round ratio / FLOP ratio; pred_ratio: "
                                "bench.cost_model's)")
-    write_json(args.json, "vit5_overhead", args, device, rows=rows, fused_check=checks)
-    return dict(rows=rows, fused_check=checks)
+    write_json(args.json, "vit5_overhead", args, device, rows=rows, kernel_check=checks)
+    return dict(rows=rows, kernel_check=checks)
 
 
 if __name__ == "__main__":

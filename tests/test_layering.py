@@ -38,7 +38,7 @@ PLATFORM: tuple[str, ...] = (
     "sit_vit5.models.official", "sit_vit5.models.diffusers_dit", "sit_vit5.sampling.bulk",
     "sit_vit5.sampling.labels",
     "sit_vit5.training.fsdp", "sit_vit5.training.repa", "sit_vit5.cli",
-    "sit_vit5.objective.meanflow", "sit_vit5.models.fused_qk",
+    "sit_vit5.objective.meanflow", "sit_vit5.models.fused_qk", "sit_vit5.models.tail_attention",
 )
 #: Core modules that build from a config: each imports a platform layer inside a function, only
 #: when the config (or the file it is given) names that layer.
@@ -49,8 +49,9 @@ BUILDERS = {
     "sit_vit5/training/data.py": "the image-folder reader for data.kind=imagefolder and the "
                                  "latent cache for data.kind=latents",
     "sit_vit5/models/loading.py": "the diffusers DiT conversion for a diffusers DiT folder",
-    "sit_vit5/models/kernels.py": "the Triton QK-norm + RoPE once switched on (SIT_VIT5_FUSED_QK, "
-                                  "kernels.fused_qk)",
+    "sit_vit5/models/kernels.py": "the Triton QK-norm + RoPE and tail attention once switched on "
+                                  "(SIT_VIT5_FUSED_QK, SIT_VIT5_TAIL_ATTENTION; kernels.fused_qk, "
+                                  "kernels.tail_attention)",
 }
 #: Modules that import some project modules inside functions, and why: they check their inputs before
 #: the heavy imports (torch, diffusers: seconds), so that a bad flag or key is reported at once

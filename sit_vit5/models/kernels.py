@@ -5,14 +5,16 @@ holds what makes them cheap: a RoPE :class:`Rotation` with its tables laid out o
 multiply in fp32), and two hand-written CPU autograd nodes (RMSNorm; QK-norm + RoPE in one node).
 Each is bitwise equal to the definition in the forward (fp32) and within float rounding in the
 backward (``tests/test_bench_kernels.py``, ``tests/test_vit5_kernels.py``). On the GPU, QK-norm +
-RoPE can run as one Triton kernel each way (``fused_qk.py``, opt-in: :func:`fused_qk`).
+RoPE can run as one Triton kernel each way (``fused_qk.py``, opt-in: :func:`fused_qk`), and
+attention over patches + registers at the flash tiles of the patches alone (``tail_attention.py``,
+opt-in: :func:`tail_attention`).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from functools import cached_property
 
 import torch
@@ -40,6 +42,14 @@ def _env_switch(name: str, values: dict[str, bool]) -> bool:
 #: Whether the GPU path's QK-norm + RoPE runs as one Triton kernel each way (``fused_qk.py``):
 #: opt-in (``SIT_VIT5_FUSED_QK=1`` or :func:`fused_qk`) until a GPU has timed it (issue 56)
 _FUSED_QK = _env_switch(FUSED_QK_ENV, FUSED_QK_VALUES)
+#: Whether the GPU path's attention over main + tail tokens (ViT-5's registers) runs the main block
+#: at its own flash tiles (``tail_attention.py``): opt-in (``SIT_VIT5_TAIL_ATTENTION=1`` or
+#: :func:`tail_attention`) until a GPU has timed it (issue 56)
+TAIL_ATTENTION_ENV = "SIT_VIT5_TAIL_ATTENTION"
+_TAIL_ATTENTION = _env_switch(TAIL_ATTENTION_ENV, FUSED_QK_VALUES)
+#: flash attention's tiles are at most 128 rows and divide 128: 128·m + r tokens run m + 1 of them
+#: along each side, so the last r tokens (r <= tail_attention.MAX_TAIL) are taken apart
+FLASH_TILE = 128
 
 
 def cpu_nodes_enabled() -> bool:
@@ -48,28 +58,51 @@ def cpu_nodes_enabled() -> bool:
 
 
 @contextmanager
-def generic_path() -> Iterator[None]:
+def _set(switch: str, value: bool) -> Iterator[None]:
+    """This module's global ``switch`` set to ``value`` inside, restored after. Not thread-safe."""
+    previous = globals()[switch]
+    globals()[switch] = value
+    try:
+        yield
+    finally:
+        globals()[switch] = previous
+
+
+def generic_path() -> AbstractContextManager[None]:
     """Inside, CPU tensors take the device-generic ops a GPU runs (``F.rms_norm``, the unfused
     QK-norm + RoPE chain) instead of the CPU nodes: for tracing the GPU's op sequence on a CPU
     (``bench.cost_model``). Not thread-safe; outside it nothing changes."""
-    global _CPU_NODES
-    previous, _CPU_NODES = _CPU_NODES, False
-    try:
-        yield
-    finally:
-        _CPU_NODES = previous
+    return _set("_CPU_NODES", False)
 
 
-@contextmanager
-def fused_qk(enabled: bool = True) -> Iterator[None]:
+def fused_qk(enabled: bool = True) -> AbstractContextManager[None]:
     """Inside, the GPU path's QK-norm + RoPE takes the fused Triton kernels (``enabled``) or the
     torch ops; outside it, ``SIT_VIT5_FUSED_QK`` decides. Not thread-safe."""
-    global _FUSED_QK
-    previous, _FUSED_QK = _FUSED_QK, enabled
-    try:
-        yield
-    finally:
-        _FUSED_QK = previous
+    return _set("_FUSED_QK", enabled)
+
+
+def tail_attention(enabled: bool = True) -> AbstractContextManager[None]:
+    """Inside, the GPU path's attention takes :func:`attention`'s tail split (``enabled``) or
+    plain SDPA; outside it, ``SIT_VIT5_TAIL_ATTENTION`` decides. Not thread-safe."""
+    return _set("_TAIL_ATTENTION", enabled)
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """softmax(q kᵀ / √d) v for q, k, v (B, H, N, d) on the GPU path: SDPA, or, with
+    :func:`tail_attention` on and N = 128·m + r (0 < r <= 16: ViT-5-XL/2's 256 patches + 4
+    registers), flash attention on the first 128·m tokens at their own tiles and the last r by
+    log-sum-exp (``tail_attention.py``; half precision, where SDPA would run flash attention; not
+    under torch.func transforms, which it has no rule for)."""
+    n = q.shape[-2]
+    main = n - n % FLASH_TILE
+    if (_TAIL_ATTENTION and 0 < main < n and q.dtype in (torch.bfloat16, torch.float16)
+            and not torch._C._are_functorch_transforms_active()):
+        from .tail_attention import MAX_TAIL  # Triton: imported once switched on
+        from .tail_attention import tail_attention as split
+
+        if n - main <= MAX_TAIL:
+            return split(q, k, v, main)[0]
+    return F.scaled_dot_product_attention(q, k, v)
 
 
 def swap_pairs(x: Tensor) -> Tensor:

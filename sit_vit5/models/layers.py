@@ -18,6 +18,7 @@ from .kernels import (
     Rotation,
     _QKNormRopeFunction,
     _RMSNormFunction,
+    attention,
     cpu_nodes_enabled,
     qkv_gpu_path,
 )
@@ -196,8 +197,10 @@ class Attention(nn.Module):
             q, k, v = qkv.unbind(2)  # each (B, N, H, head_dim)
             q, k = norm_and_rotate(q, self.q_norm, rope), norm_and_rotate(k, self.k_norm, rope)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, N, head_dim)
-        if _fusable():
-            x = F.scaled_dot_product_attention(q, k, v)  # (B, H, N, head_dim)
+        if _fusable() and generic_path_for(x):
+            x = attention(q, k, v)  # (B, H, N, head_dim): SDPA, or the opt-in tail split
+        elif _fusable():
+            x = F.scaled_dot_product_attention(q, k, v)
         else:  # torch.func (MeanFlow's JVP): the fused kernels (CPU flash, CUDA flash / cuDNN)
             with sdpa_kernel(SDPBackend.MATH):  # have no forward-mode rule; the math one has
                 x = F.scaled_dot_product_attention(q, k, v)
