@@ -8,7 +8,9 @@
 Stages (each catches its own failure, so one error does not lose the others):
   attention_tiles  first, ~20 s: SDPA forward + backward at XL/2's attention shape (batch 32, 16 x 72, bf16) over
                256-512 tokens, ViT-5's 260 among them, the cost model's tile-priced ratio and ms beside each row
-               (issue 56: the largest term of ViT-5's predicted excess, and the rate of SiT's attention)
+               (issue 56: the largest term of ViT-5's predicted excess, and the rate of SiT's attention), and
+               the opt-in tail attention at 260 beside SDPA at 256, and SDPA held to cuDNN's and the
+               memory-efficient kernels (a faster attention is SiT's largest lever after fused AdamW)
   vit5_ablate  then, ~3 min: XL/2 bf16 (4 blocks), batch 32, eager and compiled: ViT5 with each component off
                in turn against SiT, and (eager) with the fused Triton QK-norm + RoPE, bench.cost_model's
                predicted ratio beside each row (issue 56)

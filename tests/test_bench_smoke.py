@@ -126,12 +126,16 @@ def test_attention_tiles_bench_prices_ragged_tails(tmp_path):
     predicted ratio is its FLOP ratio."""
     path = tmp_path / "tiles.json"
     attention_tiles.main([*TINY, "--batch-size", "1", "--heads", "1", "--tokens", "256", "260", "384",
-                          "--json", str(path)])
+                          "--backends", "math", "cudnn", "--json", str(path)])
     rows = _load(path)["rows"]
     assert [r["tokens"] for r in rows] == [256, 260, 384]
     assert rows[1]["model_ratio"] == pytest.approx(1.875) and rows[1]["flop_ratio"] == pytest.approx(1.03, abs=0.01)
     assert rows[2]["model_ratio"] == pytest.approx(rows[2]["flop_ratio"]) == pytest.approx(2.25)
     assert all(r["ms"] > 0 and r["fwd_ms"] > 0 for r in rows)
+    # the opt-in tail attention is timed where it applies (260 = 256 + 4, bf16), and only there
+    assert [r["split_ms"] is not None for r in rows] == [False, True, False] and rows[1]["split_ms"] > 0
+    # SDPA held to another kernel: math runs on a CPU, cuDNN's is skipped (reported, not fatal)
+    assert all(r["math_ms"] > 0 and "cudnn_ms" not in r for r in rows)
 
 
 def test_suite_runs_every_stage_and_writes_one_json_each(tmp_path):
