@@ -81,8 +81,7 @@ def main(argv: list[str] | None = None) -> dict:
             qkv.grad = None
 
     # the opt-in tail attention where it applies (128·m + r tokens, 0 < r <= 16): ViT-5's 260 at 256's tiles
-    splits = [n for n in args.tokens if 0 < n % kernels.FLASH_TILE <= 16 and n > kernels.FLASH_TILE
-              and dtype != torch.float32]
+    splits = [n for n in args.tokens if kernels.tail_split(n, dtype)]
     fns = {(n, bwd): (lambda n=n, bwd=bwd: step(n, bwd)) for n in args.tokens for bwd in (True, False)}
     fns.update({(n, "split"): (lambda n=n: step(n, True, split=True)) for n in splits})
     backends = args.backends if args.backends is not None else (["cudnn", "efficient"] if device.type == "cuda"

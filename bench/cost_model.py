@@ -237,12 +237,14 @@ def tail_attention_ops(name: str, args: tuple, outs: list[Tensor], phase: str, g
     ``main x main`` block (at its tiles), and the Triton kernel(s) for the tail rows and columns: FLOPs of their
     16-row dots at the flash rate (head dim padded to a power of 2, as ``BLOCK_D``), bytes of the activations they
     pass over (flash's own outputs among them, which no other op sees: keys -1 to -3)."""
+    from sit_vit5.models.tail_attention import MAX_TAIL  # loaded: its op is being traced
+
     backward = name.endswith("_backward")
     q, k, v = args[1:4] if backward else args[:3]
     main = args[6] if backward else args[3]
     b, h, n, d = q.shape
     qm, km = q[:, :, :main], k[:, :, :main]
-    rows, width = 16, 2 ** math.ceil(math.log2(max(d, 16)))  # tail_attention.MAX_TAIL, BLOCK_D
+    rows, width = MAX_TAIL, 2 ** math.ceil(math.log2(max(d, 16)))  # the kernels' BLOCK_R, BLOCK_D
     tail_flops = 2.0 * b * h * (main * rows + rows * n) * 2 * width  # q·kᵀ and p·v, main rows and tail rows
     size = distinct_bytes(q)
     if backward:
@@ -840,7 +842,7 @@ def ablation_predictions(size: str = "XL", batch: int = 32, dev: Device = DEVICE
 def kernel_predictions(traces: dict, dev: Device = DEVICES["H200"], eff: Efficiency = FITTED) -> dict:
     """ViT5 / SiT with the opt-in kernels: the Triton QK-norm + RoPE (``fused``; eager only: compiled code keeps
     the torch ops, which Inductor fuses), the tail attention (``tail``), both; and the eager b32 excess with both."""
-    rows = []
+    rows, traced = [], {}  # (train, batch, variant) -> trace: the compiled rows reuse the eager rows'
     cases = {"train eager b32": (True, 32, "eager"), "train eager b64": (True, 64, "eager"),
              "train compiled b32": (True, 32, "compile"), "sample": (False, 32, "eager"),
              "sample compiled": (False, 32, "compile")}
@@ -852,8 +854,11 @@ def kernel_predictions(traces: dict, dev: Device = DEVICES["H200"], eff: Efficie
             if mode == "compile" and kw.get("fused"):  # compiled code keeps the torch ops: the same step
                 ratio[name] = ratio["tail" if kw.get("tail") else "torch_ops"]
                 continue
-            pred = predict(trace("ViT5", "XL", batch, train=train, **kw) if kw else traces["ViT5", train, batch],
-                           mode, dev, eff)
+            if not kw:
+                traced[train, batch, name] = traces["ViT5", train, batch]
+            elif (train, batch, name) not in traced:
+                traced[train, batch, name] = trace("ViT5", "XL", batch, train=train, **kw)
+            pred = predict(traced[train, batch, name], mode, dev, eff)
             ratio[name] = pred.seconds / sit.seconds
             if key == "train eager b32" and name == "both":
                 excess_b32 = excess(pred, sit)

@@ -87,21 +87,28 @@ def tail_attention(enabled: bool = True) -> AbstractContextManager[None]:
     return _set("_TAIL_ATTENTION", enabled)
 
 
+def tail_split(tokens: int, dtype: torch.dtype) -> int:
+    """The main block the tail attention would run at flash's tiles for ``tokens`` = 128·m + r
+    (0 < r <= tail_attention.MAX_TAIL) in half precision, where SDPA would run flash attention:
+    128·m; else 0."""
+    from .tail_attention import MAX_TAIL  # Triton: imported once asked
+
+    main = tokens - tokens % FLASH_TILE
+    fits = 0 < main < tokens <= main + MAX_TAIL and dtype in (torch.bfloat16, torch.float16)
+    return main if fits else 0
+
+
 def attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """softmax(q kᵀ / √d) v for q, k, v (B, H, N, d) on the GPU path: SDPA, or, with
     :func:`tail_attention` on and N = 128·m + r (0 < r <= 16: ViT-5-XL/2's 256 patches + 4
     registers), flash attention on the first 128·m tokens at their own tiles and the last r by
     log-sum-exp (``tail_attention.py``; half precision, where SDPA would run flash attention; not
     under torch.func transforms, which it has no rule for)."""
-    n = q.shape[-2]
-    main = n - n % FLASH_TILE
-    if (_TAIL_ATTENTION and 0 < main < n and q.dtype in (torch.bfloat16, torch.float16)
-            and not torch._C._are_functorch_transforms_active()):
-        from .tail_attention import MAX_TAIL  # Triton: imported once switched on
+    main = tail_split(q.shape[-2], q.dtype) if _TAIL_ATTENTION else 0
+    if main and not torch._C._are_functorch_transforms_active():
         from .tail_attention import tail_attention as split
 
-        if n - main <= MAX_TAIL:
-            return split(q, k, v, main)[0]
+        return split(q, k, v, main)[0]
     return F.scaled_dot_product_attention(q, k, v)
 
 

@@ -44,17 +44,22 @@ def _rows(base, rows, row_stride, cols, mask):
 
 
 @triton.jit
+def _layout(pid_bh, heads, n, main, d, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """A program's (batch, head), its channels and their mask (d of BLOCK_D), and the tail tokens
+    (rows or keys, from main) and their mask (n - main of BLOCK_R)."""
+    cols = tl.arange(0, BLOCK_D)
+    tail = main + tl.arange(0, BLOCK_R)
+    return pid_bh // heads, pid_bh % heads, cols, cols < d, tail, tail < n
+
+
+@triton.jit
 def _forward_kernel(Q, K, V, O1, LSE1, OUT, LSE, sqb, sqh, sqn, skb, skh, skn, svb, svh, svn,
                     sob, soh, son, slb, slh, sln, heads, n, main, d, scale,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
                     BLOCK_D: tl.constexpr):
     pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
-    b, h = pid_bh // heads, pid_bh % heads
+    b, h, cols, dmask, tail, tmask = _layout(pid_bh, heads, n, main, d, BLOCK_R, BLOCK_D)
     q_base, k_base, v_base = Q + b * sqb + h * sqh, K + b * skb + h * skh, V + b * svb + h * svh
-    cols = tl.arange(0, BLOCK_D)
-    dmask = cols < d
-    tail = main + tl.arange(0, BLOCK_R)  # the tail tokens (rows or keys)
-    tmask = tail < n
     if pid_m * BLOCK_M < main:  # main rows: flash's block, plus the tail keys
         rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         q = _rows(q_base, rows, sqn, cols, dmask[None, :])
@@ -103,11 +108,7 @@ def _main_rows_backward_kernel(Q, K, V, DO, OUT, LSE, DQ1, DQ, PART_K, PART_V, s
     """Main rows x tail keys: dq (flash's plus theirs) written whole; the tail keys' dk, dv
     shares per program."""
     pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
-    b, h = pid_bh // heads, pid_bh % heads
-    cols = tl.arange(0, BLOCK_D)
-    dmask = cols < d
-    tail = main + tl.arange(0, BLOCK_R)
-    tmask = tail < n
+    b, h, cols, dmask, tail, tmask = _layout(pid_bh, heads, n, main, d, BLOCK_R, BLOCK_D)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     q = _rows(Q + b * sqb + h * sqh, rows, sqn, cols, dmask[None, :])
     do = _rows(DO + b * sdb + h * sdh, rows, sdn, cols, dmask[None, :])
@@ -137,11 +138,7 @@ def _keys_backward_kernel(Q, K, V, DO, OUT, LSE, DK1, DV1, TK, TV, DK, DV, PART_
     """Tail rows x one block of keys: dk, dv (flash's or the tail keys' shares, plus theirs)
     written whole; the tail rows' dq share per program."""
     pid_n, pid_bh = tl.program_id(0), tl.program_id(1)
-    b, h = pid_bh // heads, pid_bh % heads
-    cols = tl.arange(0, BLOCK_D)
-    dmask = cols < d
-    tail = main + tl.arange(0, BLOCK_R)
-    tmask = tail < n
+    b, h, cols, dmask, tail, tmask = _layout(pid_bh, heads, n, main, d, BLOCK_R, BLOCK_D)
     keys = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     kmask = keys < n
     both = tmask[:, None] & dmask[None, :]
