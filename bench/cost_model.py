@@ -282,6 +282,8 @@ def classify(module: str, frames: list[tuple[str, str]], func: str) -> str:
         return "MLP"
     if "adaLN_modulation" in module or "modulate" in names:
         return "adaLN"
+    if "gated_residual" in names:
+        return "gate + residual"
     if names and names[-1] == "Block.forward":
         return "LayerScale" if "gamma" in line else "gate + residual"
     if "register" in line:

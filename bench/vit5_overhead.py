@@ -106,7 +106,8 @@ def kernel_check(device, size: str, side: int, depth: int, switches: dict[str, b
     (out0, g0), (out1, g1) = results
 
     def rel(a, b):
-        return float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30))
+        a, b = a.detach().float(), b.detach().float()
+        return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
 
     return dict(output=rel(out1, out0), grads=max(rel(a, b) for a, b in zip(g1, g0)))
 

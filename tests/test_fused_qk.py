@@ -91,16 +91,25 @@ for dtype, kw in ((torch.float32, {}), (torch.bfloat16, {}),
     big = torch.zeros(*qkv.shape[:2], 4, *qkv.shape[3:], dtype=dtype)  # a strided view of qkv
     big[:, :, :3] = qkv.detach()
     x = big[:, :, :3]
-    y, rstd = F.qkv_norm_rope(x, q_w, k_w, cos, sin, 1e-6)  # the kernels (interpreted)
-    y_ref, rstd_ref = F.reference(x, q_w, k_w, cos, sin, 1e-6)
+    *qkv_out, rstd = F.qkv_norm_rope(x, q_w, k_w, cos, sin, 1e-6)  # the kernels (interpreted)
+    *qkv_ref, rstd_ref = F.reference(x, q_w, k_w, cos, sin, 1e-6)
+    y, y_ref = torch.stack(qkv_out, 2), torch.stack(qkv_ref, 2)
+    # the gradients of q, k, v as strided views of one tensor (as unbind gives them), v's transposed
+    # (heads not contiguous within a token: copied first)
     grad = torch.randn(y.shape, generator=torch.Generator().manual_seed(2)).to(dtype)
-    gx, gq, gk = F.qkv_norm_rope_backward(grad, x, q_w, k_w, cos, sin, rstd)
-    gx_ref, gq_ref, gk_ref = F.reference_backward(grad, x, q_w, k_w, cos, sin, rstd_ref)
+    grads = (*grad[:, :, :2].unbind(2), grad[:, :, 2].transpose(0, 1).contiguous().transpose(0, 1))
+    gx, gq, gk = F.qkv_norm_rope_backward(*grads, x, q_w, k_w, cos, sin, rstd)
+    gx_ref, gq_ref, gk_ref = F.reference_backward(*grads, x, q_w, k_w, cos, sin, rstd_ref)
     gw, gw_ref = torch.stack((gq, gk)), torch.stack((gq_ref, gk_ref))
     rel = lambda a, b: float((a.double() - b.double()).abs().max() / b.double().abs().max())
     out[f"{dtype} {kw}"] = [rel(y, y_ref), rel(rstd, rstd_ref), rel(gx, gx_ref), rel(gw, gw_ref),
-                            y.is_contiguous() and torch.equal(y[:, :, 2], x[:, :, 2]),
+                            all(t.is_contiguous() for t in qkv_out)
+                            and torch.equal(qkv_out[2], x[:, :, 2]),
                             gx.shape == x.shape and torch.equal(gx[:, :, 2], grad[:, :, 2])]
+    # without a gradient to come back (sampling): q and k alone, v not copied
+    q2, k2, v2, _ = F.qkv_norm_rope(x, q_w, k_w, cos, sin, 1e-6, False)
+    out[f"{dtype} {kw}"].append(torch.equal(q2, qkv_out[0]) and torch.equal(k2, qkv_out[1])
+                                and v2.numel() == 0)
 print(json.dumps(out))
 """
 
@@ -108,7 +117,8 @@ print(json.dumps(out))
 def test_the_triton_kernels_match_the_reference_in_the_interpreter():
     """The forward and backward kernels, run by Triton's CPU interpreter on a strided qkv view
     (registers, 3 and 5 heads, head dims 12 and 20: masked blocks), give the reference's values,
-    v and its gradient passed through unchanged."""
+    v and its gradient passed through unchanged (the gradients of q, k, v as strided views); with
+    ``copy_v`` off, the same q and k and no v."""
     pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
     run = subprocess.run([sys.executable, "-c", _KERNEL_CHECK], capture_output=True, text=True,
@@ -117,15 +127,16 @@ def test_the_triton_kernels_match_the_reference_in_the_interpreter():
     out = json.loads(run.stdout.strip().splitlines()[-1])
     assert out.pop("interpret") is True
     assert len(out) == 3
-    for case, (y, rstd, gx, gw, contiguous, shaped) in out.items():
+    for case, (y, rstd, gx, gw, contiguous, shaped, without_v) in out.items():
         tol = 1e-2 if "bfloat16" in case else 1e-5  # bf16: the stored outputs are rounded
         assert max(y, gx) < tol and max(rstd, gw) < 1e-5, (case, y, rstd, gx, gw)
-        assert contiguous and shaped, case
+        assert contiguous and shaped and without_v, case
 
 
 def test_the_switch_routes_vit5_through_the_fused_op_and_keeps_its_output(monkeypatch):
     """A ViT-5 forward on the GPU path with the switch on calls the fused op once per block (q, k
-    and v together) and matches the torch ops within fp32 rounding; compiled code and torch.func
+    and v together; v not copied without a gradient) and matches the torch ops within fp32
+    rounding; compiled code and torch.func
     transforms keep the torch ops (Inductor fuses those; the op has no forward-mode rule)."""
     from sit_vit5.models import fused_qk as fused_module
 
@@ -138,19 +149,21 @@ def test_the_switch_routes_vit5_through_the_fused_op_and_keeps_its_output(monkey
     x, t, y = torch.randn(2, 3, 8, 8), torch.rand(2), torch.tensor([1, 2])
     calls = []
     op = fused_module.qkv_norm_rope
-    monkeypatch.setattr(fused_module, "qkv_norm_rope", lambda *a: (calls.append(1), op(*a))[1])
+    monkeypatch.setattr(fused_module, "qkv_norm_rope", lambda *a: (calls.append(a[6]), op(*a))[1])
     with generic_path():
         want = model(x, t, y)
         with fused_qk():
             got = model(x, t, y)
-            assert len(calls) == 2
+            with torch.no_grad():  # sampling: v read in place, not copied; the same output (the
+                assert rel(model(x, t, y), got) < 1e-6  # residuals' addcmul rounds once less)
+            assert calls == [True, True, False, False]  # copy_v per block
             monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
             model(x, t, y)
             monkeypatch.undo()
             monkeypatch.setattr(fused_module, "qkv_norm_rope",
-                                lambda *a: (calls.append(1), op(*a))[1])
+                                lambda *a: (calls.append(a[6]), op(*a))[1])
             torch.func.jvp(lambda z: model(z, t, y), (x,), (torch.ones_like(x),))
-    assert len(calls) == 2
+    assert len(calls) == 4
     assert rel(got, want) < 1e-5
 
 
@@ -160,12 +173,14 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from sit_vit5.models import fused_qk as F
 pointers = dict(qw_ptr="*fp32", kw_ptr="*fp32", cos_ptr="*fp32", sin_ptr="*fp32", rstd_ptr="*fp32",
-                gw_ptr="*fp32", n_pos="i32", stride_tok="i32", heads="i32", half="i32", eps="fp32")
+                gw_ptr="*fp32", n_pos="i32", stride_tok="i32", stride_gq="i32", stride_gk="i32",
+                stride_gv="i32", heads="i32", half="i32", eps="fp32", per_token="i32")
 out = {}
 for arch in (80, 90):
     for dtype in ("bf16", "fp16", "fp32"):
         for kernel in (F._forward_kernel, F._backward_kernel):
-            types = {**pointers, **{k: f"*{dtype}" for k in ("qkv_ptr", "y_ptr", "gy_ptr", "gx_ptr")}}
+            types = {**pointers, **{k: f"*{dtype}" for k in ("qkv_ptr", "q_ptr", "k_ptr", "v_ptr", "gq_ptr",
+                                                              "gk_ptr", "gv_ptr", "gx_ptr")}}
             names = inspect.signature(kernel.fn).parameters
             src = ASTSource(fn=kernel, signature={n: types.get(n, "constexpr") for n in names},
                             constexprs={"BLOCK_H": 16, "BLOCK_P": 64})

@@ -58,6 +58,10 @@ for fn in (F.scaled_dot_product_attention, lambda q, k, v: ta.tail_attention(q, 
     o, g = sdpa_and_grad(fn, 2, 2, 36, 8, torch.bfloat16)
     errors.append([rel(o, exact), rel(g, exact_g), o.dtype == torch.bfloat16])
 out["bf16"] = errors
+_, (q, k, v) = views(2, 2, 36, 8)
+o, lse = ta.tail_attention(q, k, v, 32)
+grads = ta.tail_attention_backward(torch.ones_like(o), q, k, v, o, lse, 32)
+out["token_major"] = [t.transpose(1, 2).is_contiguous() for t in (o, *grads)]
 print(json.dumps(out))
 """
 
@@ -65,7 +69,8 @@ print(json.dumps(out))
 def test_the_kernels_match_sdpa_in_the_interpreter():
     """Flash attention (CPU) on the main block + the Triton kernels (interpreted) for the tail rows and columns:
     output, log-sum-exp and the gradients equal SDPA's within fp32 rounding on strided views (tails of 1, 4 and
-    16 tokens, masked head dims). bf16: no further from fp32 than SDPA's own bf16 result, to 2x."""
+    16 tokens, masked head dims). bf16: no further from fp32 than SDPA's own bf16 result, to 2x. Every output
+    is laid out (B, N, H, d) underneath."""
     pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
     run = subprocess.run([sys.executable, "-c", _KERNEL_CHECK], capture_output=True, text=True, cwd=ROOT,
@@ -73,6 +78,7 @@ def test_the_kernels_match_sdpa_in_the_interpreter():
     assert run.returncode == 0, run.stderr[-3000:]
     out = json.loads(run.stdout.strip().splitlines()[-1])
     assert out.pop("interpret") is True
+    assert out.pop("token_major") == [True] * 4  # out, dq, dk, dv: (B, N, H, d) underneath
     (sdpa_out, sdpa_grad, _), (tail_out, tail_grad, is_bf16) = out.pop("bf16")
     assert is_bf16 and tail_out <= 2 * sdpa_out and tail_grad <= 2 * sdpa_grad, (sdpa_out, tail_out)
     assert len(out) == 4
@@ -86,6 +92,13 @@ def test_the_fallback_is_the_definition_and_its_gradient():
     want, want_g = sdpa_and_grad(F.scaled_dot_product_attention, 2, 3, 20, 8)
     got, got_g = sdpa_and_grad(lambda q, k, v: ta.tail_attention(q, k, v, 16)[0], 2, 3, 20, 8)
     assert rel(got, want) < 1e-6 and rel(got_g, want_g) < 1e-5
+    # laid out as the kernels' (and flash attention's) outputs: the projection's reshape is a view
+    assert got.transpose(1, 2).is_contiguous() and not got.is_contiguous()
+    # under autocast (the model's bf16 runs) the definition still runs in fp32: its lse stays fp32
+    _, (q, k, v) = views(2, 3, 20, 8, torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, lse = ta.tail_attention(q, k, v, 16)
+    assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32
     # the comparison can fail: another split's scale is another function
     wrong, _ = sdpa_and_grad(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, scale=0.3), 2, 3, 20, 8)
     assert rel(wrong, want) > 1e-2
@@ -183,3 +196,39 @@ def test_compiled_fullgraph_keeps_the_op():
     assert rel(got, want) < 1e-6
     for a, b in zip(got_g, want_g):
         assert rel(a, b) < 1e-5
+
+
+_COMPILE_CHECK = r"""
+import inspect, json, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from sit_vit5.models import tail_attention as ta
+activations = {"Q", "K", "V", "O1", "OUT", "DO", "DQ1", "DQ", "DK1", "DV1", "DK", "DV"}
+blocks = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_R=ta.MAX_TAIL, BLOCK_D=128)  # XL/2: 256 + 4 tokens, d 72
+out = {}
+for arch, dtype in ((80, "bf16"), (90, "bf16"), (90, "fp16")):  # the split runs in half precision only
+    for kernel in (ta._forward_kernel, ta._main_rows_backward_kernel, ta._keys_backward_kernel):
+        names = inspect.signature(kernel.fn).parameters
+        signature = {n: "constexpr" if n in blocks else f"*{dtype}" if n in activations
+                     else "fp32" if n == "scale" else "*fp32" if n.isupper() else "i32" for n in names}
+        src = ASTSource(fn=kernel, signature=signature,
+                        constexprs={n: v for n, v in blocks.items() if n in names})
+        compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32))
+        out[f"sm_{arch} {dtype} {kernel.fn.__name__}"] = len(compiled.asm["cubin"])
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_the_kernels_compile_for_ampere_and_hopper():
+    """Triton compiles the three kernels to CUDA binaries (bf16 for sm_80 and sm_90, fp16 for sm_90: the split
+    runs in half precision) at XL/2's blocks without a GPU: what the interpreter cannot check (dot operand types,
+    layouts, a name typed differently in two branches, which this caught)."""
+    pytest.importorskip("triton")
+    run = subprocess.run([sys.executable, "-c", _COMPILE_CHECK], capture_output=True, text=True, cwd=ROOT,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=600)
+    if run.returncode and "ptxas" in run.stderr and "not found" in run.stderr:
+        pytest.skip("this triton has no ptxas to assemble CUDA binaries")
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert len(out) == 9 and all(size > 0 for size in out.values()), out

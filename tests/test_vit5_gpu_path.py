@@ -2,7 +2,7 @@
 
 * ``kernels.qk_norm_rope`` (q and k normalised together in their dtype; weight and rotation in fp32:
   a complex multiply eager, the real form compiled), the RMSNorm without no-op casts and the LayerScale
-  gate + residual as ``addcmul`` stay within 1e-5 relative (fp32, forward and gradients) of the previous
+  gate + residual stay within 1e-5 relative (fp32, forward and gradients) of the previous
   generic code, kept here as reference functions; in fp64 the fused form is the defining formula
   (``apply_rope`` of ``F.rms_norm``) to 1e-12.
 * bf16: the fused form is no further from the fp64 truth than the previous chain (it rounds less often).
@@ -19,10 +19,11 @@ from contextlib import nullcontext
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from sit_vit5.models import create_model
 from sit_vit5.models.kernels import Rotation, generic_path, qk_norm_rope, swap_pairs
-from sit_vit5.models.layers import Block, RMSNorm
+from sit_vit5.models.layers import Block, RMSNorm, gated_residual
 from sit_vit5.models.rope import RopeTables, apply_rope
 from tests.helpers import rel
 
@@ -280,3 +281,54 @@ def test_inductor_fullgraph_forward_and_backward_match_eager(generic):
     assert rel(loss, want_loss) < 1e-5
     for a, b in zip(grads, want_grads):
         assert rel(a, b) < 1e-4
+
+
+def test_gated_residual_is_one_addcmul_only_when_sampling_on_the_gpu_path():
+    """``x + gate * branch``: the CPU path keeps its two ops (its bits), and so does training on the GPU path
+    (the backward then runs in the gate's and branch's dtype); sampling on the GPU path adds the product in one
+    ``addcmul`` (no (B, N, D) product written). The three agree within fp32 rounding."""
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.__name__.split(".")[0])
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    x, gate, branch = torch.randn(2, 5, 8), torch.randn(2, 1, 8), torch.randn(2, 5, 8, requires_grad=True)
+    results = {}
+    for name, generic, grad in (("cpu", False, False), ("gpu-train", True, True), ("gpu-sample", True, False)):
+        with generic_path() if generic else nullcontext(), torch.set_grad_enabled(grad), Ops() as ops:
+            results[name] = gated_residual(x, gate, branch)
+        results[name + " ops"] = ops.names
+    assert results["cpu ops"] == results["gpu-train ops"] == ["mul", "add"]
+    assert results["gpu-sample ops"] == ["addcmul"]
+    assert torch.equal(results["cpu"], results["gpu-train"]) and rel(results["gpu-sample"], results["cpu"]) < 1e-6
+
+
+def test_layer_scale_gate_leaves_in_the_modulations_dtype():
+    """ViT-5's gate times gamma (fp32) goes back to the modulation's dtype: under bf16 autocast the two residual
+    products (gate (B, 1, D) times branch (B, N, D)) run in bf16, as SiT's, and so their backward does."""
+
+    class Products(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.dtypes = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            shapes = [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]
+            if func.__name__.startswith("mul") and shapes == [(2, 1, 16), (2, 4, 16)]:
+                self.dtypes.append((args[0].dtype, args[1].dtype, out.dtype))
+            return out
+
+    torch.manual_seed(0)
+    x, c = torch.randn(2, 4, 16, requires_grad=True), torch.randn(2, 16)
+    for layer_scale in (1.0, None):  # ViT-5's gate, then SiT's
+        block = Block(16, 2, norm="rmsnorm", qk_norm=True, qkv_bias=False, layer_scale_init=layer_scale)
+        with generic_path(), torch.autocast("cpu", dtype=torch.bfloat16), Products() as products:
+            block(x, c)
+        assert products.dtypes == [(torch.bfloat16,) * 3] * 2, (layer_scale, products.dtypes)

@@ -230,7 +230,11 @@ def qkv_gpu_path(qkv: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float,
                               "switch off") from None
 
         cos, sin = rotation.pair_tables
-        return qkv_norm_rope(qkv, q_weight, k_weight, cos, sin, eps)[0].unbind(2)
+        # v is copied only where its gradient will come back through the op (training)
+        copy_v = torch.is_grad_enabled() and any(
+            t.requires_grad for t in (qkv, q_weight, k_weight))
+        q, k, v, _ = qkv_norm_rope(qkv, q_weight, k_weight, cos, sin, eps, copy_v)
+        return q, k, v if copy_v else qkv[:, :, 2]
     qk = qk_norm_rope(qkv[:, :, :2], q_weight, k_weight, eps, rotation)  # (B, N, 2, H, head_dim)
     (q, k), v = qk.unbind(2), qkv[:, :, 2]
     return q, k, v

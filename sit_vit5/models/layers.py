@@ -40,8 +40,21 @@ def generic_path_for(x: Tensor) -> bool:
     return x.device.type != "cpu" or not cpu_nodes_enabled()
 
 
+def gated_residual(x: Tensor, gate: Tensor, branch: Tensor) -> Tensor:
+    """``x + gate * branch``; x (B, N, D), gate (B, 1, D), branch (B, N, D). On the GPU path without
+    autograd (sampling) one ``addcmul``: no product written and read back; otherwise SiT's two ops,
+    whose backward runs in the gate's and branch's dtype (the CPU keeps its bits)."""
+    if not torch.is_grad_enabled() and generic_path_for(x):
+        return torch.addcmul(x, gate, branch)
+    return x + gate * branch
+
+
 def modulate(x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
-    """adaLN modulation ``x * (1 + scale) + shift``; x (B, N, D), shift/scale (B, 1, D)."""
+    """adaLN modulation ``x * (1 + scale) + shift``; x (B, N, D), shift/scale (B, 1, D). The GPU
+    path adds the product in one ``addcmul`` (no (B, N, D) product written and read back); the CPU
+    keeps its op sequence (its bits)."""
+    if generic_path_for(x):
+        return torch.addcmul(shift, x, 1 + scale)
     return x * (1 + scale) + shift
 
 
@@ -310,16 +323,13 @@ class Block(nn.Module):
         mod = self.adaLN_modulation(c).unsqueeze(1)  # (B, 1, 6D): six (B, 1, D) chunks
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = mod.chunk(6, dim=-1)
         if self.gamma_1 is not None:
-            gate_msa, gate_mlp = gate_msa * self.gamma_1, gate_mlp * self.gamma_2
-        attn = self.attn(modulate(self.norm1(x), shift_msa, scale_msa), rope)
-        if self.gamma_1 is not None and generic_path_for(x):
-            # GPU path with LayerScale: the gate is fp32 (gamma is), so gate * branch would be an
-            # fp32 activation written and read back; addcmul adds the product without storing it
-            x = torch.addcmul(x, gate_msa, attn)
-            mlp = self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp))
-            return torch.addcmul(x, gate_mlp, mlp)
-        x = x + gate_msa * attn
-        return x + gate_mlp * self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp))
+            # back in the modulation's dtype, as SiT's gate (bf16 under autocast; a no-op in fp32):
+            # an fp32 gate (gamma is fp32) runs the residual's backward over fp32 (B, N, D) passes
+            gate_msa = (gate_msa * self.gamma_1).to(mod.dtype)
+            gate_mlp = (gate_mlp * self.gamma_2).to(mod.dtype)
+        x = gated_residual(x, gate_msa, self.attn(modulate(self.norm1(x), shift_msa, scale_msa),
+                                                  rope))
+        return gated_residual(x, gate_mlp, self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp)))
 
 
 class FinalLayer(nn.Module):

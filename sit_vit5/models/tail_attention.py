@@ -19,7 +19,7 @@ path under ``TRITON_INTERPRET=1`` (the tests, with CPU flash attention). Opt-in
 
 Shapes: q, k, v (B, H, N, d), last dim contiguous (views of the qkv activation are fine); N = main +
 tail with main a multiple of 16 and 0 < tail <= ``MAX_TAIL``; out (B, H, N, d) in q's dtype,
-lse (B, H, N) fp32.
+laid out as (B, N, H, d) (as flash attention's is; the gradients too), lse (B, H, N) fp32.
 """
 
 from __future__ import annotations
@@ -38,9 +38,25 @@ MAX_TAIL = 16
 
 @triton.jit
 def _rows(base, rows, row_stride, cols, mask):
-    """Rows (len(rows), len(cols)) of a (N, d) matrix with contiguous rows, masked, as fp32."""
+    """Rows (len(rows), len(cols)) of a (N, d) matrix with contiguous rows, masked, in its dtype."""
     ptrs = base + rows[:, None] * row_stride + cols[None, :]
-    return tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+    return tl.load(ptrs, mask=mask, other=0.0)
+
+
+#: Triton's interpreter multiplies bf16 operands of tl.dot wrongly (raw bits): there the rounded
+#: operands are multiplied in fp32, which is what a tensor core computes
+_FP32_DOTS = tl.constexpr(_INTERPRET)
+
+
+@triton.jit
+def _dot(a, b):
+    """a @ b accumulated in fp32, a rounded to b's dtype first: bf16 / fp16 activations run on
+    tensor cores (the probabilities and score gradients rounded to them, as flash attention rounds
+    its own), fp32 ones exactly ("ieee", not tf32)."""
+    a = a.to(b.dtype)
+    if _FP32_DOTS:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    return tl.dot(a, b, input_precision="ieee")
 
 
 @triton.jit
@@ -53,6 +69,13 @@ def _layout(pid_bh, heads, n, main, d, BLOCK_R: tl.constexpr, BLOCK_D: tl.conste
 
 
 @triton.jit
+def _token_major(b, h, heads, n, d):
+    """(offset of token 0, token stride) of batch b, head h in a contiguous (B, N, H, d) tensor:
+    the layout of every (B, H, N, d) output here (``_empty``)."""
+    return (b * n * heads + h) * d, heads * d
+
+
+@triton.jit
 def _forward_kernel(Q, K, V, O1, LSE1, OUT, LSE, sqb, sqh, sqn, skb, skh, skn, svb, svh, svn,
                     sob, soh, son, slb, slh, sln, heads, n, main, d, scale,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
@@ -60,21 +83,23 @@ def _forward_kernel(Q, K, V, O1, LSE1, OUT, LSE, sqb, sqh, sqn, skb, skh, skn, s
     pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
     b, h, cols, dmask, tail, tmask = _layout(pid_bh, heads, n, main, d, BLOCK_R, BLOCK_D)
     q_base, k_base, v_base = Q + b * sqb + h * sqh, K + b * skb + h * skh, V + b * svb + h * svh
+    base, step = _token_major(b, h, heads, n, d)
+    # the two branches share no variable names: Triton types a name across both branches
     if pid_m * BLOCK_M < main:  # main rows: flash's block, plus the tail keys
         rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         q = _rows(q_base, rows, sqn, cols, dmask[None, :])
         kt = _rows(k_base, tail, skn, cols, tmask[:, None] & dmask[None, :])
         vt = _rows(v_base, tail, svn, cols, tmask[:, None] & dmask[None, :])
-        s = tl.dot(q, tl.trans(kt), input_precision="ieee") * scale  # (BLOCK_M, BLOCK_R)
+        s = _dot(q, tl.trans(kt)) * scale  # (BLOCK_M, BLOCK_R)
         s = tl.where(tmask[None, :], s, float("-inf"))
         lse1 = tl.load(LSE1 + b * slb + h * slh + rows * sln)
         m = tl.maximum(lse1, tl.max(s, 1))
         lse = m + tl.log(tl.exp(lse1 - m) + tl.sum(tl.exp(s - m[:, None]), 1))
         p = tl.exp(s - lse[:, None])
-        o1 = _rows(O1 + b * sob + h * soh, rows, son, cols, dmask[None, :])
-        out = o1 * tl.exp(lse1 - lse)[:, None] + tl.dot(p, vt, input_precision="ieee")
-        dst = OUT + pid_bh * n * d + rows[:, None] * d + cols[None, :]
-        tl.store(dst, out.to(OUT.dtype.element_ty), mask=dmask[None, :])
+        o1 = _rows(O1 + b * sob + h * soh, rows, son, cols, dmask[None, :]).to(tl.float32)
+        out = o1 * tl.exp(lse1 - lse)[:, None] + _dot(p, vt)
+        tl.store(OUT + base + rows[:, None] * step + cols[None, :], out.to(OUT.dtype.element_ty),
+                 mask=dmask[None, :])
         tl.store(LSE + pid_bh * n + rows, lse)
     else:  # the tail rows over every key: an online softmax
         qt = _rows(q_base, tail, sqn, cols, tmask[:, None] & dmask[None, :])
@@ -86,16 +111,15 @@ def _forward_kernel(Q, K, V, O1, LSE1, OUT, LSE, sqb, sqh, sqn, skb, skh, skn, s
             kmask = keys < n
             kb = _rows(k_base, keys, skn, cols, kmask[:, None] & dmask[None, :])
             vb = _rows(v_base, keys, svn, cols, kmask[:, None] & dmask[None, :])
-            s = tl.dot(qt, tl.trans(kb), input_precision="ieee") * scale
-            s = tl.where(kmask[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            p = tl.exp(s - m_new[:, None])
+            s_t = tl.where(kmask[None, :], _dot(qt, tl.trans(kb)) * scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s_t, 1))
+            p_t = tl.exp(s_t - m_new[:, None])
             alpha = tl.exp(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p, vb, input_precision="ieee")
+            l_i = l_i * alpha + tl.sum(p_t, 1)
+            acc = acc * alpha[:, None] + _dot(p_t, vb)
             m_i = m_new
-        dst = OUT + pid_bh * n * d + tail[:, None] * d + cols[None, :]
-        tl.store(dst, (acc / l_i[:, None]).to(OUT.dtype.element_ty),
+        tl.store(OUT + base + tail[:, None] * step + cols[None, :],
+                 (acc / l_i[:, None]).to(OUT.dtype.element_ty),
                  mask=tmask[:, None] & dmask[None, :])
         tl.store(LSE + pid_bh * n + tail, m_i + tl.log(l_i), mask=tmask)
 
@@ -112,22 +136,23 @@ def _main_rows_backward_kernel(Q, K, V, DO, OUT, LSE, DQ1, DQ, PART_K, PART_V, s
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     q = _rows(Q + b * sqb + h * sqh, rows, sqn, cols, dmask[None, :])
     do = _rows(DO + b * sdb + h * sdh, rows, sdn, cols, dmask[None, :])
-    o = _rows(OUT + pid_bh * n * d, rows, d, cols, dmask[None, :])
+    base, step = _token_major(b, h, heads, n, d)  # OUT and DQ
+    o = _rows(OUT + base, rows, step, cols, dmask[None, :]).to(tl.float32)
     lse = tl.load(LSE + pid_bh * n + rows)
     kt = _rows(K + b * skb + h * skh, tail, skn, cols, tmask[:, None] & dmask[None, :])
     vt = _rows(V + b * svb + h * svh, tail, svn, cols, tmask[:, None] & dmask[None, :])
-    delta = tl.sum(do * o, 1)  # D = rowsum(dO * O)
-    s = tl.dot(q, tl.trans(kt), input_precision="ieee") * scale
+    delta = tl.sum(do.to(tl.float32) * o, 1)  # D = rowsum(dO * O)
+    s = _dot(q, tl.trans(kt)) * scale
     p = tl.where(tmask[None, :], tl.exp(s - lse[:, None]), 0.0)
-    ds = p * (tl.dot(do, tl.trans(vt), input_precision="ieee") - delta[:, None])
-    dq1 = _rows(DQ1 + b * s1b + h * s1h, rows, s1n, cols, dmask[None, :])
-    dq = dq1 + tl.dot(ds, kt, input_precision="ieee") * scale
-    dst = DQ + pid_bh * n * d + rows[:, None] * d + cols[None, :]
+    ds = p * (_dot(do, tl.trans(vt)) - delta[:, None])
+    dq1 = _rows(DQ1 + b * s1b + h * s1h, rows, s1n, cols, dmask[None, :]).to(tl.float32)
+    dq = dq1 + _dot(ds, kt) * scale
+    dst = DQ + base + rows[:, None] * step + cols[None, :]
     tl.store(dst, dq.to(DQ.dtype.element_ty), mask=dmask[None, :])
     r = tl.arange(0, BLOCK_R)
     part = ((pid_bh * tl.num_programs(0) + pid_m) * BLOCK_R + r[:, None]) * BLOCK_D + cols[None, :]
-    tl.store(PART_K + part, tl.dot(tl.trans(ds), q, input_precision="ieee") * scale)
-    tl.store(PART_V + part, tl.dot(tl.trans(p), do, input_precision="ieee"))
+    tl.store(PART_K + part, _dot(tl.trans(ds), q) * scale)
+    tl.store(PART_V + part, _dot(tl.trans(p), do))
 
 
 @triton.jit
@@ -144,35 +169,45 @@ def _keys_backward_kernel(Q, K, V, DO, OUT, LSE, DK1, DV1, TK, TV, DK, DV, PART_
     both = tmask[:, None] & dmask[None, :]
     qt = _rows(Q + b * sqb + h * sqh, tail, sqn, cols, both)
     dot_ = _rows(DO + b * sdb + h * sdh, tail, sdn, cols, both)
-    ot = _rows(OUT + pid_bh * n * d, tail, d, cols, both)
+    base, step = _token_major(b, h, heads, n, d)  # OUT, DK and DV
+    ot = _rows(OUT + base, tail, step, cols, both).to(tl.float32)
     lse = tl.load(LSE + pid_bh * n + tail, mask=tmask, other=0.0)
     kb = _rows(K + b * skb + h * skh, keys, skn, cols, kmask[:, None] & dmask[None, :])
     vb = _rows(V + b * svb + h * svh, keys, svn, cols, kmask[:, None] & dmask[None, :])
-    s = tl.dot(qt, tl.trans(kb), input_precision="ieee") * scale
+    s = _dot(qt, tl.trans(kb)) * scale
     p = tl.where(tmask[:, None] & kmask[None, :], tl.exp(s - lse[:, None]), 0.0)
-    dp = tl.dot(dot_, tl.trans(vb), input_precision="ieee")
-    ds = p * (dp - tl.sum(dot_ * ot, 1)[:, None])
+    dp = _dot(dot_, tl.trans(vb))
+    ds = p * (dp - tl.sum(dot_.to(tl.float32) * ot, 1)[:, None])
     if pid_n * BLOCK_N < main:  # main keys: flash's gradients (BLOCK_N divides main)
-        dk = _rows(DK1 + b * s1b + h * s1h, keys, s1n, cols, dmask[None, :])
-        dv = _rows(DV1 + b * s1b + h * s1h, keys, s1n, cols, dmask[None, :])
+        dk = _rows(DK1 + b * s1b + h * s1h, keys, s1n, cols, dmask[None, :]).to(tl.float32)
+        dv = _rows(DV1 + b * s1b + h * s1h, keys, s1n, cols, dmask[None, :]).to(tl.float32)
     else:  # the tail keys: the main rows' shares, summed
         own = (pid_bh * BLOCK_R + (keys - main)[:, None]) * BLOCK_D + cols[None, :]
         dk = tl.load(TK + own, mask=kmask[:, None] & dmask[None, :], other=0.0)
         dv = tl.load(TV + own, mask=kmask[:, None] & dmask[None, :], other=0.0)
-    dk += tl.dot(tl.trans(ds), qt, input_precision="ieee") * scale
-    dv += tl.dot(tl.trans(p), dot_, input_precision="ieee")
-    dst = pid_bh * n * d + keys[:, None] * d + cols[None, :]
+    dk += _dot(tl.trans(ds), qt) * scale
+    dv += _dot(tl.trans(p), dot_)
+    dst = base + keys[:, None] * step + cols[None, :]
     tl.store(DK + dst, dk.to(DK.dtype.element_ty), mask=kmask[:, None] & dmask[None, :])
     tl.store(DV + dst, dv.to(DV.dtype.element_ty), mask=kmask[:, None] & dmask[None, :])
     r = tl.arange(0, BLOCK_R)
     part = ((pid_bh * tl.num_programs(0) + pid_n) * BLOCK_R + r[:, None]) * BLOCK_D + cols[None, :]
-    tl.store(PART_Q + part, tl.dot(ds, kb, input_precision="ieee") * scale)
+    tl.store(PART_Q + part, _dot(ds, kb) * scale)
+
+
+def _empty(q: Tensor) -> Tensor:
+    """An uninitialised tensor of q's shape (B, H, N, d) and dtype, laid out as (B, N, H, d): every
+    output here, so that the attention's output reshapes to (B, N, H·d) as a view (no copy before
+    the projection)."""
+    b, heads, n, d = q.shape
+    return q.new_empty((b, n, heads, d)).transpose(1, 2)
 
 
 def reference(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
     """The definition in fp32 torch ops: (softmax(q kᵀ / √d) v in q's dtype, lse (B, H, N) fp32)."""
-    s = (q.float() @ k.float().transpose(-1, -2)) * q.shape[-1] ** -0.5
-    return (torch.softmax(s, -1) @ v.float()).to(q.dtype), s.logsumexp(-1)
+    with torch.autocast(q.device.type, enabled=False):  # called under autocast: fp32 matmuls
+        s = (q.float() @ k.float().transpose(-1, -2)) * q.shape[-1] ** -0.5
+        return _empty(q).copy_(torch.softmax(s, -1) @ v.float()), s.logsumexp(-1)
 
 
 def reference_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor
@@ -180,11 +215,12 @@ def reference_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tenso
     """Softmax attention's gradients in fp32 torch ops, given its output and lse: (dq, dk, dv) in
     q's dtype."""
     scale, g = q.shape[-1] ** -0.5, grad.float()
-    p = torch.exp((q.float() @ k.float().transpose(-1, -2)) * scale - lse[..., None])
-    ds = p * (g @ v.float().transpose(-1, -2) - (g * out.float()).sum(-1, keepdim=True))
-    grads = (ds @ k.float() * scale, ds.transpose(-1, -2) @ q.float() * scale,
-             p.transpose(-1, -2) @ g)
-    return tuple(t.to(q.dtype) for t in grads)
+    with torch.autocast(q.device.type, enabled=False):  # fp32 matmuls under any caller's autocast
+        p = torch.exp((q.float() @ k.float().transpose(-1, -2)) * scale - lse[..., None])
+        ds = p * (g @ v.float().transpose(-1, -2) - (g * out.float()).sum(-1, keepdim=True))
+        grads = (ds @ k.float() * scale, ds.transpose(-1, -2) @ q.float() * scale,
+                 p.transpose(-1, -2) @ g)
+    return tuple(_empty(q).copy_(t) for t in grads)
 
 
 def _use_kernels(q: Tensor) -> bool:
@@ -236,7 +272,8 @@ def _check(q: Tensor, main: int) -> None:
 
 @torch.library.custom_op("sit_vit5::tail_attention", mutates_args=())
 def tail_attention(q: Tensor, k: Tensor, v: Tensor, main: int) -> tuple[Tensor, Tensor]:
-    """(softmax(q kᵀ / √d) v (B, H, N, d) contiguous in q's dtype, lse (B, H, N) fp32)."""
+    """(softmax(q kᵀ / √d) v (B, H, N, d) in q's dtype, laid out as (B, N, H, d); lse (B, H, N)
+    fp32)."""
     _check(q, main)
     if not _use_kernels(q):
         return reference(q, k, v)
@@ -244,7 +281,7 @@ def tail_attention(q: Tensor, k: Tensor, v: Tensor, main: int) -> tuple[Tensor, 
     b, heads, n, d = q.shape
     scale = d**-0.5
     o1, lse1 = _flash(q[:, :, :main], k[:, :, :main], v[:, :, :main], scale)
-    out = torch.empty((b, heads, n, d), dtype=q.dtype, device=q.device)
+    out = _empty(q)
     lse = torch.empty((b, heads, n), dtype=torch.float32, device=q.device)
     block, blocks = _blocks(d, main)
     _forward_kernel[(main // block + 1, b * heads)](
@@ -255,13 +292,13 @@ def tail_attention(q: Tensor, k: Tensor, v: Tensor, main: int) -> tuple[Tensor, 
 
 @tail_attention.register_fake
 def _(q: Tensor, k: Tensor, v: Tensor, main: int) -> tuple[Tensor, Tensor]:
-    return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
+    return _empty(q), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
 @torch.library.custom_op("sit_vit5::tail_attention_backward", mutates_args=())
 def tail_attention_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
                             lse: Tensor, main: int) -> tuple[Tensor, Tensor, Tensor]:
-    """(dq, dk, dv), each (B, H, N, d) contiguous in q's dtype."""
+    """(dq, dk, dv), each (B, H, N, d) in q's dtype, laid out as (B, N, H, d)."""
     if not _use_kernels(q):
         return reference_backward(grad, q, k, v, out, lse)
     q, k, v, grad = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v, grad))
@@ -275,7 +312,7 @@ def tail_attention_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: 
         dk1, dv1 = dk1.contiguous(), dv1.contiguous()
     block, blocks = _blocks(d, main)
     width = blocks["BLOCK_D"]
-    dq, dk, dv = (torch.empty((b, heads, n, d), dtype=q.dtype, device=q.device) for _ in range(3))
+    dq, dk, dv = _empty(q), _empty(q), _empty(q)
     parts = main // block
     part_k, part_v = (torch.empty((b * heads, parts, MAX_TAIL, width), dtype=torch.float32,
                                   device=q.device) for _ in range(2))
@@ -296,7 +333,7 @@ def tail_attention_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: 
 @tail_attention_backward.register_fake
 def _(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, main: int
       ) -> tuple[Tensor, Tensor, Tensor]:
-    return q.new_empty(q.shape), q.new_empty(q.shape), q.new_empty(q.shape)
+    return _empty(q), _empty(q), _empty(q)
 
 
 def _setup_context(ctx, inputs: tuple, output: tuple) -> None:
