@@ -144,7 +144,8 @@ def test_vit5_trace_follows_the_gpu_path():
 def test_the_fused_qk_trace_has_one_op_each_way_per_block_and_moves_fewer_bytes():
     """With the opt-in Triton QK-norm + RoPE the trace holds one op forward and one backward per
     block, with their bytes (in: qkv, tables, weights; out: q, k, v and rstd), in place of the
-    torch ops' QK-norm and RoPE kernels; the predicted eager step is shorter."""
+    torch ops' QK-norm and RoPE kernels, and the backward no stack of the q, k, v gradients; the predicted
+    eager step is shorter."""
     plain = cm.trace("ViT5", "S", 2, train=True, **TINY)
     fused = cm.trace("ViT5", "S", 2, train=True, fused=True, **TINY)
     ops = [op for op in fused.ops if op.group == cm.FUSED_GROUP]
@@ -156,6 +157,9 @@ def test_the_fused_qk_trace_has_one_op_each_way_per_block_and_moves_fewer_bytes(
     assert 2 * qkv <= forward.bytes < 2.2 * qkv  # read once, written once; tables, weights, rstd
     assert len(fused.ops) < len(plain.ops)
     assert cm.predict(fused, "eager").seconds < cm.predict(plain, "eager").seconds
+    # q, k, v leave as three tensors and their gradients come back to the op: no stack of them in between
+    assert "stack" in {op.name for op in plain.ops if op.phase == "bwd" and op.group == "attention"}
+    assert "stack" not in {op.name for op in fused.ops if op.phase == "bwd" and op.group == "attention"}
 
 
 def test_generic_path_switch_is_bit_identical_when_off():
