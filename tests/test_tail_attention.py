@@ -234,3 +234,23 @@ def test_the_kernels_compile_for_ampere_and_hopper():
     assert run.returncode == 0, run.stderr[-3000:]
     out = json.loads(run.stdout.strip().splitlines()[-1])
     assert len(out) == 9 and all(size > 0 for size in out.values()), out
+
+
+def test_the_cuda_flash_calls_match_atens_signatures_on_fake_cuda():
+    """The two aten calls the CUDA path makes (flash forward returning its log-sum-exp; flash backward given an
+    output, lse and the rng state it does not read without dropout), run on fake CUDA tensors through their meta
+    kernels at XL/2's shape: argument order and types as this torch takes them, and outputs laid out as flash's,
+    (B, N, H, d) underneath. What the interpreter tests cannot reach (they take the CPU flash op)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        qkv = torch.empty(2, 260, 3, 16, 72, device="cuda", dtype=torch.bfloat16)
+        q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))
+        main = (slice(None), slice(None), slice(None, 256))
+        out, lse = ta._flash(q[main], k[main], v[main], 72**-0.5)
+        assert out.shape == (2, 16, 256, 72) and out.dtype == torch.bfloat16 and out.transpose(1, 2).is_contiguous()
+        assert lse.shape == (2, 16, 256) and lse.dtype == torch.float32
+        merged, merged_lse = ta._empty(q), torch.empty(2, 16, 260, device="cuda")
+        grads = ta._flash_backward(torch.empty_like(merged)[main], q[main], k[main], v[main], merged[main],
+                                   merged_lse[main].contiguous(), 72**-0.5)
+        assert [g.shape for g in grads] == [(2, 16, 256, 72)] * 3 and all(g.is_cuda for g in grads)
