@@ -12,6 +12,8 @@ import importlib.util
 import re
 from pathlib import Path
 
+from torch.utils._python_dispatch import TorchDispatchMode
+
 ROOT = Path(__file__).resolve().parents[1]
 #: A tiny ViT5 on the 8x8 digits in pixel space: a train.py run of a few steps takes seconds.
 TRAIN_ARGV = ["model.name=ViT5-S/2", "model.depth=2", "model.hidden_size=32", "model.num_heads=2",
@@ -121,3 +123,15 @@ def rel(a, b) -> float:
     """max |a - b| relative to max |b| (tensors, compared in float64, gradients detached)."""
     a, b = a.detach().double(), b.detach().double()
     return float((a - b).abs().max() / b.abs().max())
+
+
+class OpNames(TorchDispatchMode):
+    """Inside, records the name of every aten op dispatched (``mul``, ``addcmul``, ...) in ``names``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(func.__name__.split(".")[0])
+        return func(*args, **(kwargs or {}))

@@ -16,13 +16,9 @@ import torch.nn.functional as F
 
 from sit_vit5.models import kernels
 from sit_vit5.models import tail_attention as ta
+from tests.helpers import OpNames, rel
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.detach().double(), b.detach().double()
-    return float((a - b).abs().max() / b.abs().max())
 
 
 def views(b: int, h: int, n: int, d: int, dtype=torch.float32, seed: int = 0):
@@ -43,7 +39,8 @@ _KERNEL_CHECK = r"""
 import json, torch
 import torch.nn.functional as F
 from sit_vit5.models import tail_attention as ta
-from tests.test_tail_attention import sdpa_and_grad, rel, views
+from tests.helpers import rel
+from tests.test_tail_attention import sdpa_and_grad, views
 out = {"interpret": ta._INTERPRET}
 # (B, H, N, main, d): tails of 1, 4 and 16 tokens; head dims 8, 12 (masked block) and 16; main 32 / 48 / 64
 for b, h, n, main, d in ((2, 2, 36, 32, 8), (1, 3, 33, 32, 12), (2, 1, 64, 48, 8), (1, 2, 80, 64, 16)):
@@ -139,21 +136,14 @@ def test_vit5_takes_the_split_on_fake_cuda_and_the_cost_model_sees_the_patch_til
 
     torch.manual_seed(0)
     model = create_model("ViT5-S/2", depth=2, hidden_size=64, num_heads=2, input_size=32, num_classes=10)
-    seen = []
-
-    class Count(torch.utils._python_dispatch.TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            seen.append(func.__name__.split(".")[0])
-            return func(*args, **(kwargs or {}))
-
     with FakeTensorMode(allow_non_fake_inputs=True), kernels.tail_attention():
         net = model.to("cuda", torch.bfloat16).train()
         x = torch.randn(2, 4, 32, 32, device="cuda", dtype=torch.bfloat16)
-        with Count():
+        with OpNames() as ops:
             out = net(x, torch.rand(2, device="cuda"), torch.tensor([1, 2], device="cuda"))
     assert out.device.type == "cuda" and out.shape[-2:] == (32, 32)
-    assert seen.count("tail_attention") == 2
-    assert not [name for name in seen if "scaled_dot_product" in name]
+    assert ops.names.count("tail_attention") == 2
+    assert not [name for name in ops.names if "scaled_dot_product" in name]
 
     plain = cm.trace("ViT5", "S", 4, train=True, input_size=32, depth=2)
     split = cm.trace("ViT5", "S", 4, train=True, input_size=32, depth=2, tail=True)

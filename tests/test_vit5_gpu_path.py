@@ -25,7 +25,7 @@ from sit_vit5.models import create_model
 from sit_vit5.models.kernels import Rotation, generic_path, qk_norm_rope, swap_pairs
 from sit_vit5.models.layers import Block, RMSNorm, gated_residual
 from sit_vit5.models.rope import RopeTables, apply_rope
-from tests.helpers import rel
+from tests.helpers import OpNames, rel
 
 TINY = dict(input_size=8, in_channels=4, depth=2, hidden_size=64, num_heads=4, num_classes=10)
 
@@ -288,20 +288,11 @@ def test_gated_residual_is_one_addcmul_only_when_sampling_on_the_gpu_path():
     (the backward then runs in the gate's and branch's dtype); sampling on the GPU path adds the product in one
     ``addcmul`` (no (B, N, D) product written). The three agree within fp32 rounding."""
 
-    class Ops(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.names = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.names.append(func.__name__.split(".")[0])
-            return func(*args, **(kwargs or {}))
-
     torch.manual_seed(0)
     x, gate, branch = torch.randn(2, 5, 8), torch.randn(2, 1, 8), torch.randn(2, 5, 8, requires_grad=True)
     results = {}
     for name, generic, grad in (("cpu", False, False), ("gpu-train", True, True), ("gpu-sample", True, False)):
-        with generic_path() if generic else nullcontext(), torch.set_grad_enabled(grad), Ops() as ops:
+        with generic_path() if generic else nullcontext(), torch.set_grad_enabled(grad), OpNames() as ops:
             results[name] = gated_residual(x, gate, branch)
         results[name + " ops"] = ops.names
     assert results["cpu ops"] == results["gpu-train ops"] == ["mul", "add"]
