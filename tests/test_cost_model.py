@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -113,6 +115,93 @@ def test_fusion_writes_an_intermediate_that_is_read_later():
     ops = record(chain, (8, 8))
     chain_kernel = cm.kernels(cm.Trace("c", ops, 0, 0, 0.0, 1, False), "compile")[0]
     assert chain_kernel.ops == 2 and chain_kernel.bytes == 3 * 8 * 8 * 4  # x in; a and b out
+
+
+def remat_trace(middle: cm.Op, backward_kind: str = "memory") -> cm.Trace:
+    """A training trace: forward chain x (bf16, key 1) -> a = x.float() -> ``middle`` -> b = exp(.) -> matmul;
+    a backward op of kind ``backward_kind`` reads ``middle``'s output (key 3)."""
+    ops = [cm.Op("_to_copy", "fwd", "g", "memory", 0.0, [(1, 200)], [(2, 400)]),
+           middle,
+           cm.Op("exp", "fwd", "g", "memory", 0.0, [(3, 400)], [(4, 400)]),
+           cm.Op("mm", "fwd", "g", "matmul", 1.0, [(4, 400), (9, 100)], [(5, 400)]),
+           cm.Op("mul" if backward_kind == "memory" else "mm", "bwd", "g", backward_kind, 0.0,
+                 [(6, 400), (3, 400)], [(7, 400)])]
+    return cm.Trace("remat", ops, 0, 0, 0.0, 1, True)
+
+
+def test_compiled_backward_recomputes_a_cast_chain_from_its_smaller_input():
+    """The backward's read of a product of the forward chain becomes a read of the chain's input, half its bytes,
+    and the forward kernel no longer writes it (AOTAutograd's min cut: fewer bytes saved)."""
+    tr = remat_trace(cm.Op("constant_pad_nd", "fwd", "g", "memory", 0.0, [(2, 400)], [(3, 400)]))
+    assert cm.rematerialize(tr.ops, cm.chains(tr.ops)) == tr.ops  # not in the allowlist: saved
+    tr = remat_trace(cm.Op("cos", "fwd", "g", "memory", 0.0, [(2, 400)], [(3, 400)]))
+    ops = cm.rematerialize(tr.ops, cm.chains(tr.ops))
+    assert ops[4].reads == [(6, 400), (1, 200)]
+    assert cm.saved_bytes(tr.ops) == 400 and cm.saved_bytes(ops) == 0  # x was written before the forward
+    forward = cm.kernels(tr, "compile")[0]
+    assert forward.ops == 3 and forward.bytes == 200 + 400  # x in, b out (for the matmul); not cos's output
+    assert cm.kernels(replace(tr, train=False, cache={}), "compile")[0].bytes == 200 + 400 + 400
+
+
+def test_compiled_backward_keeps_reductions_and_what_a_backward_matmul_reads():
+    """A reduction's output is saved, not recomputed (``ban_recompute_reductions``): what derives from it is
+    recomputed from it and the chain's input. A product a backward matmul reads is saved as it is."""
+    mean = cm.Op("mean", "fwd", "g", "memory", 0.0, [(2, 400)], [(8, 16)])
+    tr = remat_trace(cm.Op("mul", "fwd", "g", "memory", 0.0, [(2, 400), (8, 16)], [(3, 400)]))
+    tr.ops.insert(1, mean)
+    ops = cm.rematerialize(tr.ops, cm.chains(tr.ops))
+    assert sorted(ops[5].reads) == [(1, 200), (6, 400), (8, 16)]
+    assert cm.saved_bytes(ops) == 16
+    tr = remat_trace(cm.Op("mul", "fwd", "g", "memory", 0.0, [(2, 400)], [(3, 400)]), backward_kind="matmul")
+    assert cm.rematerialize(tr.ops, cm.chains(tr.ops)) == tr.ops
+
+
+@pytest.mark.slow
+def test_saved_activations_match_aot_autograds_partition():
+    """Per block, the bytes the compiled forward saves for the backward, against those AOTAutograd's min-cut
+    partitioner saves (the forward graph's outputs, views counted once) for the same small models under bf16
+    autocast: within 10 % for both backbones. Without the recomputation, ViT-5's would be 47 % over."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    size, batch = dict(hidden_size=144, num_heads=2, input_size=16, num_classes=10), 16
+
+    def partitioned(backbone: str, depth: int) -> int:
+        saved = {}
+
+        def forward_compiler(gm, _inputs):
+            *_, output = gm.graph.nodes
+            inputs = {n for n in gm.graph.nodes if n.op == "placeholder"}
+            for node in output.args[0]:
+                val = getattr(node, "meta", {}).get("val")
+                if node not in inputs and isinstance(val, torch.Tensor):
+                    key = StorageWeakRef(val.untyped_storage())
+                    saved[key] = max(saved.get(key, 0), val.numel() * val.element_size())
+            return make_boxed_func(gm.forward)
+
+        backend = aot_autograd(fw_compiler=forward_compiler,
+                               bw_compiler=lambda gm, _inputs: make_boxed_func(gm.forward),
+                               partition_fn=min_cut_rematerialization_partition)
+        model = create_model(f"{backbone}-XL/2", depth=depth, **size)
+        x, t, y = torch.randn(batch, 4, 16, 16), torch.rand(batch), torch.randint(0, 10, (batch,))
+        with generic_path(), torch.autocast("cpu", dtype=torch.bfloat16):
+            out = torch.compile(model, backend=backend, fullgraph=True)(x, t, y)
+        out.float().square().mean().backward()
+        torch._dynamo.reset()
+        return sum(saved.values())
+
+    def modelled(backbone: str, depth: int, recompute: bool) -> int:
+        ops = cm.trace(backbone, "XL", batch, train=True, depth=depth, **size).ops
+        return cm.saved_bytes(cm.rematerialize(ops, cm.chains(ops)) if recompute else ops)
+
+    for backbone in ("SiT", "ViT5"):
+        real = partitioned(backbone, 2) - partitioned(backbone, 1)
+        model = modelled(backbone, 2, True) - modelled(backbone, 1, True)
+        assert real > 0 and abs(model / real - 1) < 0.10, (backbone, model, real)
+    plain = modelled("ViT5", 2, False) - modelled("ViT5", 1, False)
+    assert plain / real - 1 > 0.25
 
 
 @pytest.mark.parametrize("backbone", ["SiT", "ViT5"])
