@@ -525,6 +525,11 @@ def readers(ops: list[Op]) -> dict[int, list[int]]:
     return found
 
 
+def backward_reads(ops: list[Op]) -> set[int]:
+    """Storage keys the backward reads."""
+    return {k for op in ops if op.phase == "bwd" for k, _ in op.reads}
+
+
 #: aten ops AOTAutograd's min-cut partitioner may recompute in the backward instead of saving them (those of
 #: its default allowlist, ``torch._functorch.partitioners.get_default_op_list``, that the traces run): pointwise
 #: ops, casts and copies; reductions among them only when their output is at least 1/4 of their input
@@ -548,8 +553,7 @@ def rematerialize(ops: list[Op], runs: list[list[int]]) -> list[Op]:
     than saving them, the backward reads those sources instead and recomputes inside its own fused kernels:
     a per-chain form of the partitioner's min cut (the bytes saved between the passes). Checked against its
     choices on small models in tests/test_cost_model.py."""
-    read_by, out = readers(ops), list(ops)
-    read_back = {k for op in ops if op.phase == "bwd" for k, _ in op.reads}
+    read_by, read_back, out = readers(ops), backward_reads(ops), list(ops)
     for run in runs:
         if ops[run[0]].phase != "fwd" or ops[run[0]].kind != "memory":
             continue
@@ -624,7 +628,7 @@ def chains(ops: list[Op]) -> list[list[int]]:
 
 def saved_bytes(ops: list[Op]) -> int:
     """Bytes the forward writes that the backward reads (activations saved between the passes)."""
-    read_back = {k for op in ops if op.phase == "bwd" for k, _ in op.reads}
+    read_back = backward_reads(ops)
     written = {k: b for op in ops if op.phase == "fwd" for k, b in op.writes}
     return sum(b for k, b in written.items() if k in read_back)
 
