@@ -10,7 +10,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import pytest
-from digits_study import claims, digits, samples
+from digits_study import claims, digits, meanflow, samples
 from scipy import stats as sps
 
 #: sentences issue 55 quoted as saying more than the runs (or stale), which no page may carry again
@@ -169,3 +169,18 @@ def test_a_run_record_that_carries_a_commit_descends_from_every_protocol_additio
             if when <= started:
                 assert _git("merge-base", "--is-ancestor", addition, commit).returncode == 0, (
                     record["dataset"], record["variant"], record["seed"], heading)
+
+
+def test_the_readme_says_which_backbone_wins_at_1_nfe_as_the_runs_give_it():
+    """Issue 53: the README states C10's registered answer, and says "not answered yet" while a group is pending."""
+    pilot = meanflow.read_pilot(digits.REPO / "results" / "digits")
+    assert pilot is not None, "meanflow_pilot.json is committed"
+    rows = meanflow.evaluate_meanflow(list(results()), {d: pilot["n"][d] for d in meanflow.DATASET_ORDER})
+    assert [r["test"].family for r in rows].count("M") == 2
+    verdict = meanflow.answer(rows)
+    stated = "Which backbone wins at 1 NFE, as MeanFlow models on the digits proxy (pre-registered, row C10 of"
+    readme = text(digits.REPO / "README.md")
+    assert stated in readme
+    said = readme.split(stated, 1)[1].split("):", 1)[1].strip()
+    expected = "not answered yet" if verdict.startswith("not answered yet") else verdict
+    assert said.startswith(expected), (said[:120], verdict)
