@@ -235,6 +235,11 @@ def evaluate_meanflow(results: Sequence[dict[str, Any]], n: dict[str, int | None
     return rows
 
 
+def planned_n(pilot: dict[str, Any] | None) -> dict[str, int | None]:
+    """Each dataset's n per arm as the committed pilot fixed it (None before the pilot is read)."""
+    return {d: (pilot or {}).get("n", {}).get(d) for d in DATASET_ORDER}
+
+
 def answer(rows: Sequence[dict[str, Any]]) -> str:
     """The README's one line: which backbone wins at 1 NFE (M8 and M16 as written; "neither" when both are
     equivalent or inconclusive)."""
@@ -343,7 +348,7 @@ def meanflow_report(results: Sequence[dict[str, Any]], out_dir: str | os.PathLik
 
     out = Path(out_dir)
     pilot = read_pilot(out)
-    n: dict[str, int | None] = {d: (pilot or {}).get("n", {}).get(d) for d in DATASET_ORDER}
+    n = planned_n(pilot)
     rows = evaluate_meanflow(results, n)
     primary = [r for r in rows if r["test"].family == "M"]
     done = sum(sum(r["runs"]) for r in primary)

@@ -173,9 +173,9 @@ def test_a_run_record_that_carries_a_commit_descends_from_every_protocol_additio
 
 def test_the_readme_says_which_backbone_wins_at_1_nfe_as_the_runs_give_it():
     """Issue 53: the README states C10's registered answer, and says "not answered yet" while a group is pending."""
-    pilot = meanflow.read_pilot(digits.REPO / "results" / "digits")
-    assert pilot is not None, "meanflow_pilot.json is committed"
-    rows = meanflow.evaluate_meanflow(list(results()), {d: pilot["n"][d] for d in meanflow.DATASET_ORDER})
+    n = meanflow.planned_n(meanflow.read_pilot(digits.REPO / "results" / "digits"))
+    assert None not in n.values(), "meanflow_pilot.json is committed with both datasets' n"
+    rows = meanflow.evaluate_meanflow(list(results()), n)
     assert [r["test"].family for r in rows].count("M") == 2
     verdict = meanflow.answer(rows)
     stated = "Which backbone wins at 1 NFE, as MeanFlow models on the digits proxy (pre-registered, row C10 of"
