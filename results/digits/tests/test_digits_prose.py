@@ -184,3 +184,9 @@ def test_the_readme_says_which_backbone_wins_at_1_nfe_as_the_runs_give_it():
     said = readme.split(stated, 1)[1].split("):", 1)[1].strip()
     expected = "not answered yet" if verdict.startswith("not answered yet") else verdict
     assert said.startswith(expected), (said[:120], verdict)
+    if expected == verdict:  # answered: the sentence quotes each primary test's geometric means and Holm p
+        sentence = " ".join(said.split("```", 1)[0].split())
+        for row in (r for r in rows if r["test"].family == "M"):
+            vit, sit = (f"{math.exp(m):.1f}" for m in row["mean"])
+            assert f"{vit} against {sit}" in sentence or f"{vit} against SiT's {sit}" in sentence, (vit, sit)
+            assert f"n = {row['planned']}" in sentence and f"Holm p {row['p_holm']:.2g}" in sentence, row["test"].name
